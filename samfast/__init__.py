@@ -1,0 +1,19 @@
+"""samfast: Segment Anything rewritten for speed in native PyTorch, one switch per optimization."""
+
+from samfast.build import build_sam
+from samfast.checkpoint import CheckpointError, synthetic_state_dict
+from samfast.config import MODEL_TYPES
+from samfast.predictor import Prediction, Prompts, SamPredictor
+from samfast.stages import LADDER, StageError
+
+__all__ = [
+    "LADDER",
+    "MODEL_TYPES",
+    "CheckpointError",
+    "Prediction",
+    "Prompts",
+    "SamPredictor",
+    "StageError",
+    "build_sam",
+    "synthetic_state_dict",
+]

@@ -1,0 +1,41 @@
+"""build_sam: a Sam of a model type, from an official checkpoint or seeded synthetic weights, at a ladder stage."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from samfast.checkpoint import check_state_dict, read_checkpoint, synthetic_state_dict
+from samfast.config import model_config
+from samfast.modeling.sam import Sam, build_sam_modules
+from samfast.stages import apply_stages, parse_stages
+
+
+def build_sam(
+    model_type: str,
+    checkpoint: str | Path | None = None,
+    *,
+    seed: int = 0,
+    device: str | torch.device | None = None,
+    stages: str = "fp32",
+    batch_size: int = 8,
+) -> Sam:
+    """A ready-to-run Sam in eval mode.
+
+    checkpoint: path of an official sam_vit_*.pth (or any state dict in that layout); None for
+    `synthetic_state_dict(model_type, seed)`. stages: a ladder name or switches joined by '+'
+    (see samfast.LADDER). batch_size: with the compile switch the encoder always runs batches
+    of exactly this size (smaller ones padded, larger ones split), so it never recompiles.
+    """
+    config = model_config(model_type)
+    switches = parse_stages(stages)
+    model = build_sam_modules(config)
+    state = synthetic_state_dict(model_type, seed) if checkpoint is None else read_checkpoint(checkpoint)
+    check_state_dict(state, config, {k: v.shape for k, v in model.state_dict().items()})
+    model.load_state_dict(state)
+    model.eval().requires_grad_(False)
+    model.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    model.static_batch = batch_size if "compile" in switches else None
+    apply_stages(model, switches)
+    return model

@@ -1,0 +1,43 @@
+"""Hyper-parameters of each SAM model type (the published ones, plus vit_tiny for CPU tests)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+IMAGE_SIZE = 1024
+PATCH_SIZE = 16
+PROMPT_EMBED_DIM = 256
+PIXEL_MEAN = (123.675, 116.28, 103.53)
+PIXEL_STD = (58.395, 57.12, 57.375)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str
+    embed_dim: int
+    depth: int
+    num_heads: int
+    global_attn_indexes: tuple[int, ...]
+    window_size: int = 14
+
+    @property
+    def head_dim(self) -> int:
+        return self.embed_dim // self.num_heads
+
+
+MODEL_CONFIGS: dict[str, ModelConfig] = {
+    "vit_h": ModelConfig("vit_h", 1280, 32, 16, (7, 15, 23, 31)),
+    "vit_l": ModelConfig("vit_l", 1024, 24, 16, (5, 11, 17, 23)),
+    "vit_b": ModelConfig("vit_b", 768, 12, 12, (2, 5, 8, 11)),
+    # Same code paths as the real models (64x64 tokens, windowed + global blocks, rel-pos,
+    # head dim 64, full prompt encoder and mask decoder) at a size a CPU runs in about a second.
+    "vit_tiny": ModelConfig("vit_tiny", 128, 4, 2, (1, 3)),
+}
+MODEL_TYPES = tuple(MODEL_CONFIGS)
+
+
+def model_config(model_type: str) -> ModelConfig:
+    try:
+        return MODEL_CONFIGS[model_type]
+    except KeyError:
+        raise ValueError(f"unknown model type {model_type!r}; choose one of {', '.join(MODEL_TYPES)}") from None

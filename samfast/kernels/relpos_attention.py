@@ -1,0 +1,379 @@
+"""Fused attention with SAM's decomposed relative-position bias, as one Triton kernel.
+
+SAM's image encoder adds to every attention score a bias built from two small tables::
+
+    bias[b, h, i, j] = rel_h[b, h, i, j // kw] + rel_w[b, h, i, j % kw]      (L = kh * kw)
+
+The plain way materializes that (B, H, L, L) bias and hands it to SDPA; at L = 4096 that is
+the largest tensor in the model. The kernel here is flash attention (online softmax over key
+tiles) that gathers the few rel_h / rel_w columns of each key tile instead, so the bias never
+exists in memory.
+
+The softmax runs in base 2 (``exp2``), so *both* the scaled q.k product and the bias are
+multiplied by log2(e). The published segment-anything-fast kernel scaled only q.k; the unit
+tests keep a private switch (``_bias_log2e=False``) that replays that defect and must fail.
+
+Public API: :func:`relpos_attention` (the kernel, with a counted and logged fallback),
+:func:`relpos_attention_reference` (materialized bias + SDPA), :func:`fallback_counts`,
+:func:`reset_fallback_counts`.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+
+import torch
+import torch.nn.functional as F
+
+try:  # Triton is Linux-only; without it every call takes the counted fallback.
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - exercised only where triton is missing
+    triton = None
+    tl = None
+
+__all__ = [
+    "FALLBACK_COUNTS",
+    "fallback_counts",
+    "relpos_attention",
+    "relpos_attention_reference",
+    "reset_fallback_counts",
+]
+
+logger = logging.getLogger("samfast.kernels")
+
+LOG2E = 1.4426950408889634  # log2(e): exp(x) == exp2(x * LOG2E)
+
+#: Calls that took the reference path instead of the kernel, keyed by reason.
+FALLBACK_COUNTS: collections.Counter[str] = collections.Counter()
+_LOGGED_REASONS: set[str] = set()
+
+SUPPORTED_HEAD_DIMS = tuple(range(16, 129, 16))  # 64 (vit_b/l) and 80 (vit_h) among them
+_GPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_INTERPRETER_DTYPES = (torch.float16, torch.float32)  # the interpreter's tl.dot has no bf16
+
+#: Block sizes the interpreter uses (no autotuning there). Tests may change these.
+_INTERPRET_BLOCK_M = 16
+_INTERPRET_BLOCK_N = 16
+
+
+def fallback_counts() -> dict[str, int]:
+    """How often each fallback reason sent a call to the reference path (a copy)."""
+    return dict(FALLBACK_COUNTS)
+
+
+def reset_fallback_counts() -> None:
+    """Zero the counters and let every reason log its warning once more."""
+    FALLBACK_COUNTS.clear()
+    _LOGGED_REASONS.clear()
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+# --------------------------------------------------------------------------- reference path
+
+
+def relpos_attention_reference(q, k, v, rel_h, rel_w, scale=None):
+    """softmax(q k^T * scale + bias) v with the (B, H, L, L) bias materialized; SDPA does the rest.
+
+    The slow, trusted path: what SAM's attention computes, and the fallback of
+    :func:`relpos_attention`. Shapes as there.
+    """
+    _check_shapes(q, k, v, rel_h, rel_w)
+    B, H, L, _ = q.shape
+    bias = (rel_h[..., :, None] + rel_w[..., None, :]).reshape(B, H, L, L).to(q.dtype)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
+
+
+def _check_shapes(q, k, v, rel_h, rel_w) -> None:
+    if q.dim() != 4 or k.shape != q.shape or v.shape != q.shape:
+        raise ValueError(
+            f"q, k, v must share one (B, H, L, D) shape; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    B, H, L, _ = q.shape
+    if rel_h.dim() != 4 or rel_w.dim() != 4 or rel_h.shape[:3] != (B, H, L) or rel_w.shape[:3] != (B, H, L):
+        raise ValueError(
+            f"rel_h, rel_w must be (B, H, L, kh) and (B, H, L, kw) with (B, H, L) = {(B, H, L)}; "
+            f"got {tuple(rel_h.shape)}, {tuple(rel_w.shape)}"
+        )
+    if rel_h.shape[-1] * rel_w.shape[-1] != L:
+        raise ValueError(f"L = {L} must equal kh * kw = {rel_h.shape[-1]} * {rel_w.shape[-1]}")
+
+
+# --------------------------------------------------------------------------- the kernel
+
+
+def _relpos_attn_fwd(
+    Q, K, V, RH, RW, Out,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_rhb, stride_rhh, stride_rhm, stride_rhk,
+    stride_rwb, stride_rwh, stride_rwm, stride_rwk,
+    stride_ob, stride_oh, stride_om, stride_od,
+    H,
+    qk_scale,  # softmax scale * log2(e)
+    bias_scale,  # log2(e); 1.0 only in the planted-defect test
+    KH: tl.constexpr,
+    KW: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    L: tl.constexpr = KH * KW
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // H).to(tl.int64)
+    h = (pid_bh % H).to(tl.int64)
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    m_mask = offs_m < L
+    d_mask = offs_d < HEAD_DIM
+
+    q_ptrs = Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd
+    q = tl.load(q_ptrs, mask=m_mask[:, None] & d_mask[None, :], other=0.0)
+
+    k_base = K + b * stride_kb + h * stride_kh
+    v_base = V + b * stride_vb + h * stride_vh
+    rh_rows = RH + b * stride_rhb + h * stride_rhh + offs_m * stride_rhm  # (BLOCK_M,) row starts
+    rw_rows = RW + b * stride_rwb + h * stride_rwh + offs_m * stride_rwm
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+    if KW == BLOCK_N:
+        # Every key tile covers exactly one key row, so its rel_w columns are 0..KW-1: load once.
+        rw_tile = tl.load(rw_rows[:, None] + offs_n[None, :] * stride_rwk, mask=m_mask[:, None], other=0.0)
+        rw_tile = rw_tile.to(tl.float32) * bias_scale
+
+    for start_n in range(0, L, BLOCK_N):
+        offs_kn = start_n + offs_n
+        n_mask = offs_kn < L
+
+        k = tl.load(
+            k_base + offs_kn[None, :] * stride_kn + offs_d[:, None] * stride_kd,
+            mask=n_mask[None, :] & d_mask[:, None],
+            other=0.0,
+        )
+        if IEEE:
+            qk = tl.dot(q, k, input_precision="ieee")
+        else:
+            qk = tl.dot(q, k)
+        qk = qk * qk_scale
+
+        # The bias of this key tile, gathered from the two small tables.
+        if KW % BLOCK_N == 0:
+            # The tile lies inside one key row: rel_h is one column, rel_w a contiguous slice.
+            rh = tl.load(rh_rows + (start_n // KW) * stride_rhk, mask=m_mask, other=0.0)
+            rh = rh.to(tl.float32) * bias_scale
+            if KW == BLOCK_N:
+                qk = qk + (rh[:, None] + rw_tile)
+            else:
+                cols = (start_n % KW) + offs_n
+                rw = tl.load(rw_rows[:, None] + cols[None, :] * stride_rwk, mask=m_mask[:, None], other=0.0)
+                qk = qk + (rh[:, None] + rw.to(tl.float32) * bias_scale)
+        else:
+            mn_mask = m_mask[:, None] & n_mask[None, :]
+            rh = tl.load(rh_rows[:, None] + (offs_kn // KW)[None, :] * stride_rhk, mask=mn_mask, other=0.0)
+            rw = tl.load(rw_rows[:, None] + (offs_kn % KW)[None, :] * stride_rwk, mask=mn_mask, other=0.0)
+            qk = qk + (rh.to(tl.float32) + rw.to(tl.float32)) * bias_scale
+
+        if L % BLOCK_N != 0:
+            qk = tl.where(n_mask[None, :], qk, float("-inf"))
+
+        # Online softmax in base 2.
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        p = tl.math.exp2(qk - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+
+        v = tl.load(
+            v_base + offs_kn[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+            mask=n_mask[:, None] & d_mask[None, :],
+            other=0.0,
+        )
+        if IEEE:
+            acc = tl.dot(p.to(v.dtype), v, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(p.to(v.dtype), v, acc)
+        m_i = m_new
+
+    acc = acc / l_i[:, None]
+    o_ptrs = Out + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od
+    tl.store(o_ptrs, acc.to(Out.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
+
+
+# A few configs for Hopper/Ampere, keyed on the attention geometry (dtype is added by Triton).
+_AUTOTUNE_CONFIGS = (
+    [
+        triton.Config({"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=8, num_stages=3),
+        triton.Config({"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=4, num_stages=3),
+        triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=4, num_stages=3),
+        triton.Config({"BLOCK_M": 128, "BLOCK_N": 32}, num_warps=4, num_stages=2),
+    ]
+    if triton is not None
+    else []
+)
+
+if triton is not None:
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    # Built explicitly (not via @triton.jit) so the choice between compiled and interpreted
+    # kernel is made per call from TRITON_INTERPRET, not once at import time.
+    _compiled_kernel = triton.autotune(configs=_AUTOTUNE_CONFIGS, key=["KH", "KW", "HEAD_DIM"])(
+        JITFunction(_relpos_attn_fwd)
+    )
+    _interpreted_kernel = InterpretedFunction(_relpos_attn_fwd)
+else:  # pragma: no cover
+    _compiled_kernel = _interpreted_kernel = None
+
+
+def _launch(q, k, v, rel_h, rel_w, out, scale: float, bias_log2e: bool, launcher) -> None:
+    B, H, L, D = q.shape
+    interpret = _interpreting()
+    kernel = _interpreted_kernel if interpret else _compiled_kernel
+    meta = {"BLOCK_M": _INTERPRET_BLOCK_M, "BLOCK_N": _INTERPRET_BLOCK_N} if interpret else {}
+
+    def grid(m):
+        return (triton.cdiv(L, m["BLOCK_M"]), B * H)
+
+    launcher(kernel)[grid](
+        q, k, v, rel_h, rel_w, out,
+        *q.stride(), *k.stride(), *v.stride(), *rel_h.stride(), *rel_w.stride(), *out.stride(),
+        H,
+        scale * LOG2E,
+        LOG2E if bias_log2e else 1.0,
+        KH=rel_h.shape[-1],
+        KW=rel_w.shape[-1],
+        HEAD_DIM=D,
+        BLOCK_D=max(16, triton.next_power_of_2(D)),
+        IEEE=q.dtype == torch.float32,
+        **meta,
+    )
+
+
+def _empty_out(q: torch.Tensor) -> torch.Tensor:
+    # (B, L, H, D) memory seen as (B, H, L, D): SAM's following transpose(1, 2).reshape is free.
+    B, H, L, D = q.shape
+    return torch.empty((B, L, H, D), dtype=q.dtype, device=q.device).transpose(1, 2)
+
+
+def _relpos_attention_impl(q, k, v, rel_h, rel_w, scale: float, bias_log2e: bool) -> torch.Tensor:
+    out = _empty_out(q)
+    _launch(q, k, v, rel_h, rel_w, out, scale, bias_log2e, torch.library.wrap_triton)
+    return out
+
+
+if triton is not None and hasattr(torch.library, "triton_op"):
+    # A custom op (fake impl traced from the same code), so torch.compile sees one node and no
+    # graph break; inductor can still see and autotune the Triton kernel inside.
+    @torch.library.triton_op("samfast::relpos_attention", mutates_args=())
+    def _relpos_attention_op(
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        rel_h: torch.Tensor,
+        rel_w: torch.Tensor,
+        scale: float,
+        bias_log2e: bool,
+    ) -> torch.Tensor:
+        return _relpos_attention_impl(q, k, v, rel_h, rel_w, scale, bias_log2e)
+
+    # A plain shape-only fake (triton_op's default traces the launch, which the interpreter
+    # cannot do on fake tensors). Compile still decomposes the op into the kernel launch.
+    @_relpos_attention_op.register_fake
+    def _(q, k, v, rel_h, rel_w, scale, bias_log2e):
+        return _empty_out(q)
+
+    def _run_kernel(q, k, v, rel_h, rel_w, scale, bias_log2e):
+        return torch.ops.samfast.relpos_attention(q, k, v, rel_h, rel_w, scale, bias_log2e)
+
+else:  # pragma: no cover - old torch: plain launch, still correct, not traceable
+
+    def _run_kernel(q, k, v, rel_h, rel_w, scale, bias_log2e):
+        out = _empty_out(q)
+        _launch(q, k, v, rel_h, rel_w, out, scale, bias_log2e, lambda kern: kern)
+        return out
+
+
+# --------------------------------------------------------------------------- dispatch
+
+
+def _unsupported_reason(q, k, v, rel_h, rel_w) -> str | None:
+    """Why the kernel cannot serve these inputs, or None when it can."""
+    if triton is None:
+        return "triton is not installed"
+    interpret = _interpreting()
+    if interpret and torch.compiler.is_compiling():
+        return "TRITON_INTERPRET under torch.compile"
+    if not interpret and q.device.type != "cuda":
+        return f"{q.device.type} tensors without TRITON_INTERPRET=1"
+    tensors = (q, k, v, rel_h, rel_w)
+    if any(t.device != q.device for t in tensors):
+        return "inputs on different devices"
+    if any(t.dtype != q.dtype for t in tensors):
+        return "inputs of mixed dtypes"
+    allowed = _INTERPRETER_DTYPES if interpret else _GPU_DTYPES
+    if q.dtype not in allowed:
+        where = "the Triton interpreter" if interpret else "the kernel"
+        return f"dtype {str(q.dtype).removeprefix('torch.')} not supported by {where}"
+    if q.shape[-1] not in SUPPORTED_HEAD_DIMS:
+        return f"head dim {q.shape[-1]} not supported (a multiple of 16 up to 128)"
+    if not interpret and q.dtype == torch.bfloat16 and torch.cuda.get_device_capability(q.device)[0] < 8:
+        return "bfloat16 needs compute capability 8.0 or newer"
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return "autograd (the kernel has no backward)"
+    return None
+
+
+def _note_fallback(reason: str) -> bool:
+    FALLBACK_COUNTS[reason] += 1
+    if reason not in _LOGGED_REASONS:
+        _LOGGED_REASONS.add(reason)
+        logger.warning("relpos_attention: %s; using the materialized-bias SDPA reference path", reason)
+    return True
+
+
+# Under torch.compile the note runs once per trace (at trace time) instead of breaking the graph.
+_note_fallback_traced = torch.compiler.assume_constant_result(_note_fallback)
+
+
+def relpos_attention(q, k, v, rel_h, rel_w, scale=None, *, _bias_log2e: bool = True):
+    """softmax(q @ k^T * scale + bias) @ v, bias[b,h,i,j] = rel_h[b,h,i,j//kw] + rel_w[b,h,i,j%kw].
+
+    Args:
+        q, k, v: (B, H, L, D), any strides (e.g. permuted views of a qkv projection).
+        rel_h: (B, H, L, kh) and rel_w: (B, H, L, kw) with kh * kw == L.
+        scale: softmax scale; D ** -0.5 when None.
+
+    Returns (B, H, L, D) in q's dtype, laid out as a transposed (B, L, H, D) tensor so that
+    ``out.transpose(1, 2).reshape(B, L, H * D)`` is a view.
+
+    Runs the fused Triton kernel on CUDA (fp16, bf16, fp32) or, under TRITON_INTERPRET=1, on
+    any device (fp16, fp32). Otherwise it runs :func:`relpos_attention_reference`, counts the
+    reason in :data:`FALLBACK_COUNTS` and logs a warning once per reason.
+    ``_bias_log2e=False`` replays the published defect (bias not scaled by log2 e): tests only.
+    """
+    _check_shapes(q, k, v, rel_h, rel_w)
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
+    reason = _unsupported_reason(q, k, v, rel_h, rel_w)
+    if reason is not None:
+        if torch.compiler.is_compiling():
+            _note_fallback_traced(reason)
+        else:
+            _note_fallback(reason)
+        return relpos_attention_reference(q, k, v, rel_h, rel_w, scale=scale)
+    return _run_kernel(q, k, v, rel_h, rel_w, float(scale), bool(_bias_log2e))
+

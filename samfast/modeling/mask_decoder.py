@@ -1,0 +1,106 @@
+"""Mask decoder: output tokens attend to the image embedding; hypernetworks turn them into masks."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .common import LayerNorm2d
+from .transformer import TwoWayTransformer
+
+
+class MaskDecoder(nn.Module):
+    def __init__(
+        self,
+        *,
+        transformer_dim: int,
+        transformer: TwoWayTransformer,
+        num_multimask_outputs: int = 3,
+        iou_head_depth: int = 3,
+        iou_head_hidden_dim: int = 256,
+    ) -> None:
+        super().__init__()
+        self.transformer_dim = transformer_dim
+        self.transformer = transformer
+        self.num_multimask_outputs = num_multimask_outputs
+        self.iou_token = nn.Embedding(1, transformer_dim)
+        self.num_mask_tokens = num_multimask_outputs + 1
+        self.mask_tokens = nn.Embedding(self.num_mask_tokens, transformer_dim)
+        self.output_upscaling = nn.Sequential(
+            nn.ConvTranspose2d(transformer_dim, transformer_dim // 4, kernel_size=2, stride=2),
+            LayerNorm2d(transformer_dim // 4),
+            nn.GELU(),
+            nn.ConvTranspose2d(transformer_dim // 4, transformer_dim // 8, kernel_size=2, stride=2),
+            nn.GELU(),
+        )
+        self.output_hypernetworks_mlps = nn.ModuleList(
+            MLP(transformer_dim, transformer_dim, transformer_dim // 8, 3) for _ in range(self.num_mask_tokens)
+        )
+        self.iou_prediction_head = MLP(transformer_dim, iou_head_hidden_dim, self.num_mask_tokens, iou_head_depth)
+
+    def forward(
+        self,
+        image_embeddings: torch.Tensor,
+        image_pe: torch.Tensor,
+        sparse_prompt_embeddings: torch.Tensor,
+        dense_prompt_embeddings: torch.Tensor,
+        multimask_output: bool,
+        image_index: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Low-res mask logits (P, C, 256, 256) and IoU predictions (P, C) for P prompts.
+
+        With image_index (P,), prompt p attends to image_embeddings[image_index[p]]: prompts of
+        many images decode in one batch. Without it the single image is repeated, as in the reference.
+        """
+        masks, iou_pred = self.predict_masks(
+            image_embeddings, image_pe, sparse_prompt_embeddings, dense_prompt_embeddings, image_index
+        )
+        keep = slice(1, None) if multimask_output else slice(0, 1)
+        return masks[:, keep], iou_pred[:, keep]
+
+    def predict_masks(
+        self,
+        image_embeddings: torch.Tensor,
+        image_pe: torch.Tensor,
+        sparse_prompt_embeddings: torch.Tensor,
+        dense_prompt_embeddings: torch.Tensor,
+        image_index: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        num_prompts = sparse_prompt_embeddings.shape[0]
+        output_tokens = torch.cat([self.iou_token.weight, self.mask_tokens.weight], dim=0)
+        output_tokens = output_tokens.unsqueeze(0).expand(num_prompts, -1, -1)
+        tokens = torch.cat((output_tokens, sparse_prompt_embeddings), dim=1)
+
+        if image_index is None:
+            src = torch.repeat_interleave(image_embeddings, num_prompts, dim=0)
+        else:
+            src = image_embeddings.index_select(0, image_index)
+        src = src + dense_prompt_embeddings
+        pos_src = image_pe.expand(num_prompts, -1, -1, -1)
+        b, c, h, w = src.shape
+
+        hs, src = self.transformer(src, pos_src, tokens)
+        iou_token_out = hs[:, 0, :]
+        mask_tokens_out = hs[:, 1 : (1 + self.num_mask_tokens), :]
+
+        src = src.transpose(1, 2).reshape(b, c, h, w)
+        upscaled = self.output_upscaling(src)
+        hyper_in = torch.stack(
+            [mlp(mask_tokens_out[:, i, :]) for i, mlp in enumerate(self.output_hypernetworks_mlps)], dim=1
+        )
+        b, c, h, w = upscaled.shape
+        masks = (hyper_in @ upscaled.view(b, c, h * w)).view(b, -1, h, w)
+        return masks, self.iou_prediction_head(iou_token_out)
+
+
+class MLP(nn.Module):
+    def __init__(self, input_dim: int, hidden_dim: int, output_dim: int, num_layers: int) -> None:
+        super().__init__()
+        hidden = [hidden_dim] * (num_layers - 1)
+        self.layers = nn.ModuleList(nn.Linear(n, k) for n, k in zip([input_dim] + hidden, hidden + [output_dim]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers[:-1]:
+            x = F.relu(layer(x))
+        return self.layers[-1](x)

@@ -1,0 +1,105 @@
+"""The Sam module: image encoder + prompt encoder + mask decoder, with SAM's pre- and post-processing."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from samfast.config import IMAGE_SIZE, PATCH_SIZE, PIXEL_MEAN, PIXEL_STD, PROMPT_EMBED_DIM, ModelConfig
+
+from .image_encoder import ImageEncoderViT
+from .mask_decoder import MaskDecoder
+from .prompt_encoder import PromptEncoder
+from .transformer import TwoWayTransformer
+
+
+class Sam(nn.Module):
+    mask_threshold: float = 0.0
+    image_format: str = "RGB"
+    # Set by the compile switch: the encoder then only ever sees batches of this size.
+    static_batch: int | None = None
+    # The optimization switches applied (samfast.stages); empty for fp32.
+    switches: frozenset[str] = frozenset()
+
+    def __init__(self, image_encoder: ImageEncoderViT, prompt_encoder: PromptEncoder, mask_decoder: MaskDecoder) -> None:
+        super().__init__()
+        self.image_encoder = image_encoder
+        self.prompt_encoder = prompt_encoder
+        self.mask_decoder = mask_decoder
+        self.register_buffer("pixel_mean", torch.tensor(PIXEL_MEAN).view(-1, 1, 1), persistent=False)
+        self.register_buffer("pixel_std", torch.tensor(PIXEL_STD).view(-1, 1, 1), persistent=False)
+
+    @property
+    def device(self) -> torch.device:
+        return self.pixel_mean.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.prompt_encoder.dtype
+
+    def embed_images(self, images: torch.Tensor) -> torch.Tensor:
+        """Image embeddings (N, 256, 64, 64) of preprocessed (N, 3, 1024, 1024) images.
+
+        With a static batch size, every encoder call gets exactly that many images (zero-padded,
+        or split), so a compiled encoder sees one shape and never recompiles.
+        """
+        if self.static_batch is None:
+            return self.image_encoder(images)
+        size = self.static_batch
+        chunks = []
+        for start in range(0, images.shape[0], size):
+            chunk = images[start : start + size]
+            real = chunk.shape[0]
+            if real < size:
+                chunk = torch.cat([chunk, chunk.new_zeros(size - real, *chunk.shape[1:])])
+            # clone: compiled with CUDA graphs, the output buffer is reused by the next call
+            chunks.append(self.image_encoder(chunk)[:real].clone())
+        return torch.cat(chunks)
+
+    def preprocess(self, x: torch.Tensor) -> torch.Tensor:
+        """Normalize (in fp32) and pad to a square input of the encoder's size, in the model's dtype."""
+        x = (x.float() - self.pixel_mean) / self.pixel_std
+        h, w = x.shape[-2:]
+        x = F.pad(x, (0, self.image_encoder.img_size - w, 0, self.image_encoder.img_size - h))
+        return x.to(self.dtype)
+
+    def postprocess_masks(
+        self, masks: torch.Tensor, input_size: tuple[int, ...], original_size: tuple[int, ...]
+    ) -> torch.Tensor:
+        """Upscale low-res logits to the original image size (in fp32), dropping the padding."""
+        masks = F.interpolate(
+            masks.float(), (self.image_encoder.img_size,) * 2, mode="bilinear", align_corners=False
+        )
+        masks = masks[..., : input_size[0], : input_size[1]]
+        return F.interpolate(masks, tuple(original_size), mode="bilinear", align_corners=False)
+
+
+def build_sam_modules(config: ModelConfig) -> Sam:
+    """An uninitialised Sam of the given shape (weights come from a checkpoint)."""
+    grid = IMAGE_SIZE // PATCH_SIZE
+    return Sam(
+        image_encoder=ImageEncoderViT(
+            img_size=IMAGE_SIZE,
+            patch_size=PATCH_SIZE,
+            embed_dim=config.embed_dim,
+            depth=config.depth,
+            num_heads=config.num_heads,
+            out_chans=PROMPT_EMBED_DIM,
+            window_size=config.window_size,
+            global_attn_indexes=config.global_attn_indexes,
+        ),
+        prompt_encoder=PromptEncoder(
+            embed_dim=PROMPT_EMBED_DIM,
+            image_embedding_size=(grid, grid),
+            input_image_size=(IMAGE_SIZE, IMAGE_SIZE),
+            mask_in_chans=16,
+        ),
+        mask_decoder=MaskDecoder(
+            transformer_dim=PROMPT_EMBED_DIM,
+            transformer=TwoWayTransformer(depth=2, embedding_dim=PROMPT_EMBED_DIM, mlp_dim=2048, num_heads=8),
+            num_multimask_outputs=3,
+            iou_head_depth=3,
+            iou_head_hidden_dim=256,
+        ),
+    )

@@ -1,0 +1,121 @@
+"""Two-way transformer of the mask decoder: prompt tokens and image tokens attend to each other."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .common import MLPBlock
+
+
+class TwoWayTransformer(nn.Module):
+    def __init__(
+        self,
+        depth: int,
+        embedding_dim: int,
+        num_heads: int,
+        mlp_dim: int,
+        attention_downsample_rate: int = 2,
+    ) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(
+            TwoWayAttentionBlock(
+                embedding_dim,
+                num_heads,
+                mlp_dim,
+                attention_downsample_rate=attention_downsample_rate,
+                skip_first_layer_pe=(i == 0),
+            )
+            for i in range(depth)
+        )
+        self.final_attn_token_to_image = Attention(embedding_dim, num_heads, attention_downsample_rate)
+        self.norm_final_attn = nn.LayerNorm(embedding_dim)
+
+    def forward(self, image_embedding: Tensor, image_pe: Tensor, point_embedding: Tensor) -> tuple[Tensor, Tensor]:
+        """image_embedding, image_pe: (B, C, h, w); point_embedding: (B, N, C) -> (queries, keys)."""
+        image_embedding = image_embedding.flatten(2).permute(0, 2, 1)
+        image_pe = image_pe.flatten(2).permute(0, 2, 1)
+        queries, keys = point_embedding, image_embedding
+        for layer in self.layers:
+            queries, keys = layer(queries, keys, query_pe=point_embedding, key_pe=image_pe)
+        q = queries + point_embedding
+        k = keys + image_pe
+        queries = self.norm_final_attn(queries + self.final_attn_token_to_image(q=q, k=k, v=keys))
+        return queries, keys
+
+
+class TwoWayAttentionBlock(nn.Module):
+    """Self-attention of tokens, tokens->image, token MLP, image->tokens."""
+
+    def __init__(
+        self,
+        embedding_dim: int,
+        num_heads: int,
+        mlp_dim: int = 2048,
+        attention_downsample_rate: int = 2,
+        skip_first_layer_pe: bool = False,
+    ) -> None:
+        super().__init__()
+        self.self_attn = Attention(embedding_dim, num_heads)
+        self.norm1 = nn.LayerNorm(embedding_dim)
+        self.cross_attn_token_to_image = Attention(embedding_dim, num_heads, attention_downsample_rate)
+        self.norm2 = nn.LayerNorm(embedding_dim)
+        self.mlp = MLPBlock(embedding_dim, mlp_dim, nn.ReLU)
+        self.norm3 = nn.LayerNorm(embedding_dim)
+        self.norm4 = nn.LayerNorm(embedding_dim)
+        self.cross_attn_image_to_token = Attention(embedding_dim, num_heads, attention_downsample_rate)
+        self.skip_first_layer_pe = skip_first_layer_pe
+
+    def forward(self, queries: Tensor, keys: Tensor, query_pe: Tensor, key_pe: Tensor) -> tuple[Tensor, Tensor]:
+        if self.skip_first_layer_pe:
+            queries = self.self_attn(q=queries, k=queries, v=queries)
+        else:
+            q = queries + query_pe
+            queries = queries + self.self_attn(q=q, k=q, v=queries)
+        queries = self.norm1(queries)
+
+        q = queries + query_pe
+        k = keys + key_pe
+        queries = self.norm2(queries + self.cross_attn_token_to_image(q=q, k=k, v=keys))
+        queries = self.norm3(queries + self.mlp(queries))
+
+        q = queries + query_pe
+        k = keys + key_pe
+        keys = self.norm4(keys + self.cross_attn_image_to_token(q=k, k=q, v=queries))
+        return queries, keys
+
+
+class Attention(nn.Module):
+    """Multi-head attention whose projections may shrink the width by downsample_rate."""
+
+    def __init__(self, embedding_dim: int, num_heads: int, downsample_rate: int = 1) -> None:
+        super().__init__()
+        self.internal_dim = embedding_dim // downsample_rate
+        self.num_heads = num_heads
+        if self.internal_dim % num_heads:
+            raise ValueError(f"num_heads ({num_heads}) must divide the internal width {self.internal_dim}")
+        self.q_proj = nn.Linear(embedding_dim, self.internal_dim)
+        self.k_proj = nn.Linear(embedding_dim, self.internal_dim)
+        self.v_proj = nn.Linear(embedding_dim, self.internal_dim)
+        self.out_proj = nn.Linear(self.internal_dim, embedding_dim)
+        self.attn_impl = "math"
+
+    def _separate_heads(self, x: Tensor) -> Tensor:
+        b, n, c = x.shape
+        return x.reshape(b, n, self.num_heads, c // self.num_heads).transpose(1, 2)
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        q = self._separate_heads(self.q_proj(q))
+        k = self._separate_heads(self.k_proj(k))
+        v = self._separate_heads(self.v_proj(v))
+        if self.attn_impl == "math":
+            # The reference's order of operations, so the fp32 stage equals it to rounding.
+            attn = q @ k.permute(0, 1, 3, 2) / math.sqrt(q.shape[-1])
+            out = torch.softmax(attn, dim=-1) @ v
+        else:
+            out = F.scaled_dot_product_attention(q, k, v)
+        b, heads, n, c = out.shape
+        return self.out_proj(out.transpose(1, 2).reshape(b, n, heads * c))

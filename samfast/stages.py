@@ -1,0 +1,68 @@
+"""The optimization ladder: one switch per optimization, parsed from a `stages=` string and applied to a Sam.
+
+A single name means the cumulative ladder up to it, as in the published work ("sdpa" is
+bf16 + compile + sdpa); names joined with "+" select exactly those switches ("bf16+sdpa+int8").
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+LADDER = ("fp32", "bf16", "compile", "sdpa", "triton", "nt", "int8", "sparse")
+
+
+class StageError(ValueError):
+    """An unknown stage name or a combination that cannot be built."""
+
+
+def parse_stages(stages: str) -> frozenset[str]:
+    """The set of switches a `stages=` string selects (fp32, the baseline, is the empty set)."""
+    names = [n.strip() for n in stages.split("+")] if stages else []
+    unknown = [n for n in names if n not in LADDER]
+    if unknown or not names:
+        raise StageError(
+            f"unknown stage {', '.join(map(repr, unknown)) or repr(stages)}; choose from {' < '.join(LADDER)} "
+            "(one name = the ladder up to it) or join switches with '+', e.g. 'bf16+sdpa+int8'"
+        )
+    if len(names) == 1:
+        return frozenset(LADDER[1 : LADDER.index(names[0]) + 1])
+    if "fp32" in names:
+        raise StageError(f"'fp32' is the baseline with no switches; drop it from {stages!r}")
+    return frozenset(names)
+
+
+def canonical_name(switches: frozenset[str]) -> str:
+    """The shortest name for a switch set: a ladder name when it is a ladder prefix, else 'a+b+c'."""
+    for name in LADDER:
+        if switches == frozenset(LADDER[1 : LADDER.index(name) + 1]):
+            return name
+    return "+".join(n for n in LADDER if n in switches)
+
+
+def apply_stages(model, switches: frozenset[str]) -> None:
+    """Change `model` in place into the requested stage. Order matters: dtype, weights, then compile."""
+    if "bf16" in switches:
+        # Parameters only: the buffers (pixel mean/std, positional Gaussian) stay fp32 on purpose.
+        for param in model.parameters():
+            param.data = param.data.to(torch.bfloat16)
+    attn = "sdpa" if "sdpa" in switches else "math"
+    for module in model.modules():
+        if hasattr(module, "attn_impl"):
+            module.attn_impl = attn
+    if "triton" in switches:
+        for block in model.image_encoder.blocks:
+            block.attn.attn_impl = "triton"
+    if switches & {"int8", "sparse"}:
+        from samfast.quantize import quantize_encoder
+
+        quantize_encoder(model.image_encoder, int8="int8" in switches, sparse="sparse" in switches)
+    if "compile" in switches:
+        model.image_encoder.compile(mode=compile_mode(model.device), dynamic=False, fullgraph=True)
+    model.switches = switches
+
+
+def compile_mode(device: torch.device) -> str:
+    """max-autotune on the GPU (as published); plain inductor on the CPU, where autotuning only costs time."""
+    return os.environ.get("SAMFAST_COMPILE_MODE") or ("max-autotune" if device.type == "cuda" else "default")
