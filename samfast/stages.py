@@ -28,9 +28,8 @@ def parse_stages(stages: str) -> frozenset[str]:
         )
     if len(names) == 1:
         return frozenset(LADDER[1 : LADDER.index(names[0]) + 1])
-    if "fp32" in names:
-        raise StageError(f"'fp32' is the baseline with no switches; drop it from {stages!r}")
-    return frozenset(names)
+    # "fp32" in a combination names the baseline explicitly: "fp32+nt" is the nt switch alone.
+    return frozenset(names) - {"fp32"}
 
 
 def canonical_name(switches: frozenset[str]) -> str:

@@ -116,17 +116,38 @@ def _relpos_attn_fwd(
     stride_rwb, stride_rwh, stride_rwm, stride_rwk,
     stride_ob, stride_oh, stride_om, stride_od,
     H,
-    qk_scale,  # softmax scale * log2(e)
-    bias_scale,  # log2(e); 1.0 only in the planted-defect test
+    QK_SCALE: tl.constexpr,  # softmax scale * log2(e); constexpr: a float argument would be fp64 under inductor
     KH: tl.constexpr,
     KW: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    KH_PAD: tl.constexpr,
+    KW_PAD: tl.constexpr,
+    SMALL_TABLES: tl.constexpr,  # KH_PAD <= 64 and KW_PAD <= 64
     IEEE: tl.constexpr,
+    BIAS_LOG2E: tl.constexpr,  # False only in the planted-defect test (the published bug)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
+    # Only Triton builtins here (tl.full, not tl.zeros; tl.reduce with the standard combine
+    # functions, not tl.max / tl.sum): those library helpers are @jit functions whose kind
+    # (compiled or interpreted) is fixed when triton.language is imported, so calling them
+    # would tie this kernel to the TRITON_INTERPRET of import time. Builtins work either way.
     L: tl.constexpr = KH * KW
+    # How a key tile's bias is formed (decided at compile time):
+    #   ROW:     KW % BLOCK_N == 0, the tile lies in one key row: one rel_h column + a rel_w slice
+    #            (global attention, 64x64 tokens); when KW == BLOCK_N the slice is loop-invariant.
+    #   ONE_HOT: not ROW and SMALL_TABLES (windowed 14x14): the query block's rel_h / rel_w rows are loaded
+    #            once and each tile's bias is two tensor-core products with 0/1 selection
+    #            matrices, exact since each output picks exactly one table entry.
+    #   GATHER:  otherwise, an elementwise gather of both tables.
+    ROW: tl.constexpr = KW % BLOCK_N == 0
+
+    if BIAS_LOG2E:
+        bias_scale = 1.4426950408889634
+    else:
+        bias_scale = 1.0
+
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = (pid_bh // H).to(tl.int64)
@@ -147,13 +168,28 @@ def _relpos_attn_fwd(
     rw_rows = RW + b * stride_rwb + h * stride_rwh + offs_m * stride_rwm
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    l_i = tl.full([BLOCK_M], 0.0, dtype=tl.float32)
+    acc = tl.full([BLOCK_M, BLOCK_D], 0.0, dtype=tl.float32)
 
-    if KW == BLOCK_N:
-        # Every key tile covers exactly one key row, so its rel_w columns are 0..KW-1: load once.
-        rw_tile = tl.load(rw_rows[:, None] + offs_n[None, :] * stride_rwk, mask=m_mask[:, None], other=0.0)
-        rw_tile = rw_tile.to(tl.float32) * bias_scale
+    if ROW:
+        if KW == BLOCK_N:
+            # Every key tile covers exactly one key row, so its rel_w columns are 0..KW-1: load once.
+            rw_tile = tl.load(rw_rows[:, None] + offs_n[None, :] * stride_rwk, mask=m_mask[:, None], other=0.0)
+            rw_tile = rw_tile.to(tl.float32) * bias_scale
+    if KW % BLOCK_N != 0:
+        if SMALL_TABLES:  # ONE_HOT: this query block's rows of both tables, loaded once
+            offs_kh = tl.arange(0, KH_PAD)
+            offs_kw = tl.arange(0, KW_PAD)
+            rh_blk = tl.load(
+                rh_rows[:, None] + offs_kh[None, :] * stride_rhk,
+                mask=m_mask[:, None] & (offs_kh[None, :] < KH),
+                other=0.0,
+            )
+            rw_blk = tl.load(
+                rw_rows[:, None] + offs_kw[None, :] * stride_rwk,
+                mask=m_mask[:, None] & (offs_kw[None, :] < KW),
+                other=0.0,
+            )
 
     for start_n in range(0, L, BLOCK_N):
         offs_kn = start_n + offs_n
@@ -168,11 +204,10 @@ def _relpos_attn_fwd(
             qk = tl.dot(q, k, input_precision="ieee")
         else:
             qk = tl.dot(q, k)
-        qk = qk * qk_scale
+        qk = qk * QK_SCALE
 
-        # The bias of this key tile, gathered from the two small tables.
-        if KW % BLOCK_N == 0:
-            # The tile lies inside one key row: rel_h is one column, rel_w a contiguous slice.
+        # The bias of this key tile, from the two small tables.
+        if ROW:
             rh = tl.load(rh_rows + (start_n // KW) * stride_rhk, mask=m_mask, other=0.0)
             rh = rh.to(tl.float32) * bias_scale
             if KW == BLOCK_N:
@@ -181,6 +216,16 @@ def _relpos_attn_fwd(
                 cols = (start_n % KW) + offs_n
                 rw = tl.load(rw_rows[:, None] + cols[None, :] * stride_rwk, mask=m_mask[:, None], other=0.0)
                 qk = qk + (rh[:, None] + rw.to(tl.float32) * bias_scale)
+        elif SMALL_TABLES:  # ONE_HOT
+            sel_h = ((offs_kn // KW)[None, :] == offs_kh[:, None]).to(rh_blk.dtype)  # (KH_PAD, BLOCK_N)
+            sel_w = ((offs_kn % KW)[None, :] == offs_kw[:, None]).to(rw_blk.dtype)  # (KW_PAD, BLOCK_N)
+            if IEEE:
+                bias = tl.dot(rh_blk, sel_h, input_precision="ieee")
+                bias = tl.dot(rw_blk, sel_w, bias, input_precision="ieee")
+            else:
+                bias = tl.dot(rh_blk, sel_h)
+                bias = tl.dot(rw_blk, sel_w, bias)
+            qk = qk + bias * bias_scale
         else:
             mn_mask = m_mask[:, None] & n_mask[None, :]
             rh = tl.load(rh_rows[:, None] + (offs_kn // KW)[None, :] * stride_rhk, mask=mn_mask, other=0.0)
@@ -190,11 +235,11 @@ def _relpos_attn_fwd(
         if L % BLOCK_N != 0:
             qk = tl.where(n_mask[None, :], qk, float("-inf"))
 
-        # Online softmax in base 2.
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        # Online softmax in base 2: both q.k*scale and the bias carry the log2(e) factor.
+        m_new = tl.maximum(m_i, tl.reduce(qk, 1, tl.standard._elementwise_max))
         p = tl.math.exp2(qk - m_new[:, None])
         alpha = tl.math.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
+        l_i = l_i * alpha + tl.reduce(p, 1, tl.standard._sum_combine)
         acc = acc * alpha[:, None]
 
         v = tl.load(
@@ -241,6 +286,7 @@ else:  # pragma: no cover
 
 def _launch(q, k, v, rel_h, rel_w, out, scale: float, bias_log2e: bool, launcher) -> None:
     B, H, L, D = q.shape
+    KH, KW = rel_h.shape[-1], rel_w.shape[-1]
     interpret = _interpreting()
     kernel = _interpreted_kernel if interpret else _compiled_kernel
     meta = {"BLOCK_M": _INTERPRET_BLOCK_M, "BLOCK_N": _INTERPRET_BLOCK_N} if interpret else {}
@@ -252,13 +298,16 @@ def _launch(q, k, v, rel_h, rel_w, out, scale: float, bias_log2e: bool, launcher
         q, k, v, rel_h, rel_w, out,
         *q.stride(), *k.stride(), *v.stride(), *rel_h.stride(), *rel_w.stride(), *out.stride(),
         H,
-        scale * LOG2E,
-        LOG2E if bias_log2e else 1.0,
-        KH=rel_h.shape[-1],
-        KW=rel_w.shape[-1],
+        QK_SCALE=scale * LOG2E,
+        KH=KH,
+        KW=KW,
         HEAD_DIM=D,
         BLOCK_D=max(16, triton.next_power_of_2(D)),
+        KH_PAD=max(16, triton.next_power_of_2(KH)),
+        KW_PAD=max(16, triton.next_power_of_2(KW)),
+        SMALL_TABLES=max(KH, KW) <= 64,
         IEEE=q.dtype == torch.float32,
+        BIAS_LOG2E=bias_log2e,
         **meta,
     )
 
@@ -271,7 +320,9 @@ def _empty_out(q: torch.Tensor) -> torch.Tensor:
 
 def _relpos_attention_impl(q, k, v, rel_h, rel_w, scale: float, bias_log2e: bool) -> torch.Tensor:
     out = _empty_out(q)
-    _launch(q, k, v, rel_h, rel_w, out, scale, bias_log2e, torch.library.wrap_triton)
+    # The interpreter's kernel is launched as is (older torch's wrap_triton refuses it).
+    launcher = (lambda kern: kern) if _interpreting() else torch.library.wrap_triton
+    _launch(q, k, v, rel_h, rel_w, out, scale, bias_log2e, launcher)
     return out
 
 

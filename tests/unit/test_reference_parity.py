@@ -1,0 +1,117 @@
+"""samfast fp32 equals segment_anything under identical weights, on real photos and COCO images."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import samfast
+from tests.reference import reference_sam
+
+LOGITS_ATOL = 1e-4  # fp32 rounding: the two differ only in the order of a few additions
+MAX_MASK_PIXEL_FRACTION = 1e-4  # 0.01% of pixels may flip where a logit sits on 0
+
+
+def _load(path) -> np.ndarray:
+    return np.array(Image.open(path).convert("RGB"))
+
+
+def _prompt_cases(h: int, w: int) -> list[dict]:
+    """Point, multi-point with a background click, and box prompts, multimask on and off."""
+    return [
+        dict(point_coords=np.array([[w * 0.5, h * 0.5]]), point_labels=np.array([1])),
+        dict(point_coords=np.array([[w * 0.3, h * 0.6]]), point_labels=np.array([1]), multimask_output=False),
+        dict(point_coords=np.array([[w * 0.4, h * 0.4], [w * 0.9, h * 0.1]]), point_labels=np.array([1, 0])),
+        dict(box=np.array([w * 0.1, h * 0.2, w * 0.7, h * 0.9])),
+        dict(box=np.array([w * 0.25, h * 0.25, w * 0.5, h * 0.6]), multimask_output=False),
+        dict(point_coords=np.array([[w * 0.3, h * 0.3]]), point_labels=np.array([1]), box=np.array([0, 0, w * 0.6, h * 0.6])),
+    ]
+
+
+def assert_same_outputs(ours, ref) -> None:
+    masks, iou, low_res = ours
+    ref_masks, ref_iou, ref_low_res = ref
+    assert masks.shape == ref_masks.shape and low_res.shape == ref_low_res.shape
+    np.testing.assert_allclose(low_res, ref_low_res, rtol=0, atol=LOGITS_ATOL)
+    np.testing.assert_allclose(iou, ref_iou, rtol=0, atol=LOGITS_ATOL)
+    assert (masks != ref_masks).mean() <= MAX_MASK_PIXEL_FRACTION
+
+
+@pytest.fixture(scope="module")
+def tiny_pair():
+    from segment_anything import SamPredictor as ReferencePredictor
+
+    state = samfast.synthetic_state_dict("vit_tiny", seed=0)
+    return samfast.SamPredictor(samfast.build_sam("vit_tiny", device="cpu")), ReferencePredictor(reference_sam("vit_tiny", state))
+
+
+def _real_images(data_root, limit_coco: int) -> list:
+    demo = sorted((data_root / "sam-demo").glob("*.jpg"))
+    coco = sorted((data_root / "coco-mini" / "images").iterdir())[:limit_coco]
+    return demo + coco
+
+
+@pytest.mark.slow
+def test_vit_tiny_equals_reference_on_real_images(tiny_pair, data_root):
+    ours, ref = tiny_pair
+    for path in _real_images(data_root, limit_coco=3):
+        image = _load(path)
+        ours.set_image(image)
+        ref.set_image(image)
+        torch.testing.assert_close(ours.features, ref.features, rtol=0, atol=LOGITS_ATOL)
+        for case in _prompt_cases(*image.shape[:2]):
+            assert_same_outputs(ours.predict(**case), ref.predict(**case))
+
+
+def test_predict_torch_equals_reference(tiny_pair, data_root):
+    ours, ref = tiny_pair
+    image = _load(data_root / "sam-demo" / "dogs.jpg")
+    ours.set_image(image)
+    ref.set_image(image)
+    coords = torch.tensor([[[300.0, 400.0]], [[600.0, 200.0]]])
+    labels = torch.ones(2, 1, dtype=torch.int)
+    for a, b in zip(ours.predict_torch(coords, labels), ref.predict_torch(coords, labels)):
+        torch.testing.assert_close(a.float(), b.float(), rtol=0, atol=LOGITS_ATOL)
+
+
+@pytest.mark.slow
+def test_vit_b_end_to_end_equals_reference(data_root):
+    from segment_anything import SamPredictor as ReferencePredictor
+
+    state = samfast.synthetic_state_dict("vit_b", seed=1)
+    ours = samfast.SamPredictor(samfast.build_sam("vit_b", seed=1, device="cpu"))
+    ref = ReferencePredictor(reference_sam("vit_b", state))
+    image = _load(data_root / "sam-demo" / "truck.jpg")
+    ours.set_image(image)
+    ref.set_image(image)
+    for case in _prompt_cases(*image.shape[:2])[::3]:
+        assert_same_outputs(ours.predict(**case), ref.predict(**case))
+
+
+@pytest.mark.parametrize("model_type", samfast.MODEL_TYPES)
+def test_state_dict_layout_equals_reference(model_type):
+    from samfast.config import model_config
+    from samfast.modeling.sam import build_sam_modules
+    from segment_anything.build_sam import _build_sam
+
+    cfg = model_config(model_type)
+    with torch.device("meta"):
+        reference = _build_sam(cfg.embed_dim, cfg.depth, cfg.num_heads, list(cfg.global_attn_indexes))
+        ours = build_sam_modules(cfg)
+    ref_shapes = {k: v.shape for k, v in reference.state_dict().items()}
+    assert {k: v.shape for k, v in ours.state_dict().items()} == ref_shapes
+
+
+def test_reference_loads_our_synthetic_checkpoint_file(tmp_path):
+    from samfast.config import model_config
+    from segment_anything.build_sam import _build_sam
+
+    path = tmp_path / "sam_vit_tiny_synthetic.pth"
+    torch.save(samfast.synthetic_state_dict("vit_tiny", seed=3), path)
+    cfg = model_config("vit_tiny")
+    ref = _build_sam(cfg.embed_dim, cfg.depth, cfg.num_heads, list(cfg.global_attn_indexes), checkpoint=str(path))
+    ours = samfast.build_sam("vit_tiny", checkpoint=path, device="cpu")
+    for key, value in ref.state_dict().items():
+        assert torch.equal(value, ours.state_dict()[key]), key

@@ -1,0 +1,90 @@
+"""The ladder's switches: parsing, and each CPU-runnable stage against fp32 on vit_tiny."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import samfast
+from samfast.stages import StageError, canonical_name, parse_stages
+
+
+def test_ladder_order():
+    assert samfast.LADDER == ("fp32", "bf16", "compile", "sdpa", "triton", "nt", "int8", "sparse")
+
+
+@pytest.mark.parametrize(
+    "stages,switches",
+    [
+        ("fp32", set()),
+        ("bf16", {"bf16"}),
+        ("sdpa", {"bf16", "compile", "sdpa"}),
+        ("sparse", set(samfast.LADDER[1:])),
+        ("bf16+sdpa+int8", {"bf16", "sdpa", "int8"}),
+        ("fp32+nt", {"nt"}),
+        (" sdpa + bf16 ", {"bf16", "sdpa"}),
+    ],
+)
+def test_parse_stages(stages, switches):
+    assert parse_stages(stages) == switches
+
+
+def test_canonical_names_round_trip():
+    for name in samfast.LADDER:
+        assert canonical_name(parse_stages(name)) == name
+    assert canonical_name(parse_stages("sdpa+bf16")) == "bf16+sdpa"
+
+
+@pytest.mark.parametrize("bad", ["fp16", "bf16+flash", "", "bf16++sdpa"])
+def test_unknown_stage_names_are_refused(bad):
+    with pytest.raises(StageError, match="choose from fp32 < bf16 < compile"):
+        parse_stages(bad)
+
+
+@pytest.fixture(scope="module")
+def fp32_outputs():
+    return _outputs("fp32")
+
+
+def _outputs(stages: str):
+    """Encoder features and decoder outputs of vit_tiny for a fixed image and three prompts."""
+    model = samfast.build_sam("vit_tiny", device="cpu", stages=stages)
+    predictor = samfast.SamPredictor(model)
+    image = np.random.default_rng(0).integers(0, 256, (400, 600, 3), dtype=np.uint8)
+    predictor.set_image(image)
+    coords = torch.tensor([[[100.0, 120.0]], [[500.0, 300.0]], [[900.0, 600.0]]])
+    masks, iou, low_res = predictor.predict_torch(coords, torch.ones(3, 1, dtype=torch.int))
+    return predictor.features.float(), low_res.float(), iou.float()
+
+
+def _rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a - b).norm() / b.norm()).item()
+
+
+def test_bf16_runs_in_bf16_and_stays_close(fp32_outputs):
+    model = samfast.build_sam("vit_tiny", device="cpu", stages="bf16")
+    assert all(p.dtype == torch.bfloat16 for p in model.parameters())
+    assert model.pixel_mean.dtype == torch.float32  # normalization constants keep their digits
+    features, low_res, iou = _outputs("bf16")
+    ref_features, ref_low_res, ref_iou = fp32_outputs
+    # bf16 keeps 8 mantissa bits: ~0.4% per op; after 4 blocks and the decoder a few percent
+    assert _rel_l2(features, ref_features) < 0.03
+    assert _rel_l2(low_res, ref_low_res) < 0.05
+
+
+def test_sdpa_alone_equals_fp32(fp32_outputs):
+    features, low_res, iou = _outputs("fp32+sdpa")
+    ref_features, ref_low_res, ref_iou = fp32_outputs
+    torch.testing.assert_close(features, ref_features, rtol=0, atol=1e-4)
+    torch.testing.assert_close(low_res, ref_low_res, rtol=0, atol=1e-4)
+
+
+def test_triton_on_cpu_falls_back_visibly_and_equals_fp32(fp32_outputs, monkeypatch):
+    from samfast import kernels
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    kernels.reset_fallback_counts()
+    features, low_res, iou = _outputs("fp32+triton")
+    assert sum(kernels.fallback_counts().values()) >= len(samfast.build_sam("vit_tiny", device="cpu").image_encoder.blocks)
+    torch.testing.assert_close(low_res, fp32_outputs[1], rtol=0, atol=1e-4)
