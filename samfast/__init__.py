@@ -1,5 +1,7 @@
 """samfast: Segment Anything rewritten for speed in native PyTorch, one switch per optimization."""
 
+__version__ = "0.1.0"
+
 from samfast.build import build_sam
 from samfast.checkpoint import CheckpointError, synthetic_state_dict
 from samfast.config import MODEL_TYPES

@@ -1,0 +1,190 @@
+"""Time SAM's rel-pos attention three ways on the GPU and check each against float64 math.
+
+    python bench/kernel_bench.py [--out results.md] [--dtype bf16|fp16] [--shapes vit_b_global,...]
+
+Ways: the fused Triton kernel (samfast.kernels.relpos_attention), SDPA with the (B, H, L, L) bias
+materialized (timed with the bias build, as SAM runs it), and FlexAttention (compiled, a score_mod
+adding rel_h[b, h, q, kv // kw] + rel_w[b, h, q, kv % kw]). Times are triton.testing.do_bench
+medians; every way is checked against float64 math on a slice of the batch first, so a fast wrong
+answer shows as such. Writes a markdown table to --out (default stdout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    B: int
+    H: int
+    kh: int
+    kw: int
+    D: int
+
+    @property
+    def L(self) -> int:
+        return self.kh * self.kw
+
+
+SHAPES = {
+    "vit_b_global": Shape("vit_b global", B=8, H=12, kh=64, kw=64, D=64),
+    "vit_b_window": Shape("vit_b windowed (8 img x 25 win)", B=8 * 25, H=12, kh=14, kw=14, D=64),
+    "vit_h_global": Shape("vit_h global", B=8, H=16, kh=64, kw=64, D=80),
+    "vit_h_window": Shape("vit_h windowed (8 img x 25 win)", B=8 * 25, H=16, kh=14, kw=14, D=80),
+}
+DEFAULT_SHAPES = "vit_b_global,vit_b_window,vit_h_global"
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def make_inputs(s: Shape, dtype, device="cuda", seed=0, rel_std=2.0):
+    """q, k, v as permuted views of one qkv tensor (as SAM builds them); rel tables ~ N(0, rel_std)."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    qkv = torch.randn(s.B, s.L, 3, s.H, s.D, generator=g, device=device).to(dtype)
+    q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+    rel_h = (rel_std * torch.randn(s.B, s.H, s.L, s.kh, generator=g, device=device)).to(dtype)
+    rel_w = (rel_std * torch.randn(s.B, s.H, s.L, s.kw, generator=g, device=device)).to(dtype)
+    return q, k, v, rel_h, rel_w
+
+
+def math_fp64(q, k, v, rel_h, rel_w, scale=None, chunk=4):
+    """float64 attention with the bias written out; chunked over heads to bound memory."""
+    B, H, L, D = q.shape
+    kw = rel_w.shape[-1]
+    scale = D**-0.5 if scale is None else scale
+    j = torch.arange(L, device=q.device)
+    out = torch.empty(B, H, L, D, dtype=torch.float64, device=q.device)
+    for b in range(B):
+        for h0 in range(0, H, chunk):
+            sl = (b, slice(h0, h0 + chunk))
+            qq, kk, vv = (t[sl].double() for t in (q, k, v))
+            bias = rel_h[sl].double()[..., j // kw] + rel_w[sl].double()[..., j % kw]
+            out[sl] = torch.softmax(qq @ kk.transpose(-1, -2) * scale + bias, dim=-1) @ vv
+    return out
+
+
+def sdpa_materialized(q, k, v, rel_h, rel_w):
+    B, H, L, _ = q.shape
+    bias = (rel_h[..., :, None] + rel_w[..., None, :]).reshape(B, H, L, L)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+
+
+def make_flex(kw: int):
+    from torch.nn.attention.flex_attention import flex_attention
+
+    @torch.compile(dynamic=False, fullgraph=True)
+    def run(q, k, v, rel_h, rel_w):
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return score + rel_h[b, h, q_idx, kv_idx // kw] + rel_w[b, h, q_idx, kv_idx % kw]
+
+        return flex_attention(q, k, v, score_mod=score_mod)
+
+    return run
+
+
+def check(fn, inputs, n_check: int) -> tuple[float, float]:
+    """(max abs error, max abs error / max |ref|) of fn's output on the first n_check batch items."""
+    out = fn(*inputs)[:n_check]
+    ref = math_fp64(*(t[:n_check] for t in inputs))
+    err = (out.double() - ref).abs().max().item()
+    return err, err / ref.abs().max().item()
+
+
+def bench_shape(s: Shape, dtype, ways, n_check):
+    from triton.testing import do_bench
+
+    inputs = make_inputs(s, dtype)
+    flops = 4 * s.B * s.H * s.L * s.L * s.D  # two matmuls
+    rows = []
+    for name, fn in ways(s):
+        t0 = time.perf_counter()
+        try:
+            fn(*inputs)  # compile / autotune
+            torch.cuda.synchronize()
+            first_s = time.perf_counter() - t0
+            err, rel = check(fn, inputs, n_check)
+            torch.cuda.synchronize()
+            base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            fn(*inputs)
+            torch.cuda.synchronize()
+            peak = (torch.cuda.max_memory_allocated() - base) / 2**30
+            ms = do_bench(lambda: fn(*inputs), warmup=25, rep=100, return_mode="median")
+        except Exception as exc:  # report, keep going (e.g. an unsupported head dim)
+            rows.append((s.name, name, "failed", "", "", "", "", f"{type(exc).__name__}: {str(exc)[:80]}"))
+            continue
+        rows.append(
+            (s.name, name, f"{ms * 1e3:.0f}", f"{flops / ms / 1e9:.0f}", f"{peak:.2f}", f"{err:.2e}", f"{rel:.2e}", f"{first_s:.1f}")
+        )
+    return rows
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default="-", help="markdown file to write (default stdout)")
+    p.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
+    p.add_argument("--shapes", default=DEFAULT_SHAPES, help=f"comma-separated, from {sorted(SHAPES)}")
+    p.add_argument("--ways", default="triton,sdpa,flex", help="comma-separated subset of triton,sdpa,flex")
+    p.add_argument("--check-batch", type=int, default=1, help="batch items checked against float64 math")
+    args = p.parse_args(argv)
+
+    if not torch.cuda.is_available():
+        print("kernel_bench: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    import importlib
+
+    from samfast.kernels import fallback_counts, relpos_attention
+
+    rpa = importlib.import_module("samfast.kernels.relpos_attention")
+
+    dtype = DTYPES[args.dtype]
+    wanted = args.ways.split(",")
+
+    def ways(s: Shape):
+        if "triton" in wanted:
+            yield "triton fused", relpos_attention
+        if "sdpa" in wanted:
+            yield "SDPA + materialized bias", sdpa_materialized
+        if "flex" in wanted:
+            yield "FlexAttention (compiled)", make_flex(s.kw)
+
+    rows, tuned = [], []
+    for key in args.shapes.split(","):
+        rows += bench_shape(SHAPES[key], dtype, ways, args.check_batch)
+        best = getattr(getattr(rpa, "_compiled_kernel", None), "best_config", None)
+        if "triton" in wanted and best is not None:
+            tuned.append(f"{SHAPES[key].name}: {best}")
+        torch.cuda.empty_cache()
+
+    dev = torch.cuda.get_device_name()
+    lines = [
+        f"Rel-pos attention, {args.dtype}, {dev}, torch {torch.__version__}; do_bench median; "
+        f"error vs float64 math on {args.check_batch} batch item(s); peak = GiB one call allocates beyond its inputs (output included).",
+        "",
+        "| shape | way | us | TFLOP/s | peak GiB | max abs err | err / max abs ref | first call s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    if tuned:
+        lines += ["", "Triton autotune picked:"] + [f"- {t}" for t in tuned]
+    if fallback_counts():
+        lines += ["", f"WARNING: the kernel fell back to the reference path: {fallback_counts()}"]
+    text = "\n".join(lines) + "\n"
+    if args.out == "-":
+        sys.stdout.write(text)
+    else:
+        with open(args.out, "w") as f:
+            f.write(text)
+        sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,54 @@
+"""Sessions: tests (CPU-safe layers), parity (the gate), golden (regenerate), bench (GPU), train-tiny (GPU).
+
+Every session runs in the current Python environment (python=False) and first installs this
+project with its test extra there: torch is several GB, and a fresh virtualenv per session would
+download or copy it again each time.
+"""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.sessions = ["tests"]
+nox.options.default_venv_backend = "none"
+
+EMBEDDED = ["--model", "vit_tiny", "--data", "scenes"]
+
+
+def _install(session: nox.Session) -> None:
+    session.run("python", "-m", "pip", "install", "-q", "-e", ".[test]", external=True)
+
+
+@nox.session(python=False)
+def tests(session: nox.Session) -> None:
+    """The CPU-safe layers: unit, parity on vit_tiny, compile checks, checkers on fixtures. GPU tests skip."""
+    _install(session)
+    session.run("python", "-m", "pytest", "tests", *session.posargs)
+
+
+@nox.session(python=False)
+def parity(session: nox.Session) -> None:
+    """The gate: the layered suite, then `python -m parity check` on the embedded default.
+
+    `nox -s parity -- --require-gpu` turns GPU skips into failures (for GPU runners that gate PRs);
+    other arguments after `--` go to `python -m parity check` (e.g. --stages fp32 bf16).
+    """
+    _install(session)
+    require_gpu = "--require-gpu" in session.posargs
+    check_args = [a for a in session.posargs if a != "--require-gpu"]
+    session.run("python", "-m", "pytest", "tests", *(["--require-gpu"] if require_gpu else []))
+    session.run("python", "-m", "parity", "check", *EMBEDDED, *check_args)
+
+
+@nox.session(python=False)
+def golden(session: nox.Session) -> None:
+    """Regenerate golden fp32 outputs (default: the embedded vit_tiny goldens; arguments after -- override)."""
+    _install(session)
+    session.run("python", "-m", "parity", "golden", *(session.posargs or EMBEDDED))
+
+
+@nox.session(python=False)
+def bench(session: nox.Session) -> None:
+    """GPU benchmark of the ladder (markdown + JSON + PNG under reports/bench)."""
+    _install(session)
+    session.run("python", "-m", "bench.ladder", *session.posargs)

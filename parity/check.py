@@ -1,0 +1,133 @@
+"""Compare a stage's outputs with the golden and apply the stage's accuracy thresholds.
+
+Thresholds live in parity/budgets.toml under [accuracy.<stage>]. A switch combination takes the
+thresholds of its lossiest switch (the one furthest along the ladder). With seeded synthetic
+weights masks mean nothing (logits ~0.07, half-image masks): there the logits error gates and
+mask IoU is only reported; with real or trained weights mask IoU gates too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from parity.evaluate import StageOutputs, decode_rle
+from parity.metrics import logits_error, mask_iou, miou_vs_ground_truth, summarize_ious
+from samfast.stages import LADDER, parse_stages
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+from parity.checks.budgets import DEFAULT_PATH as BUDGETS_PATH
+
+WORST_SHOWN = 5
+
+
+@dataclass
+class Gate:
+    metric: str
+    value: float
+    limit: float
+    kind: str  # "min" or "max"
+    gated: bool  # False: reported only (e.g. mask IoU on seeded weights)
+
+    @property
+    def passed(self) -> bool:
+        # written so that NaN fails: NaN compares False both ways
+        return bool(self.value >= self.limit) if self.kind == "min" else bool(self.value <= self.limit)
+
+    def describe(self) -> str:
+        sign = ">=" if self.kind == "min" else "<="
+        verdict = "ok" if self.passed else ("FAIL" if self.gated else "below (not gated)")
+        return f"{self.metric} {self.value:.6g} (needs {sign} {self.limit:g}): {verdict}"
+
+
+@dataclass
+class StageResult:
+    stage: str
+    gates: list[Gate]
+    summary: dict
+    worst: list[dict] = field(default_factory=list)
+    error: str | None = None  # the stage could not run at all
+
+    @property
+    def passed(self) -> bool:
+        return self.error is None and all(g.passed for g in self.gates if g.gated)
+
+    @property
+    def failures(self) -> list[Gate]:
+        return [g for g in self.gates if g.gated and not g.passed]
+
+
+def load_thresholds(path=None) -> dict[str, dict]:
+    with open(path or BUDGETS_PATH, "rb") as f:
+        accuracy = tomllib.load(f).get("accuracy")
+    if not accuracy:
+        raise ValueError(f"{path or BUDGETS_PATH} has no [accuracy.<stage>] thresholds")
+    missing = [s for s in LADDER if s not in accuracy]
+    if missing:
+        raise ValueError(f"{path or BUDGETS_PATH}: no [accuracy] thresholds for stage(s) {missing}")
+    return accuracy
+
+
+def thresholds_for(stages: str, thresholds: dict[str, dict]) -> dict:
+    """The thresholds of the lossiest switch in `stages` (fp32's for the baseline)."""
+    switches = parse_stages(stages)
+    lossiest = max(switches, key=LADDER.index) if switches else "fp32"
+    return thresholds[lossiest]
+
+
+def compare(stage: str, outputs: StageOutputs, golden: StageOutputs, limits: dict, masks_meaningful: bool) -> StageResult:
+    """Per-annotation comparison with the golden; gates per `limits`."""
+    golden_by_id = {a.ann_id: a for a in golden.annotations}
+    ours_by_id = {a.ann_id: a for a in outputs.annotations}
+    if set(golden_by_id) != set(ours_by_id):
+        return StageResult(stage, [], {}, error=(
+            f"the stage produced annotations {len(ours_by_id)} vs golden {len(golden_by_id)}: "
+            "different data or prompts; regenerate the golden"))
+    per_ann = []
+    for ann_id, gold in golden_by_id.items():
+        ours = ours_by_id[ann_id]
+        iou = mask_iou(decode_rle(ours.rles[ours.best]), decode_rle(gold.rles[gold.best]))
+        score_err = float(np.max(np.abs(np.subtract(ours.scores, gold.scores))))
+        per_ann.append({"ann_id": ann_id, "image_id": gold.image_id, "iou_vs_golden": iou,
+                        "best": ours.best, "golden_best": gold.best, "score_abs_err": score_err})
+    ious = summarize_ious([p["iou_vs_golden"] for p in per_ann])
+    common = sorted(set(golden.logits) & set(outputs.logits))
+    logits = logits_error(np.stack([outputs.logits[i] for i in common]), np.stack([golden.logits[i] for i in common])) if common else None
+    gt_ours = miou_vs_ground_truth((a.category_id, a.gt_iou) for a in outputs.annotations)
+    gt_gold = miou_vs_ground_truth((a.category_id, a.gt_iou) for a in golden.annotations)
+    max_score_err = max(p["score_abs_err"] for p in per_ann)
+
+    gates = []
+    if logits is not None:
+        gates.append(Gate("logits_rel_l2", logits["rel_l2"], limits["max_logits_rel_l2"], "max", True))
+    gates.append(Gate("score_max_abs_err", max_score_err, limits["max_score_abs_err"], "max", True))
+    gates += [
+        Gate("mask_iou_mean", ious.mean, limits["min_mean_iou"], "min", masks_meaningful),
+        Gate("mask_iou_p5", ious.p5, limits["min_p5_iou"], "min", masks_meaningful),
+        Gate("miou_gt_drop", gt_gold["mean"] - gt_ours["mean"], limits["max_miou_drop"], "max", masks_meaningful),
+    ]
+    summary = {
+        "annotations": ious.count,
+        "mask_iou_mean": ious.mean,
+        "mask_iou_p5": ious.p5,
+        "mask_iou_min": ious.min,
+        "masks_below_half": ious.n_below_half,
+        "best_mask_changed": sum(p["best"] != p["golden_best"] for p in per_ann),
+        "logits_rel_l2": None if logits is None else logits["rel_l2"],
+        "logits_cosine": None if logits is None else logits["cosine"],
+        "logits_max_abs": None if logits is None else logits["max_abs"],
+        "score_max_abs_err": max_score_err,
+        "miou_gt": gt_ours["mean"],
+        "miou_gt_golden": gt_gold["mean"],
+        "miou_gt_per_category": gt_ours["per_category"],
+        "seconds": outputs.seconds,
+        "first_batch_seconds": outputs.first_batch_seconds,
+        "steady_img_s": outputs.steady_img_s,
+    }
+    worst = sorted(per_ann, key=lambda p: (p["iou_vs_golden"], -p["score_abs_err"]))[:WORST_SHOWN]
+    return StageResult(stage, gates, summary, worst)

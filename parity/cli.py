@@ -1,0 +1,71 @@
+"""python -m parity golden | check: the command line of the gate."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from parity.data import load_coco, load_dataset
+
+DEFAULT_CPU_STAGES = ["fp32", "bf16", "bf16+sdpa", "bf16+sdpa+nt"]
+
+
+def _add_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="vit_tiny", help="vit_tiny, vit_b, vit_l or vit_h (default vit_tiny)")
+    parser.add_argument("--checkpoint", type=Path, help="official sam_vit_*.pth or a state dict in that layout")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the synthetic weights when no --checkpoint")
+    parser.add_argument("--data", default="scenes", help="coco-mini, scenes (embedded, the default) or a folder")
+    parser.add_argument("--coco-root", type=Path, help="folder of COCO images (e.g. coco/val2017); with --ann-file")
+    parser.add_argument("--ann-file", type=Path, help="COCO instances json (e.g. instances_val2017.json)")
+    parser.add_argument("--limit", type=int, help="first N images by image id")
+    parser.add_argument("--prompt", choices=("point", "box"), default="point")
+    parser.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    parser.add_argument("--batch-size", type=int, default=8)
+
+
+def _dataset(args):
+    if args.coco_root or args.ann_file:
+        if not (args.coco_root and args.ann_file):
+            raise SystemExit("error: --coco-root and --ann-file go together")
+        return load_coco(args.coco_root, args.ann_file, limit=args.limit), (
+            f"--coco-root {shlex.quote(str(args.coco_root))} --ann-file {shlex.quote(str(args.ann_file))}")
+    return load_dataset(args.data, limit=args.limit), f"--data {shlex.quote(str(args.data))}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m parity", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    golden = sub.add_parser("golden", help="write fp32 golden outputs (to a temporary folder, swapped in whole)")
+    _add_common(golden)
+    golden.add_argument("--golden-root", type=Path, help="where golden folders live (default: golden/)")
+    check = sub.add_parser("check", help="run stages and compare them with the golden; exit 1 on any failure")
+    _add_common(check)
+    check.add_argument("--stages", nargs="+", default=DEFAULT_CPU_STAGES, help="ladder names or '+' combinations")
+    check.add_argument("--golden", type=Path, help="golden folder (default: derived from model, checkpoint, data)")
+    check.add_argument("--report-dir", type=Path, default=Path("reports"))
+    args = parser.parse_args(argv)
+
+    from parity.golden import GoldenMismatch, GoldenMissing
+    from parity.runner import ModelSource, make_golden, run_check
+    from parity.settings import DataNotFoundError
+    from samfast import CheckpointError, StageError
+
+    source = ModelSource(args.model, args.checkpoint, args.seed)
+    try:
+        dataset, data_args = _dataset(args)
+        if args.command == "golden":
+            folder = make_golden(source, dataset, prompt=args.prompt, device=args.device,
+                                 batch_size=args.batch_size, root=args.golden_root)
+            print(f"golden written: {folder} ({dataset.num_annotations} annotations)")
+            return 0
+        results, paths = run_check(source, dataset, args.stages, data_args=data_args, prompt=args.prompt,
+                                   device=args.device, batch_size=args.batch_size, golden=args.golden,
+                                   report_dir=args.report_dir)
+    except (GoldenMismatch, GoldenMissing, DataNotFoundError, CheckpointError, StageError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(paths["report.md"].read_text())
+    print("reports: " + ", ".join(str(p) for p in paths.values()))
+    return 0 if all(r.passed for r in results) else 1

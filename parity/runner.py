@@ -1,0 +1,130 @@
+"""The two jobs of the gate as Python calls: make a golden, and check stages against it.
+
+The CLI (python -m parity) is a thin layer over these; tests call them directly, e.g. with a
+`build` that perturbs weights to prove the check fails.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+import samfast
+from parity import golden as golden_io
+from parity.check import StageResult, compare, load_thresholds, thresholds_for
+from parity.data import Dataset
+from parity.evaluate import evaluate
+from parity.report import write_reports
+from samfast.checkpoint import synthetic_state_dict
+from samfast.stages import canonical_name, parse_stages
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Which weights: a checkpoint file, or seeded synthetic weights (which make meaningless masks)."""
+
+    model_type: str
+    checkpoint: Path | None = None
+    seed: int = 0
+
+    @property
+    def label(self) -> str:
+        return self.checkpoint.name if self.checkpoint else f"synthetic seed {self.seed}"
+
+    @property
+    def masks_meaningful(self) -> bool:
+        return self.checkpoint is not None
+
+    def sha256(self) -> str:
+        if self.checkpoint:
+            return golden_io.file_sha256(self.checkpoint)
+        return golden_io.state_dict_sha256(synthetic_state_dict(self.model_type, self.seed))
+
+    def dir_id(self, sha: str) -> str:
+        return f"{self.checkpoint.stem}-{sha[:8]}" if self.checkpoint else f"synthetic-seed{self.seed}"
+
+    def build(self, stages: str, device: torch.device, batch_size: int):
+        return samfast.build_sam(self.model_type, self.checkpoint, seed=self.seed, device=device, stages=stages, batch_size=batch_size)
+
+    def cli_args(self) -> str:
+        return f"--model {self.model_type} " + (f"--checkpoint {shlex.quote(str(self.checkpoint))}" if self.checkpoint else f"--seed {self.seed}")
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def golden_folder(source: ModelSource, sha: str, dataset: Dataset, prompt: str, root: Path | None = None) -> Path:
+    return (root or golden_io.GOLDEN_ROOT) / golden_io.golden_dir_name(source.model_type, source.dir_id(sha), dataset.name, dataset.limit, prompt)
+
+
+def make_golden(source: ModelSource, dataset: Dataset, *, prompt: str = "point", device=None,
+                batch_size: int = 8, root: Path | None = None) -> Path:
+    device = torch.device(device) if device else default_device()
+    settings = golden_io.fp32_settings()
+    sha = source.sha256()
+    model = source.build("fp32", device, batch_size)
+    outputs = evaluate(model, dataset, prompt=prompt, batch_size=batch_size, desc=f"golden {source.model_type} fp32")
+    manifest = golden_io.base_manifest(source.model_type, source.label, sha, dataset, prompt, device)
+    manifest.update(fp32_settings=settings, masks_meaningful=source.masks_meaningful, batch_size=batch_size)
+    return golden_io.write_golden(golden_folder(source, sha, dataset, prompt, root), outputs, manifest)
+
+
+def regenerate_command(source: ModelSource, data_args: str, prompt: str) -> str:
+    return f"python -m parity golden {source.cli_args()} {data_args}" + (f" --prompt {prompt}" if prompt != "point" else "")
+
+
+def run_check(
+    source: ModelSource,
+    dataset: Dataset,
+    stages: list[str],
+    *,
+    data_args: str,
+    prompt: str = "point",
+    device=None,
+    batch_size: int = 8,
+    golden: Path | None = None,
+    report_dir: Path = Path("reports"),
+    build: Callable[[str], torch.nn.Module] | None = None,
+) -> tuple[list[StageResult], dict[str, Path]]:
+    """Check each stage against the golden; write report.md/json, junit.xml and a plot."""
+    device = torch.device(device) if device else default_device()
+    sha = source.sha256()
+    folder = Path(golden) if golden else golden_folder(source, sha, dataset, prompt)
+    manifest, golden_outputs = golden_io.read_golden(folder)
+    expected = {
+        "model_type": source.model_type,
+        "checkpoint_sha256": sha,
+        "dataset_fingerprint": dataset.fingerprint,
+        "prompt_policy": dataset.manifest()["prompt_policy" if prompt == "point" else "box_policy"],
+    }
+    golden_io.verify_matches(manifest, expected, folder, regenerate_command(source, data_args, prompt))
+    thresholds = load_thresholds()
+    build = build or (lambda stages: source.build(stages, device, batch_size))
+    results = []
+    for stage in stages:
+        name = canonical_name(parse_stages(stage))
+        try:
+            outputs = evaluate(build(stage), dataset, prompt=prompt, batch_size=batch_size, desc=f"check {name}")
+        except Exception as err:  # a stage that cannot run here is a failed stage, reported with its reason
+            results.append(StageResult(name, [], {}, error=f"{type(err).__name__}: {err}"))
+            continue
+        results.append(compare(name, outputs, golden_outputs, thresholds_for(stage, thresholds), source.masks_meaningful))
+    header = {
+        "model_type": source.model_type,
+        "checkpoint": source.label,
+        "dataset": f"{dataset.name} ({len(dataset.samples)} images)",
+        "annotations": dataset.num_annotations,
+        "prompt": prompt,
+        "golden": str(folder),
+        "golden_device": manifest.get("device"),
+        "golden_torch": manifest.get("torch_version"),
+        "device": golden_io.device_description(device),
+        "torch": torch.__version__,
+        "masks_meaningful": source.masks_meaningful,
+    }
+    return results, write_reports(Path(report_dir), header, results)

@@ -1,0 +1,126 @@
+"""The budget check must fail a planted slowdown and an oversized allocation, with the figures."""
+
+from __future__ import annotations
+
+import pytest
+
+from parity.checks.budgets import (
+    GPU_KEYS,
+    BudgetError,
+    MissingBudget,
+    check,
+    gpu_key,
+    load_budgets,
+    lookup,
+)
+
+ROW = ("A100", "vit_b", "int8", 32)  # published: 93.74 img/s, 6.72 GiB
+
+
+@pytest.fixture(scope="module")
+def budgets():
+    return load_budgets()
+
+
+def test_every_row_loads_with_a_source_and_positive_limits(budgets):
+    assert len(budgets) >= 20
+    for (gpu, model, stage, batch), b in budgets.items():
+        assert gpu in GPU_KEYS and b.source.strip(), b.row
+        assert b.min_img_s > 0 and b.max_peak_gib > 0, b.row
+        if gpu != "A100":
+            assert b.provisional and "PROVISIONAL" in b.source, f"{b.row} is not from our own runs yet"
+
+
+def test_published_a100_rows_are_all_there(budgets):
+    ladder = ("fp32", "bf16", "compile", "sdpa", "triton", "nt", "int8", "sparse")
+    expected = [("vit_b", s, 8) for s in ladder] + [("vit_h", s, 8) for s in ladder]
+    expected += [("vit_b", s, 32) for s in ("nt", "int8", "sparse")] + [("vit_h", "int8", 32)]
+    missing = [e for e in expected if ("A100",) + e not in budgets]
+    assert not missing
+    assert not budgets[("A100", "vit_b", "fp32", 8)].provisional
+
+
+def test_measurement_within_budget_passes(budgets):
+    assert check(lookup(*ROW, budgets=budgets), img_s=93.7, peak_gib=6.72) == []
+
+
+def test_planted_slowdown_fails_with_figures(budgets):
+    budget = lookup(*ROW, budgets=budgets)
+    slowed = 93.74 * 0.8  # an injected 20% slowdown
+    (failure,) = check(budget, img_s=slowed, peak_gib=6.72)
+    assert "[A100.vit_b.int8.32]" in failure
+    assert f"img/s {slowed:.1f} < floor {budget.min_img_s:.2f}" in failure
+    assert f"({slowed / budget.min_img_s:.0%} of budget)" in failure
+
+
+def test_oversized_allocation_fails_with_figures(budgets):
+    budget = lookup(*ROW, budgets=budgets)
+    (failure,) = check(budget, img_s=95.0, peak_gib=9.5)  # e.g. a materialized attention bias
+    assert f"peak memory 9.50 GiB > ceiling {budget.max_peak_gib:.2f} GiB" in failure
+    assert f"({9.5 / budget.max_peak_gib:.0%} of budget)" in failure
+
+
+def test_nan_measurement_fails(budgets):
+    assert len(check(lookup(*ROW, budgets=budgets), float("nan"), float("nan"))) == 2
+
+
+@pytest.mark.parametrize(
+    "name, key",
+    [
+        ("NVIDIA H100 80GB HBM3", "H100"),
+        ("NVIDIA H100 PCIe", "H100"),
+        ("NVIDIA A100-SXM4-40GB", "A100"),
+        ("NVIDIA A100 80GB PCIe", "A100"),
+        ("NVIDIA H200", "H200"),
+        ("NVIDIA GH200 480GB", None),
+        ("NVIDIA RTX A1000", None),
+        ("Tesla V100-SXM2-16GB", None),
+    ],
+)
+def test_gpu_key(name, key):
+    assert gpu_key(name) == key
+
+
+def test_lookup_by_device_name(budgets):
+    assert lookup("NVIDIA A100-SXM4-40GB", "vit_h", "int8", 32, budgets=budgets).min_img_s > 0
+
+
+def test_unknown_gpu_names_the_missing_row(budgets):
+    with pytest.raises(MissingBudget, match=r"\[Tesla V100\.vit_b\.int8\.32\].*--budget-gpu"):
+        lookup("Tesla V100", "vit_b", "int8", 32, budgets=budgets)
+
+
+def test_missing_row_on_known_gpu_names_it_and_the_fix(budgets):
+    with pytest.raises(MissingBudget) as err:
+        lookup("NVIDIA H100 80GB HBM3", "vit_b", "int8", 32, budgets=budgets)
+    message = str(err.value)
+    assert "[H100.vit_b.int8.32]" in message and "int8.32 = {" in message and "--budget-gpu" in message
+
+
+@pytest.mark.parametrize(
+    "text, complaint",
+    [
+        ('[A10.vit_b]\nfp32.8 = { min_img_s = 1.0, max_peak_gib = 1.0, source = "x" }', "unknown GPU key"),
+        ('[A100.vit_b]\nfp32.8 = { min_img_s = -1.0, max_peak_gib = 1.0, source = "x" }', "min_img_s must be a positive"),
+        ('[A100.vit_b]\nfp32.8 = { min_img_s = 1.0, max_peak_gib = 0, source = "x" }', "max_peak_gib must be a positive"),
+        ('[A100.vit_b]\nfp32.8 = { min_img_s = 1.0, max_peak_gib = 1.0 }', "missing source"),
+        ('[A100.vit_b]\nfp32.8 = { min_img_s = 1.0, max_peak_gib = 1.0, source = " " }', "missing source"),
+        ('[A100.vit_b]\nfp32.8 = { min_imgs = 1.0, max_peak_gib = 1.0, source = "x" }', "unknown field"),
+        ('[A100.vit_b]\nfp33.8 = { min_img_s = 1.0, max_peak_gib = 1.0, source = "x" }', "unknown stage"),
+        ('[A100.vit_q]\nfp32.8 = { min_img_s = 1.0, max_peak_gib = 1.0, source = "x" }', "unknown model"),
+        ('[A100.vit_b]\nfp32.b8 = { min_img_s = 1.0, max_peak_gib = 1.0, source = "x" }', "positive batch size"),
+        ("[A100.vit_b\n", "not valid TOML"),
+    ],
+)
+def test_malformed_file_is_a_clear_error(tmp_path, text, complaint):
+    path = tmp_path / "budgets.toml"
+    path.write_text(text)
+    with pytest.raises(BudgetError, match=complaint) as err:
+        load_budgets(path)
+    assert str(path) in str(err.value)
+
+
+def test_combined_stage_rows_are_allowed(tmp_path):
+    path = tmp_path / "budgets.toml"
+    path.write_text('[H100.vit_b]\n"bf16+sdpa+int8".8 = { min_img_s = 100, max_peak_gib = 2, source = "run 42" }')
+    assert lookup("H100", "vit_b", "bf16+sdpa+int8", 8, budgets=load_budgets(path)).min_img_s == 100
