@@ -133,8 +133,9 @@ def verify_matches(manifest: dict, expected: dict, folder: Path, regenerate: str
     """Refuse a golden made from another checkpoint, dataset or prompt policy, saying which and how to fix."""
     for key, what in IDENTITY_FIELDS.items():
         if manifest.get(key) != expected[key]:
+            golden_label = f" ({manifest['checkpoint']})" if key == "checkpoint_sha256" and "checkpoint" in manifest else ""
             raise GoldenMismatch(
-                f"golden {folder} was made from another {what}: golden has {key}={manifest.get(key)!r}, "
+                f"golden {folder} was made from another {what}: golden has {key}={manifest.get(key)!r}{golden_label}, "
                 f"this run has {expected[key]!r}. Comparing them would measure the difference in inputs, "
                 f"not in the model. Regenerate the golden with:\n  {regenerate}"
             )

@@ -77,6 +77,10 @@ def render_markdown(header: dict, results: list[StageResult]) -> str:
     lines += ["", "All gates per stage:", ""]
     for r in results:
         lines.append(f"- **{r.stage}**: " + ("; ".join(g.describe() for g in r.gates) if not r.error else r.error))
+        fallbacks = (r.summary or {}).get("kernel_fallbacks")
+        if fallbacks:
+            lines.append("  - fused rel-pos kernel fell back to the materialized-bias path: "
+                         + ", ".join(f"{n}x {reason}" for reason, n in fallbacks.items()))
     return "\n".join(lines) + "\n"
 
 

@@ -14,6 +14,7 @@ from typing import Callable
 import torch
 
 import samfast
+from samfast import kernels
 from parity import golden as golden_io
 from parity.check import StageResult, compare, load_thresholds, thresholds_for
 from parity.data import Dataset
@@ -108,12 +109,16 @@ def run_check(
     results = []
     for stage in stages:
         name = canonical_name(parse_stages(stage))
+        kernels.reset_fallback_counts()
         try:
             outputs = evaluate(build(stage), dataset, prompt=prompt, batch_size=batch_size, desc=f"check {name}")
         except Exception as err:  # a stage that cannot run here is a failed stage, reported with its reason
             results.append(StageResult(name, [], {}, error=f"{type(err).__name__}: {err}"))
             continue
-        results.append(compare(name, outputs, golden_outputs, thresholds_for(stage, thresholds), source.masks_meaningful))
+        result = compare(name, outputs, golden_outputs, thresholds_for(stage, thresholds), source.masks_meaningful)
+        # Visible, not silent: calls the fused kernel could not serve and sent to the slow path.
+        result.summary["kernel_fallbacks"] = dict(kernels.fallback_counts())
+        results.append(result)
     header = {
         "model_type": source.model_type,
         "checkpoint": source.label,

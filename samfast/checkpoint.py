@@ -67,9 +67,21 @@ def infer_model_type(state_dict: dict[str, torch.Tensor]) -> tuple[str | None, i
     return None, embed_dim, depth
 
 
+# Checkpoints that ship inside the package, by name: build_sam("vit_tiny", checkpoint="trained").
+WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
+NAMED_CHECKPOINTS = {"trained": WEIGHTS_DIR / "vit_tiny_trained.pt"}
+
+
+def resolve_checkpoint(checkpoint: str | Path) -> Path:
+    """A path for a checkpoint argument: a named packaged checkpoint or a file path."""
+    if isinstance(checkpoint, str) and checkpoint in NAMED_CHECKPOINTS:
+        return NAMED_CHECKPOINTS[checkpoint]
+    return Path(checkpoint)
+
+
 def read_checkpoint(path: str | Path) -> dict[str, torch.Tensor]:
     """Load a state dict with weights_only=True, turning every failure into a message with a fix."""
-    path = Path(path)
+    path = resolve_checkpoint(path)
     if not path.is_file():
         raise CheckpointError(
             f"checkpoint not found: {path}. Pass the path of an official sam_vit_*.pth file, or "

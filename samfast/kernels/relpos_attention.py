@@ -6,8 +6,11 @@ SAM's image encoder adds to every attention score a bias built from two small ta
 
 The plain way materializes that (B, H, L, L) bias and hands it to SDPA; at L = 4096 that is
 the largest tensor in the model. The kernel here is flash attention (online softmax over key
-tiles) that gathers the few rel_h / rel_w columns of each key tile instead, so the bias never
-exists in memory.
+tiles) that forms each key tile's bias from the few rel_h / rel_w entries it needs, so the bias
+never exists in memory: global attention (64x64 tokens) reads one rel_h column and a rel_w slice
+per tile, windowed attention (14x14) selects from the tables with tiny tensor-core products.
+On an H200 (bf16, B=8) that is 1.26 ms vs 5.46 ms for SDPA + materialized bias (vit_b global),
+0.19 vs 0.47 ms (vit_b windowed, 200 windows); see bench/kernel_bench.py.
 
 The softmax runs in base 2 (``exp2``), so *both* the scaled q.k product and the bias are
 multiplied by log2(e). The published segment-anything-fast kernel scaled only q.k; the unit
@@ -328,8 +331,8 @@ def _relpos_attention_impl(q, k, v, rel_h, rel_w, scale: float, bias_log2e: bool
 
 
 if triton is not None and hasattr(torch.library, "triton_op"):
-    # A custom op (fake impl traced from the same code), so torch.compile sees one node and no
-    # graph break; inductor can still see and autotune the Triton kernel inside.
+    # A custom op, so torch.compile sees one node and no graph break; being a triton_op, the
+    # compiled graph launches (and inductor autotunes) the Triton kernel itself.
     @torch.library.triton_op("samfast::relpos_attention", mutates_args=())
     def _relpos_attention_op(
         q: torch.Tensor,
@@ -389,16 +392,15 @@ def _unsupported_reason(q, k, v, rel_h, rel_w) -> str | None:
     return None
 
 
+# Under torch.compile this runs once per trace, at trace time (dynamo treats its result as a
+# constant), instead of breaking the graph: compiled code counts a fallback once per compile.
+@torch.compiler.assume_constant_result
 def _note_fallback(reason: str) -> bool:
     FALLBACK_COUNTS[reason] += 1
     if reason not in _LOGGED_REASONS:
         _LOGGED_REASONS.add(reason)
         logger.warning("relpos_attention: %s; using the materialized-bias SDPA reference path", reason)
     return True
-
-
-# Under torch.compile the note runs once per trace (at trace time) instead of breaking the graph.
-_note_fallback_traced = torch.compiler.assume_constant_result(_note_fallback)
 
 
 def relpos_attention(q, k, v, rel_h, rel_w, scale=None, *, _bias_log2e: bool = True):
@@ -422,10 +424,7 @@ def relpos_attention(q, k, v, rel_h, rel_w, scale=None, *, _bias_log2e: bool = T
         scale = q.shape[-1] ** -0.5
     reason = _unsupported_reason(q, k, v, rel_h, rel_w)
     if reason is not None:
-        if torch.compiler.is_compiling():
-            _note_fallback_traced(reason)
-        else:
-            _note_fallback(reason)
+        _note_fallback(reason)
         return relpos_attention_reference(q, k, v, rel_h, rel_w, scale=scale)
     return _run_kernel(q, k, v, rel_h, rel_w, float(scale), bool(_bias_log2e))
 
