@@ -1,12 +1,13 @@
 """Golden fp32 outputs on disk: JSON + compressed NPZ (never pickle), written whole or not at all.
 
-A golden folder holds manifest.json (what produced it), predictions.json (per annotation: the
+A golden folder holds manifest.json (what produced it), predictions.json.gz (per annotation: the
 three multimask masks as RLE, the predicted IoUs, the best index, IoU vs ground truth) and
 logits.npz (fp16 low-res logits of a bounded subset of annotations).
 """
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import os
@@ -86,7 +87,9 @@ def write_golden(folder: Path, outputs: StageOutputs, manifest: dict) -> Path:
         manifest = {**manifest, "format_version": FORMAT_VERSION, "annotations": len(outputs.annotations)}
         (staging / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
         records = [asdict(a) for a in outputs.annotations]
-        (staging / "predictions.json").write_text(json.dumps(records, separators=(",", ":")) + "\n")
+        # gzip: masks of seeded weights are noise with long RLEs; trained ones compress far better
+        with gzip.open(staging / "predictions.json.gz", "wt", compresslevel=9) as f:
+            json.dump(records, f, separators=(",", ":"))
         ann_ids = np.array(list(outputs.logits), dtype=np.int64)
         stacked = np.stack([outputs.logits[i] for i in ann_ids]).astype(np.float16) if len(ann_ids) else np.zeros((0, 3, 256, 256), np.float16)
         np.savez_compressed(staging / "logits.npz", ann_ids=ann_ids, logits=stacked)
@@ -114,7 +117,8 @@ def read_golden(folder: Path) -> tuple[dict, StageOutputs]:
     manifest = json.loads((folder / "manifest.json").read_text())
     if manifest.get("format_version") != FORMAT_VERSION:
         raise GoldenMismatch(f"golden {folder} has format {manifest.get('format_version')}, this parity reads {FORMAT_VERSION}; regenerate it")
-    records = json.loads((folder / "predictions.json").read_text())
+    with gzip.open(folder / "predictions.json.gz", "rt") as f:
+        records = json.load(f)
     with np.load(folder / "logits.npz", allow_pickle=False) as npz:
         logits = {int(i): l.astype(np.float32) for i, l in zip(npz["ann_ids"], npz["logits"])}
     outputs = StageOutputs([AnnotationOutput(**r) for r in records], logits, 0, 0.0, 0, 0.0)

@@ -49,8 +49,7 @@ def test_golden_round_trip(synthetic_golden, scenes):
     assert first.best == int(np.argmax(first.scores))
     assert len(outputs.logits) == 8 and all(v.shape == (3, 256, 256) for v in outputs.logits.values())
     # JSON + NPZ only, no pickle anywhere
-    assert sorted(p.name for p in synthetic_golden.iterdir()) == ["logits.npz", "manifest.json", "predictions.json"]
-    json.loads((synthetic_golden / "predictions.json").read_text())
+    assert sorted(p.name for p in synthetic_golden.iterdir()) == ["logits.npz", "manifest.json", "predictions.json.gz"]
 
 
 def test_fp32_passes_with_iou_one(synthetic_golden, scenes, tmp_path):
@@ -124,7 +123,7 @@ def test_missing_golden_says_how_to_make_one(scenes, tmp_path):
 
 
 def test_failed_regeneration_keeps_the_old_golden(synthetic_golden, scenes, monkeypatch):
-    before = (synthetic_golden / "predictions.json").read_bytes()
+    before = (synthetic_golden / "predictions.json.gz").read_bytes()
 
     def broken(*args, **kwargs):
         raise OSError("disk full")
@@ -132,5 +131,5 @@ def test_failed_regeneration_keeps_the_old_golden(synthetic_golden, scenes, monk
     monkeypatch.setattr(golden_io.np, "savez_compressed", broken)
     with pytest.raises(OSError, match="disk full"):
         make_golden(ModelSource("vit_tiny"), scenes, device="cpu", root=synthetic_golden.parent)
-    assert (synthetic_golden / "predictions.json").read_bytes() == before
+    assert (synthetic_golden / "predictions.json.gz").read_bytes() == before
     assert [p.name for p in synthetic_golden.parent.iterdir()] == [synthetic_golden.name]  # no leftovers
