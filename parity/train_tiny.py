@@ -60,7 +60,7 @@ from parity.settings import DataNotFoundError  # noqa: E402
 from samfast import SamPredictor, build_sam  # noqa: E402
 from samfast.checkpoint import WEIGHTS_DIR  # noqa: E402
 from samfast.config import IMAGE_SIZE  # noqa: E402
-from samfast.transforms import preprocess_shape, resize_longest_side  # noqa: E402
+from samfast.transforms import preprocess_shape, resize_longest_side, scale_coords, to_rgb_uint8  # noqa: E402
 
 MODEL_TYPE = "vit_tiny"
 CHECKPOINT_NAME = "vit_tiny_trained.pt"
@@ -98,21 +98,28 @@ def lowres_target(mask: np.ndarray, input_size: tuple[int, int]) -> np.ndarray:
     mask = np.asarray(mask, dtype=bool)
     H, W = mask.shape
     h, w = input_size
-    table = np.zeros((H + 1, W + 1))
-    table[1:, 1:] = mask.cumsum(0, dtype=np.float64).cumsum(1)
-    rows, row_frac = _edges(H, h)
-    cols, col_frac = _edges(W, w)
-    table = table[rows] * (1 - row_frac)[:, None] + table[rows + 1] * row_frac[:, None]
-    table = table[:, cols] * (1 - col_frac) + table[:, cols + 1] * col_frac  # (257, 257) at the cell corners
+    rows, cols = np.flatnonzero(mask.any(axis=1)), np.flatnonzero(mask.any(axis=0))
+    if rows.size == 0:
+        return np.zeros((LOW_RES, LOW_RES), dtype=np.float32)
+    # Integrate over the mask's bounding box only: outside it the mask is empty, so the integral
+    # up to any point equals the box's summed-area table at that point clipped into the box.
+    y0, y1, x0, x1 = rows[0], rows[-1] + 1, cols[0], cols[-1] + 1
+    table = np.zeros((y1 - y0 + 1, x1 - x0 + 1))
+    table[1:, 1:] = mask[y0:y1, x0:x1].cumsum(0, dtype=np.float64).cumsum(1)
+    r, r_frac = _edges(H, h, y0, y1)
+    c, c_frac = _edges(W, w, x0, x1)
+    table = table[r] * (1 - r_frac)[:, None] + table[r + 1] * r_frac[:, None]
+    table = table[:, c] * (1 - c_frac) + table[:, c + 1] * c_frac  # (257, 257): the integral at cell corners
     area = table[1:, 1:] - table[:-1, 1:] - table[1:, :-1] + table[:-1, :-1]
     cell_area = (CELL * H / h) * (CELL * W / w)
     return np.clip(area / cell_area, 0.0, 1.0).astype(np.float32)
 
 
-def _edges(original: int, resized: int) -> tuple[np.ndarray, np.ndarray]:
-    """Cell edges along one axis in original pixels, as (whole part, fraction), clipped to the image."""
-    edges = np.minimum(np.arange(LOW_RES + 1) * (CELL * original / resized), original)
-    whole = np.minimum(np.floor(edges), original - 1).astype(np.int64)
+def _edges(original: int, resized: int, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+    """The 257 cell edges along one axis, in original pixels relative to the box [lo, hi) and
+    clipped into it, as (whole part, fraction) for interpolating the box's summed-area table."""
+    edges = np.clip(np.arange(LOW_RES + 1) * (CELL * original / resized) - lo, 0, hi - lo)
+    whole = np.minimum(np.floor(edges), hi - lo - 1).astype(np.int64)
     return whole, edges - whole
 
 
@@ -242,7 +249,7 @@ def _fill_chunk(job: tuple[int, int, int]) -> tuple[int, int]:
     first, count, seed = job
     pool = _POOL
     coco, images = generate_scenes(count, seed=seed)
-    rng = np.random.Generator(np.random.PCG64(seed))
+    rng = np.random.default_rng([seed, 1])  # interior points: a stream apart from the scenes' own
     slot_of = {info["id"]: first + k for k, info in enumerate(coco["images"])}
     for info in coco["images"]:
         slot = slot_of[info["id"]]
@@ -269,30 +276,36 @@ def _fill_chunk(job: tuple[int, int, int]) -> tuple[int, int]:
     return count, len(coco["annotations"])
 
 
-def build_pool(num_scenes: int, seed: int, workers: int, log=print) -> tuple[Pool, dict]:
+def build_pool(num_scenes: int, seed: int, workers: int, log=print, while_waiting=None) -> tuple[Pool, dict, object]:
     """num_scenes training scenes from train_seeds(seed), made by `workers` forked processes
-    (inline when workers <= 1). Returns the pool and what the manifest records about it."""
+    (inline when workers <= 1). while_waiting() runs in this process meanwhile (after the fork,
+    so it may start CUDA). Returns the pool, what the manifest records about it, and
+    while_waiting's result."""
     global _POOL
     start = time.monotonic()
     seeds = train_seeds(seed, num_scenes)
     jobs = [(k * SCENES_PER_SEED, min(SCENES_PER_SEED, num_scenes - k * SCENES_PER_SEED), s) for k, s in enumerate(seeds)]
     _POOL = Pool.allocate(num_scenes, shared=workers > 1)
+    waited = None
     try:
         if workers > 1:
             with multiprocessing.get_context("fork").Pool(workers) as procs:
-                results = list(procs.imap_unordered(_fill_chunk, jobs))
+                pending = procs.map_async(_fill_chunk, jobs, chunksize=1)
+                waited = while_waiting() if while_waiting else None
+                results = pending.get()
         else:
             results = [_fill_chunk(job) for job in jobs]
+            waited = while_waiting() if while_waiting else None
         pool = _POOL
     finally:
         _POOL = None
     seconds = time.monotonic() - start
     annotations = sum(r[1] for r in results)
     log(f"data: {num_scenes} scenes, {annotations} objects from seeds {seeds[0]}..{seeds[-1]} "
-        f"in {seconds:.1f} s with {max(workers, 1)} worker(s)")
-    return pool, {"generator": SCENES_VERSION, "scenes": num_scenes, "annotations": annotations,
-                  "seeds": seeds, "scenes_per_seed": SCENES_PER_SEED, "seconds": round(seconds, 2),
-                  "workers": max(workers, 1)}
+        f"in {seconds:.1f} s with {max(workers, 1)} worker(s){' (set-up alongside)' if while_waiting else ''}")
+    info = {"generator": SCENES_VERSION, "scenes": num_scenes, "annotations": annotations, "seeds": seeds,
+            "scenes_per_seed": SCENES_PER_SEED, "seconds": round(seconds, 2), "workers": max(workers, 1)}
+    return pool, info, waited
 
 
 # --- batches ----------------------------------------------------------------------------------
@@ -319,13 +332,14 @@ class BatchSampler:
         self.pool, self.batch, self.prompts = pool, batch, prompts
         self.p_box, self.p_centre, self.flips = p_box, p_centre, flips
         self.rng = np.random.Generator(np.random.PCG64(seed))
+        self._usable = np.flatnonzero(pool.counts > 0)  # occlusion may, rarely, leave a scene empty
         self._order, self._next = np.empty(0, np.int64), 0
 
     def _scenes(self) -> np.ndarray:
         out = []
         while len(out) < self.batch:
             if self._next >= len(self._order):
-                self._order, self._next = self.rng.permutation(len(self.pool)), 0
+                self._order, self._next = self.rng.permutation(self._usable), 0
             take = self._order[self._next : self._next + self.batch - len(out)]
             self._next += len(take)
             out.extend(take.tolist())
@@ -411,38 +425,79 @@ def decode_prompts(model, embeddings: torch.Tensor, inputs: dict[str, torch.Tens
     prompts over several images, in one decoder pass. A point prompt (point + SAM's padding
     "not a point") and a box (two corners) are both two sparse tokens, so they share a batch."""
     pe = model.prompt_encoder
-    labels = torch.ones(inputs["points"].shape[:2], dtype=torch.int, device=embeddings.device)
-    point_tokens, dense = pe(points=(inputs["points"], labels), boxes=None, masks=None)
-    box_tokens, _ = pe(points=None, boxes=inputs["boxes"], masks=None)
-    sparse = torch.where(inputs["is_box"][:, None, None], box_tokens, point_tokens)
-    return model.mask_decoder.predict_masks(embeddings, pe.get_dense_pe(), sparse, dense, inputs["image_index"])
+    # Outside autocast: the Fourier features are sin/cos of arguments up to ~100, which bf16
+    # matmuls would scramble (the prompt encoder keeps them fp32 in every samfast stage, too).
+    with torch.autocast(embeddings.device.type, enabled=False):
+        labels = torch.ones(inputs["points"].shape[:2], dtype=torch.int, device=embeddings.device)
+        point_tokens, dense = pe(points=(inputs["points"], labels), boxes=None, masks=None)
+        box_tokens, _ = pe(points=None, boxes=inputs["boxes"], masks=None)
+        sparse = torch.where(inputs["is_box"][:, None, None], box_tokens, point_tokens)
+        image_pe = pe.get_dense_pe()
+    return model.mask_decoder.predict_masks(embeddings, image_pe, sparse, dense, inputs["image_index"])
 
 
 # --- validation: the published evaluation through samfast.SamPredictor -------------------------
-def heldout_samples(num_images: int = HELDOUT_IMAGES, seed: int = HELDOUT_SEED) -> list:
+@dataclass
+class ValidationSet:
+    """Samples with at least one object, and their resized input images once made on a device."""
+
+    name: str
+    samples: list
+    inputs: list[torch.Tensor] | None = None
+
+    @classmethod
+    def of(cls, name: str, dataset) -> ValidationSet:
+        return cls(name, [s for s in dataset.samples if s.annotations])
+
+    def input_images(self, device: torch.device) -> list[torch.Tensor]:
+        """(1, 3, h, w) uint8 tensors, resized as SamPredictor.set_image resizes (longest side 1024)."""
+        if self.inputs is None or self.inputs[0].device != device:
+            self.inputs = [torch.as_tensor(resize_longest_side(to_rgb_uint8(s.image), IMAGE_SIZE), device=device)
+                           .permute(2, 0, 1)[None].contiguous() for s in self.samples]
+        return self.inputs
+
+
+def heldout_dataset(num_images: int = HELDOUT_IMAGES, seed: int = HELDOUT_SEED):
+    """generate_scenes(num_images, seed) through parity.data's one loading path (prompts, skips)."""
     coco, images = generate_scenes(num_images, seed=seed)
-    dataset = _index(f"scenes-seed{seed}", json.dumps(coco, sort_keys=True).encode(), lambda f: images[f], None)
-    return [s for s in dataset.samples if s.annotations]
+    return _index(f"scenes-seed{seed}", json.dumps(coco, sort_keys=True).encode(), lambda f: images[f], None)
 
 
 @torch.no_grad()
-def validate(model, samples: list, prompt: str = "point", batch_size: int = 16) -> dict:
-    """mIoU vs ground truth at full resolution: one prompt per object (the centre point, or the
-    tight box), keeping the output with the highest predicted IoU, as the published evaluation."""
+def validate(model, vset: ValidationSet, prompts: tuple[str, ...] = ("point",)) -> dict[str, dict]:
+    """mIoU vs ground truth at full resolution, per prompt kind: one prompt per object (the
+    centre point, or the tight box), keeping the output with the highest predicted IoU, as the
+    published evaluation. Each image is embedded once (SamPredictor.set_torch_image) and all its
+    prompts of a kind decode in one SamPredictor.predict_torch call."""
     was_training = model.training
     model.eval()
     predictor = SamPredictor(model)
-    records = []
-    for first in range(0, len(samples), batch_size):
-        chunk = samples[first : first + batch_size]
-        predictions = predictor.predict_batch([s.image for s in chunk], [prompts_for(s, prompt) for s in chunk])
-        for sample, pred in zip(chunk, predictions):
-            best = pred.iou_predictions.float().argmax(dim=1)
-            masks = pred.masks[torch.arange(len(best), device=best.device), best].cpu().numpy()
-            records += [(a.category_id, mask_iou(m, a.mask)) for a, m in zip(sample.annotations, masks)]
+    records: dict[str, list] = {kind: [] for kind in prompts}
+    for sample, image in zip(vset.samples, vset.input_images(model.device)):
+        predictor.set_torch_image(image, sample.image.shape[:2])
+        for kind in prompts:
+            p = prompts_for(sample, kind)
+            if kind == "point":
+                coords = _to_input_frame(p.point_coords, predictor)
+                labels = torch.ones(coords.shape[:2], dtype=torch.int, device=coords.device)
+                masks, scores, _ = predictor.predict_torch(coords, labels)
+            else:
+                boxes = _to_input_frame(p.boxes.reshape(-1, 2, 2), predictor).reshape(-1, 4)
+                masks, scores, _ = predictor.predict_torch(None, None, boxes)
+            best = scores.float().argmax(dim=1)
+            masks = masks[torch.arange(len(best), device=best.device), best].cpu().numpy()
+            records[kind] += [(a.category_id, mask_iou(m, a.mask)) for a, m in zip(sample.annotations, masks)]
     model.train(was_training)
-    summary = miou_vs_ground_truth(records)
-    return {"miou": round(summary["mean"], 4), "count": summary["count"]}
+    out = {}
+    for kind, recs in records.items():
+        summary = miou_vs_ground_truth(recs)
+        out[kind] = {"miou": round(summary["mean"], 4), "count": summary["count"]}
+    return out
+
+
+def _to_input_frame(coords: np.ndarray, predictor: SamPredictor) -> torch.Tensor:
+    scaled = scale_coords(coords, predictor.original_size, predictor.long_side)
+    return torch.as_tensor(scaled, dtype=torch.float, device=predictor.device)
 
 
 # --- schedule ---------------------------------------------------------------------------------
@@ -524,6 +579,10 @@ def plot_curve(path: Path, rows: list[dict], final: dict) -> None:
 
 
 # --- the run ----------------------------------------------------------------------------------
+CALIBRATE_STEPS = (10, 30)  # steps between which the speed is measured (after kernel warm-up)
+SCHEDULE_MARGIN = 0.97  # of the measured speed, so the cosine ends before the budget does
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m parity.train_tiny", description=__doc__.split("\n\n")[0])
     p.add_argument("--minutes", type=float, default=5.0, help="wall budget of the whole run, data and validation included")
@@ -531,68 +590,100 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="initial weights, data seeds and sampling")
     p.add_argument("--out", type=Path, default=WEIGHTS_DIR, help=f"output folder (default {WEIGHTS_DIR})")
     p.add_argument("--device", help="cuda or cpu (default: cuda when available)")
-    p.add_argument("--pool", type=int, default=3000, help="training scenes generated up front")
-    p.add_argument("--batch", type=int, default=16, help="images per step")
-    p.add_argument("--prompts", type=int, default=8, help="prompts (objects) per image")
+    p.add_argument("--pool", type=int, help="training scenes generated up front (default 4000)")
+    p.add_argument("--batch", type=int, help="images per step (default 16)")
+    p.add_argument("--prompts", type=int, help="prompts (objects) per image (default 8)")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--weight-decay", type=float, default=0.1)
-    p.add_argument("--warmup", type=int, default=100, help="warmup steps")
-    p.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 1), help="data generation processes")
-    p.add_argument("--log-every", type=int, default=25, help="steps between progress lines")
-    p.add_argument("--val-every", type=float, default=30.0, help="seconds between validations (0: only at the end)")
-    p.add_argument("--val-images", type=int, default=HELDOUT_IMAGES, help=f"held-out scenes (generate_scenes seed {HELDOUT_SEED})")
-    p.add_argument("--smoke", action="store_true", help="a few CPU-sized steps on a tiny pool, to prove the pipeline")
+    p.add_argument("--warmup", type=int, help="warmup steps (default 100)")
+    p.add_argument("--workers", type=int, help="data generation processes (default: CPU count - 1)")
+    p.add_argument("--log-every", type=int, help="steps between progress lines (default 25)")
+    p.add_argument("--val-every", type=float, help="seconds between validations, 0: only at the end (default 30)")
+    p.add_argument("--val-images", type=int, help=f"held-out scenes, generate_scenes seed {HELDOUT_SEED} (default {HELDOUT_IMAGES})")
+    p.add_argument("--smoke", action="store_true",
+                   help="prove the pipeline on the CPU: 3 steps of 1 image x 4 prompts on 8 scenes, validation on 1 scene")
     args = p.parse_args(argv)
-    if args.smoke:
-        args.pool, args.steps, args.batch, args.prompts, args.warmup = 8, 3, 2, 4, 1
-        args.val_images, args.val_every, args.log_every, args.workers = 2, 0.0, 1, 1
-        args.device = args.device or "cpu"
+    defaults = SMOKE_DEFAULTS if args.smoke else FULL_DEFAULTS
+    for name, value in defaults.items():
+        if getattr(args, name, None) is None:
+            setattr(args, name, value)
     return args
+
+
+def _cpu_count() -> int:
+    """CPUs this process may run on (a container's share, not the host's count)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+FULL_DEFAULTS = dict(pool=4000, batch=16, prompts=8, warmup=100, workers=max(1, _cpu_count() - 1),
+                     log_every=25, val_every=30.0, val_images=HELDOUT_IMAGES)
+SMOKE_DEFAULTS = dict(pool=8, steps=3, batch=1, prompts=4, warmup=1, workers=1, log_every=1, val_every=0.0,
+                      val_images=1, device="cpu")
 
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     command = "python -m parity.train_tiny " + shlex.join(sys.argv[1:] if argv is None else argv)
-    deadline = _START + 60.0 * args.minutes if argv is None else time.monotonic() + 60.0 * args.minutes
-    start = deadline - 60.0 * args.minutes
+    start = _START if argv is None else time.monotonic()
+    deadline = start + 60.0 * args.minutes
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    cuda = device.type == "cuda"
 
     def log(message: str) -> None:
         print(f"[{time.monotonic() - start:6.1f}s] {message}", flush=True)
 
-    torch.manual_seed(args.seed)
-    pool, data_info = build_pool(args.pool, args.seed, args.workers, log)  # fork before CUDA starts
-    heldout = heldout_samples(args.val_images)
-    embedded = [s for s in load_dataset("scenes", limit=2 if args.smoke else None).samples if s.annotations]
+    def prepare():  # runs while the workers generate the pool
+        torch.manual_seed(args.seed)
+        if cuda:
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+            torch.backends.cudnn.benchmark = True
+        model = build_sam(MODEL_TYPE, seed=args.seed, device=device, stages="fp32")  # seeded random init
+        heldout = ValidationSet.of(f"held-out (seed {HELDOUT_SEED})", heldout_dataset(args.val_images))
+        embedded = ValidationSet.of("scenes (embedded evaluation)", load_dataset("scenes", limit=args.val_images if args.smoke else None))
+        heldout.input_images(device), embedded.input_images(device)
+        return model, heldout, embedded
 
-    cuda = device.type == "cuda"
+    # Fork the data workers before anything starts CUDA in this process.
+    pool, data_info, (model, heldout, embedded) = build_pool(args.pool, args.seed, args.workers, log, prepare)
     if cuda:
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-        torch.backends.cudnn.benchmark = True
-    model = build_sam(MODEL_TYPE, seed=args.seed, device=device, stages="fp32")  # seeded random init
+        need, free = pool.images.nbytes + pool.targets.nbytes, torch.cuda.mem_get_info(device)[0]
+        if need > 0.5 * free:
+            raise SystemExit(f"the pool ({need / 2**30:.1f} GiB) would take over half of the free GPU memory "
+                             f"({free / 2**30:.1f} GiB): pass a smaller --pool")
+    data = DeviceData(pool, device)
+    del pool.images, pool.targets  # the device copies are the ones used (on the CPU they share memory)
+
     model.train().requires_grad_(True)
     for module in model.modules():
         if hasattr(module, "attn_impl"):
             module.attn_impl = "sdpa"  # fused attention kernels train several times faster than the math path
-    data = DeviceData(pool, device)
-    del pool.images, pool.targets  # the device copies are the ones used (on the CPU they share memory)
-    sampler = BatchSampler(pool, args.batch, args.prompts, args.seed)
+    log(f"model: {MODEL_TYPE} from scratch, {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters on "
+        f"{torch.cuda.get_device_name(device) + ' (bf16 autocast)' if cuda else 'cpu (fp32)'}; "
+        f"batch {args.batch} images x {args.prompts} prompts")
+    rows, state = train(model, data, BatchSampler(pool, args.batch, args.prompts, args.seed), heldout,
+                        args, deadline, start, log)
+    return finish(model, heldout, embedded, rows, state, data_info, args, command, start, log)
+
+
+def train(model, data: DeviceData, sampler: BatchSampler, heldout: ValidationSet, args, deadline: float,
+          start: float, log) -> tuple[list[dict], dict]:
+    """The training loop. Without --steps it measures its speed over CALIBRATE_STEPS and then fixes
+    the step count so that the cosine schedule, the periodic validations and the final ones fit
+    the budget; a safety stop ends it early if the estimate was wrong."""
+    device = model.device
+    cuda = device.type == "cuda"
     optimizer = torch.optim.AdamW(_param_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, 0.999),
                                   **({"fused": True} if cuda else {}))
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else torch.autocast("cpu", enabled=False)
-    params = sum(p.numel() for p in model.parameters())
-    log(f"model: {MODEL_TYPE} from scratch, {params / 1e6:.2f} M parameters on {device}"
-        f"{' (' + torch.cuda.get_device_name(device) + ', bf16 autocast)' if cuda else ' (fp32)'}; "
-        f"batch {args.batch} images x {args.prompts} prompts")
-
-    rows: list[dict] = []
-    total = args.steps or 10**9  # replaced after calibration when the budget decides
-    calibrate_at = (10, 30)
+    calibrating = args.steps is None
+    total = args.steps or 10**9  # set after calibration when the budget decides
     warmup = min(args.warmup, max(1, total // 5))
-    val_seconds, final_reserve = 0.0, 20.0
-    next_val = None
-    step, running, seen, t_log, s_log = 0, None, 0, time.monotonic(), 0
+    final_reserve = 20.0
+    # With --steps the schedule is fixed up front; otherwise validations start after calibration.
+    next_val = time.monotonic() + args.val_every if not calibrating and args.val_every > 0 else None
+    rows: list[dict] = []
+    step, running, seen, t_log, s_log, t_cal = 0, None, 0, time.monotonic(), 0, 0.0
     train_start = time.monotonic()
     stopped_early = False
     while step < total:
@@ -613,70 +704,81 @@ def main(argv: list[str] | None = None) -> dict:
         running = values if running is None else running + values  # summed on the device: no sync
         seen += 1
 
-        if args.steps is None and step == calibrate_at[0]:
+        if calibrating and step == CALIBRATE_STEPS[0]:
             _sync(device)
             t_cal = time.monotonic()
-        if args.steps is None and step == calibrate_at[1]:
+        if calibrating and step == CALIBRATE_STEPS[1]:
             _sync(device)
-            rate = (calibrate_at[1] - calibrate_at[0]) / (time.monotonic() - t_cal)
+            rate = (CALIBRATE_STEPS[1] - CALIBRATE_STEPS[0]) / (time.monotonic() - t_cal)
             t_val = time.monotonic()
-            rows.append({"step": step, "seconds": round(t_val - start, 1), "val_miou": validate(model, heldout)["miou"]})
+            miou = validate(model, heldout)["point"]["miou"]
+            rows.append({"step": step, "seconds": round(time.monotonic() - start, 1), "val_miou": miou})
             val_seconds = time.monotonic() - t_val
-            # The end needs: validations of the saved weights (held-out point + box, embedded
-            # point + box, coco-mini) in plain fp32, about 6 held-out validations, plus saving.
-            final_reserve = 6 * val_seconds + 15.0
+            # The end validates the saved weights in true fp32 (math attention: about twice as slow)
+            # on the held-out and embedded scenes, points and boxes (about 1.5 x one kind), and
+            # on coco-mini's 21 larger photos; then it saves and plots.
+            per_image = val_seconds / len(heldout.samples)
+            final_reserve = 2 * per_image * (1.5 * (len(heldout.samples) + 16) + 2 * 21) + 15.0
             left = deadline - time.monotonic() - final_reserve
             periodic = int(left // args.val_every) if args.val_every > 0 else 0
-            total = step + max(1, int((left - periodic * val_seconds) * rate))
+            total = step + max(1, int((left - periodic * val_seconds) * rate * SCHEDULE_MARGIN))
             warmup = min(args.warmup, max(1, total // 5))
             next_val = time.monotonic() + args.val_every if args.val_every > 0 else None
-            log(f"calibrated: {rate:.2f} steps/s, validation {val_seconds:.1f} s (held-out mIoU {rows[-1]['val_miou']:.3f}); "
-                f"training {total} steps, ending near {deadline - final_reserve - start:.0f} s")
+            log(f"calibrated: {rate:.2f} steps/s, validation {val_seconds:.1f} s (held-out mIoU {miou:.3f}); "
+                f"training {total} steps, to end near {deadline - final_reserve - start:.0f} s")
 
         if step % args.log_every == 0 or step == total:
             now = time.monotonic()
             mean = (running / seen).tolist()
-            rate_now = (step - s_log) / (now - t_log)
+            speed = (step - s_log) / (now - t_log)
             rows.append({"step": step, "seconds": round(now - start, 1), "lr": lr, "loss": mean[0], "mask": mean[1],
-                         "single": mean[2], "iou": mean[3], "steps_per_s": round(rate_now, 3)})
+                         "single": mean[2], "iou": mean[3], "steps_per_s": round(speed, 3)})
             memory = f", {torch.cuda.max_memory_allocated(device) / 2**30:.1f} GiB peak" if cuda else ""
             log(f"step {step}/{total if total < 10**9 else '?'} loss {mean[0]:.4f} (mask {mean[1]:.4f}, "
-                f"single {mean[2]:.4f}, iou {mean[3]:.4f}) lr {lr:.2e} {rate_now:.2f} steps/s{memory}")
+                f"single {mean[2]:.4f}, iou {mean[3]:.4f}) lr {lr:.2e} {speed:.2f} steps/s{memory}")
             running, seen, t_log, s_log = None, 0, now, step
         if next_val is not None and time.monotonic() >= next_val and step < total:
-            result = validate(model, heldout)
+            result = validate(model, heldout)["point"]
             rows.append({"step": step, "seconds": round(time.monotonic() - start, 1), "val_miou": result["miou"]})
-            log(f"validation at step {step}: held-out mIoU {result['miou']:.4f} ({result['count']} objects, point)")
+            log(f"validation at step {step}: held-out mIoU {result['miou']:.4f} ({result['count']} objects, centre point)")
+            t_log, s_log = time.monotonic(), step  # keep validation time out of the speed figure
             next_val = time.monotonic() + args.val_every
-        if args.steps is None and step > calibrate_at[1] and time.monotonic() > deadline - final_reserve:
+        if calibrating and step > CALIBRATE_STEPS[1] and time.monotonic() > deadline - final_reserve:
             log(f"time budget reached at step {step} of {total}: stopping early")
             stopped_early = True
             break
-    train_seconds = time.monotonic() - train_start
+    seconds = time.monotonic() - train_start
+    return rows, {"steps": step, "planned_steps": total, "warmup": warmup, "seconds": seconds,
+                  "stopped_early": stopped_early}
 
-    # Final figures come from the saved file, loaded as users load it: build_sam(..., checkpoint=path).
+
+def finish(model, heldout: ValidationSet, embedded: ValidationSet, rows: list[dict], state: dict, data_info: dict,
+           args, command: str, start: float, log) -> dict:
+    """Save the weights, validate the saved file as users load it, write manifest, log and curve."""
+    device = model.device
+    cuda = device.type == "cuda"
     args.out.mkdir(parents=True, exist_ok=True)
     ckpt_path = args.out / CHECKPOINT_NAME
     sha256 = save_checkpoint(model, ckpt_path)
     if cuda:
         torch.backends.cuda.matmul.allow_tf32 = False  # true fp32 for the reported figures
         torch.backends.cudnn.allow_tf32 = False
-    del model, optimizer, data
     trained = build_sam(MODEL_TYPE, checkpoint=ckpt_path, device=device, stages="fp32")
-    final = {"step": step, "heldout_point": validate(trained, heldout, "point"),
-             "heldout_box": validate(trained, heldout, "box"),
-             "scenes_point": validate(trained, embedded, "point"), "scenes_box": validate(trained, embedded, "box")}
+    final = {"step": state["steps"]}
+    sets = [("heldout", heldout, ("point", "box")), ("scenes", embedded, ("point", "box"))]
     if not args.smoke:
         try:
-            coco_mini = [s for s in load_dataset("coco-mini").samples if s.annotations]
-            final["coco_mini_point"] = validate(trained, coco_mini, "point")
+            sets.append(("coco_mini", ValidationSet.of("coco-mini", load_dataset("coco-mini")), ("point",)))
         except DataNotFoundError as err:
             log(f"coco-mini not reported: {str(err).splitlines()[0]}")
-    rows.append({"step": step, "seconds": round(time.monotonic() - start, 1), "val_miou": final["heldout_point"]["miou"]})
-    for name in ("heldout_point", "heldout_box", "scenes_point", "scenes_box", "coco_mini_point"):
-        if name in final:
-            log(f"final {name}: mIoU {final[name]['miou']:.4f} over {final[name]['count']} objects")
+    for name, vset, kinds in sets:
+        for kind, result in validate(trained, vset, kinds).items():
+            final[f"{name}_{kind}"] = result
+            log(f"final {vset.name}, {kind}: mIoU {result['miou']:.4f} over {result['count']} objects")
+    rows.append({"step": state["steps"], "seconds": round(time.monotonic() - start, 1),
+                 "val_miou": final["heldout_point"]["miou"]})
 
+    cfg = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
     manifest = {
         "checkpoint": CHECKPOINT_NAME,
         "sha256": sha256,
@@ -684,23 +786,26 @@ def main(argv: list[str] | None = None) -> dict:
         "model_type": MODEL_TYPE,
         "layout": "official segment_anything state dict; fp16 tensors except " + ", ".join(FP32_KEYS),
         "command": command,
-        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-        "steps": step,
-        "stopped_early": stopped_early,
-        "train_seconds": round(train_seconds, 1),
+        "replay": f"{command} --steps {state['steps']}" if args.steps is None else command,
+        "args": cfg,
+        "steps": state["steps"],
+        "planned_steps": state["planned_steps"],
+        "stopped_early": state["stopped_early"],
+        "train_seconds": round(state["seconds"], 1),
         "total_seconds": round(time.monotonic() - start, 1),
-        "steps_per_s": round(step / train_seconds, 3),
-        "images_seen": step * args.batch,
-        "data": {**data_info, "heldout": {"seed": HELDOUT_SEED, "images": len(heldout)},
-                 "embedded_eval": {"seed": 0, "images": len(embedded), "used_for_training": False}},
-        "training": {"init": f"synthetic_state_dict({MODEL_TYPE!r}, seed={args.seed})", "optimizer": "AdamW",
-                     "lr": args.lr, "betas": [0.9, 0.999], "weight_decay": args.weight_decay, "warmup_steps": warmup,
-                     "schedule": "linear warmup, cosine to 1% of lr", "grad_clip": 1.0,
-                     "precision": "bf16 autocast" if cuda else "fp32",
-                     "loss": "min over 3 outputs of 20 focal (gamma 2, no alpha) + dice, soft 256x256 targets; "
-                             "same on the single output; + MSE of the IoU head vs each output's IoU",
-                     "prompts": "per object: box (p 0.3, jitter 10% of side <= 20 px), centre point (p 0.4), "
-                                "uniform interior point (p 0.3); random h/v flips"},
+        "steps_per_s": round(state["steps"] / state["seconds"], 3),
+        "images_seen": state["steps"] * args.batch,
+        "data": {**data_info, "heldout": {"seed": HELDOUT_SEED, "images": len(heldout.samples)},
+                 "embedded_eval": {"seed": 0, "images": len(embedded.samples), "used_for_training": False}},
+        "training": {
+            "init": f"synthetic_state_dict({MODEL_TYPE!r}, seed={args.seed}) (seeded random)",
+            "optimizer": "AdamW", "lr": args.lr, "betas": [0.9, 0.999], "weight_decay": args.weight_decay,
+            "warmup_steps": state["warmup"], "schedule": "linear warmup, cosine to 1% of lr", "grad_clip": 1.0,
+            "precision": "bf16 autocast (prompt encoder fp32)" if cuda else "fp32",
+            "loss": "min over the 3 multimask outputs of 20 focal (gamma 2, no alpha) + dice, on soft 256x256 "
+                    "targets; the same on the single output; + MSE of the IoU head vs each output's IoU",
+            "prompts": "per object: box (p 0.3, jitter 10% of side, at most 20 px), centre point (p 0.4), "
+                       "uniform interior point (p 0.3); random horizontal/vertical flips"},
         "validation": {name: value for name, value in final.items() if name != "step"},
         "target_miou": TARGET_MIOU,
         "meets_target": final["heldout_point"]["miou"] >= TARGET_MIOU,
@@ -712,7 +817,7 @@ def main(argv: list[str] | None = None) -> dict:
     write_log_csv(args.out / "training_log.csv", rows)
     plot_curve(args.out / "training_curve.png", rows, final)
     log(f"wrote {ckpt_path} ({manifest['bytes'] / 2**20:.1f} MiB, sha256 {sha256[:12]}), manifest, log and curve; "
-        f"{step} steps in {train_seconds:.0f} s; held-out point mIoU {final['heldout_point']['miou']:.4f} "
+        f"{state['steps']} steps in {state['seconds']:.0f} s; held-out point mIoU {final['heldout_point']['miou']:.4f} "
         f"(target {TARGET_MIOU}: {'met' if manifest['meets_target'] else 'NOT met'})")
     return manifest
 

@@ -160,16 +160,15 @@ class SamPredictor:
 
         coords, labels, boxes = (jagged(i) for i in range(3))
         any_nt = coords if coords is not None else boxes
-        offsets = any_nt.offsets()
+        counts = [len(tp[0] if tp[0] is not None else tp[2]) for tp in torch_prompts]
         # The image each prompt belongs to; output_size is known on the host, so no sync.
         image_index = torch.repeat_interleave(
-            torch.arange(len(torch_prompts), device=self.device), offsets.diff(), output_size=any_nt.values().shape[0]
+            torch.arange(len(counts), device=self.device), any_nt.offsets().diff(), output_size=sum(counts)
         )
         coords, labels, boxes = (None if nt is None else nt.values() for nt in (coords, labels, boxes))
         low_res, iou = self._decode(features, coords, labels, boxes, None, multimask_output, image_index)
-        low_res = torch.nested.nested_tensor_from_jagged(low_res, offsets)
-        iou = torch.nested.nested_tensor_from_jagged(iou, offsets)
-        return list(zip(low_res.unbind(), iou.unbind()))
+        # Split by the host-side counts: unbinding a jagged tensor would read its offsets back (a sync).
+        return list(zip(low_res.split(counts), iou.split(counts)))
 
     # --- helpers -------------------------------------------------------------------------------
     def _decode(self, features, coords, labels, boxes, mask_input, multimask_output, image_index=None):

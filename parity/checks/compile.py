@@ -8,7 +8,7 @@ Two sources, because neither alone is enough:
 
 * the TORCH_LOGS artifacts ``graph_breaks`` and ``recompiles`` carry the user frame
   (file:line) and the guard that failed; we read them with a handler on dynamo's artifact loggers;
-* dynamo's ``counters`` (``counters["graph_break"]``, ``counters["frames"]``) count what happened
+* dynamo's ``counters`` (``counters["graph_break"]``, ``counters["stats"]``) count what happened
   even where a log line is de-duplicated or worded differently; a before/after difference of
   them backs up the logs, so a break the log parser does not recognise still fails the check.
 
@@ -47,7 +47,7 @@ class CompileWatch:
 
     graph_breaks: list[Event] = field(default_factory=list)
     recompiles: list[Event] = field(default_factory=list)
-    frames_compiled: int = 0
+    graphs_compiled: int = 0
 
     @property
     def clean(self) -> bool:
@@ -58,7 +58,7 @@ class CompileWatch:
             return
         lines = [
             f"torch.compile was not clean: {len(self.graph_breaks)} graph break(s), "
-            f"{len(self.recompiles)} recompile(s) ({self.frames_compiled} frame(s) compiled)."
+            f"{len(self.recompiles)} recompile(s) ({self.graphs_compiled} graph(s) compiled)."
         ]
         lines += [f"  graph break: {e}" for e in self.graph_breaks]
         lines += [f"  recompile:   {e}" for e in self.recompiles]
@@ -122,12 +122,13 @@ def _artifact_loggers(artifact: str) -> list[logging.Logger]:
 def _counter_snapshot() -> tuple[Counter, int]:
     from torch._dynamo.utils import counters
 
-    return Counter(counters["graph_break"]), counters["frames"]["ok"]
+    # unique_graphs, not frames["ok"]: a fullgraph=True compile (samfast's) counts no frames.
+    return Counter(counters["graph_break"]), counters["stats"]["unique_graphs"]
 
 
 @contextlib.contextmanager
 def watch() -> Iterator[CompileWatch]:
-    """Record graph breaks, recompiles and compiled frames of everything run inside the block."""
+    """Record graph breaks, recompiles and compiled graphs of everything run inside the block."""
     import torch._dynamo  # noqa: F401  (imports the modules that register the artifact loggers)
     from torch._logging._internal import log_state
 
@@ -148,11 +149,11 @@ def watch() -> Iterator[CompileWatch]:
                 if not log_state.is_artifact_enabled(name) or name in added_artifacts:
                     lg.setLevel(logging.DEBUG)
                     lg.propagate = False  # the user did not ask to see these: keep stderr quiet
-    breaks_before, frames_before = _counter_snapshot()
+    breaks_before, graphs_before = _counter_snapshot()
     try:
         yield result
     finally:
-        breaks_after, frames_after = _counter_snapshot()
+        breaks_after, graphs_after = _counter_snapshot()
         for lg, level, propagate in saved:
             lg.removeHandler(collector)
             lg.setLevel(level)
@@ -169,4 +170,4 @@ def watch() -> Iterator[CompileWatch]:
         for reason, n in (breaks_after - breaks_before).items():
             unseen = n - logged[_gist(reason)]
             result.graph_breaks += [Event(reason=_gist(reason))] * max(unseen, 0)
-        result.frames_compiled = frames_after - frames_before
+        result.graphs_compiled = graphs_after - graphs_before

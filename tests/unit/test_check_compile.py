@@ -45,7 +45,7 @@ def run(model, *batches, backend="eager", dynamic=None):
 def test_clean_module_same_shape_has_no_breaks_or_recompiles():
     seen = run(Block(), 4, 4, 4, 4)
     seen.assert_clean()
-    assert seen.frames_compiled == 1
+    assert seen.graphs_compiled == 1
 
 
 @pytest.mark.parametrize(
@@ -78,7 +78,7 @@ def test_inductor_backend_break_is_caught():
     # The real backend, once: the check must not depend on the eager test backend.
     seen = run(Block("graph_break"), 4, 4, backend="inductor")
     assert len(seen.graph_breaks) == 1 and not seen.recompiles
-    assert seen.frames_compiled == 2  # the frame before the break and its resume function
+    assert seen.graphs_compiled == 2  # the frame before the break and its resume function
 
 
 def test_break_counted_but_not_logged_still_fails():

@@ -1,0 +1,501 @@
+"""The optimization ladder end to end on the GPU, beside the reference segment_anything.
+
+    python -m bench.ladder [--models vit_b vit_h] [--batches 1 8 32] [--stages fp32 bf16 ...]
+                           [--reference fp32 bf16] [--out reports/bench] [--budget-s 540]
+                           [--compile-mode max-autotune] [--profile [MODEL:BATCH:STAGE]] [--quick]
+
+For every model, batch size and stage (samfast's ladder, plus the reference segment_anything in
+fp32 and bf16, in the same run and process):
+
+  encoder img/s   image encoder alone on a preprocessed (B, 3, 1024, 1024) batch
+  e2e img/s       encoder + prompt encoder + mask decoder + upscaling to the original size, with
+                  COCO-like prompts: 5..15 single foreground points per image (seeded), 3 masks each
+                  (what the published img/s covers: image encoder + predict_torch)
+  peak GiB        torch.cuda.max_memory_allocated() over the e2e run, after reset_peak_memory_stats
+  first call s    seconds of the first encoder call (torch.compile compiles there; warm-up otherwise)
+
+Timing: warm-up calls, then `repeats` runs of `iters` calls each, bracketed by CUDA events (and a
+synchronize); the median run is reported. Inputs are random but non-zero and seeded; weights are
+seeded synthetic ones in the official layout (samfast.synthetic_state_dict): the same FLOPs and
+memory as real checkpoints, meaningless masks. Inputs arrive preprocessed (resize and pixel
+normalization are data-loader work, not timed), as in the published benchmark.
+
+Robust by design: a configuration that fails (an unsupported stage, out of memory) is recorded
+with its error and the run goes on; once --budget-s is spent the remaining configurations are
+recorded as skipped. One configuration is never interrupted, and a max-autotune compile of vit_b
+takes minutes (ANCHORS.md: 219-293 s), so leave room or pass --compile-mode default.
+
+Writes bench.md, bench.json and bench.png under --out and prints the markdown table last.
+Runs on the CPU too, for a smoke test: python -m bench.ladder --quick --models vit_tiny --batches 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import shlex
+import statistics
+import sys
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import samfast
+from samfast.stages import LADDER, canonical_name, parse_stages
+
+REFERENCE = "reference"
+# torchao 0.18 has no int8 2:4 layout, so the ladder's `sparse` (int8 + 2:4) is refused; this
+# measures 2:4 on the rest of the ladder instead.
+SPARSE_WITHOUT_INT8 = "bf16+compile+sdpa+triton+nt+sparse"
+DEFAULT_STAGES = [*LADDER, SPARSE_WITHOUT_INT8]
+# bf16 on a CPU without bf16 matmul units takes minutes per image, compile a minute or two.
+CPU_QUICK_STAGES = ["fp32", "fp32+sdpa", "fp32+nt", "fp32+int8", "bf16+sparse"]
+ORIGINAL_SIZE = (480, 640)  # a typical COCO image: resized to 768 x 1024, padded to 1024 x 1024
+INPUT_SIZE = (768, 1024)
+PROMPTS_PER_IMAGE = (5, 15)  # COCO val2017 has ~7 annotations per image, one point prompt each
+
+
+@dataclass
+class Row:
+    model: str
+    batch: int
+    stage: str  # a samfast stage name, or "reference fp32" / "reference bf16"
+    impl: str  # "samfast" or "reference"
+    encoder_img_s: float | None = None
+    e2e_img_s: float | None = None
+    peak_gib: float | None = None
+    encoder_peak_gib: float | None = None
+    first_call_s: float | None = None
+    build_s: float | None = None
+    error: str | None = None
+    skipped: str | None = None
+    notes: dict = field(default_factory=dict)
+
+
+# --- inputs --------------------------------------------------------------------------------------
+def make_inputs(batch: int, dtype: torch.dtype, device: torch.device, seed: int = 0):
+    """A preprocessed image batch (normalized values, zero padding below the 768-row image) and prompts.
+
+    Prompts: per image a seeded number of single-point foreground prompts in the 1024-long frame,
+    as (coords (N, 1, 2) float32, labels (N, 1) int32) on the device.
+    """
+    g = torch.Generator().manual_seed(seed)
+    images = torch.zeros(batch, 3, 1024, 1024)
+    images[:, :, : INPUT_SIZE[0], : INPUT_SIZE[1]] = torch.randn(batch, 3, *INPUT_SIZE, generator=g)
+    rng = np.random.default_rng(seed)
+    prompts = []
+    for _ in range(batch):
+        n = int(rng.integers(PROMPTS_PER_IMAGE[0], PROMPTS_PER_IMAGE[1] + 1))
+        coords = rng.uniform(0, 1, (n, 1, 2)) * np.array([INPUT_SIZE[1] - 1, INPUT_SIZE[0] - 1])
+        prompts.append((
+            torch.as_tensor(coords, dtype=torch.float, device=device),
+            torch.ones(n, 1, dtype=torch.int, device=device),
+        ))
+    return images.to(device=device, dtype=dtype), prompts
+
+
+# --- the two implementations ---------------------------------------------------------------------
+class SamfastRunner:
+    """samfast at a stage: encoder via embed_images (static batch under compile), decoder per switches."""
+
+    def __init__(self, model_type: str, stage: str, batch: int, device: torch.device) -> None:
+        self.model = samfast.build_sam(model_type, device=device, stages=stage, batch_size=batch)
+        self.predictor = samfast.SamPredictor(self.model)
+        self.dtype = self.model.dtype
+
+    def notes(self) -> dict:
+        enc = self.model.image_encoder
+        notes = {"switches": sorted(self.model.switches, key=LADDER.index)}
+        for attr in ("sparse_backend", "sparse_timings", "inductor_flags"):
+            if hasattr(enc, attr):
+                notes[attr] = getattr(enc, attr)
+        return notes
+
+    def encode(self, images):
+        return self.model.embed_images(images)
+
+    def e2e(self, images, prompts):
+        features = self.model.embed_images(images)
+        # The predictor's decode step on tensors already in the model's frame (predict_batch
+        # minus its host-side image resizing, which the published benchmark leaves to data loaders).
+        if "nt" in self.model.switches:
+            decoded = self.predictor._decode_nested(features, [(c, lab, None) for c, lab in prompts], True)
+        else:
+            decoded = [self.predictor._decode(features[i : i + 1], c, lab, None, None, True) for i, (c, lab) in enumerate(prompts)]
+        return [self.model.postprocess_masks(low_res, INPUT_SIZE, ORIGINAL_SIZE) > self.model.mask_threshold for low_res, _ in decoded]
+
+
+class ReferenceRunner:
+    """segment_anything with the same seeded weights; bf16 means the encoder in bf16, decoder in fp32.
+
+    (segment_anything's prompt encoder mixes its fp32 positional buffer with the point embeddings,
+    so the whole model does not run in bf16; the encoder is where the time goes.)
+    """
+
+    def __init__(self, model_type: str, dtype: torch.dtype, device: torch.device) -> None:
+        from tests.reference import reference_sam
+
+        self.sam = reference_sam(model_type, samfast.synthetic_state_dict(model_type, seed=0)).to(device)
+        self.sam.image_encoder.to(dtype)
+        self.dtype = dtype
+
+    def notes(self) -> dict:
+        return {"dtype": "encoder bf16, decoder fp32" if self.dtype == torch.bfloat16 else "fp32"}
+
+    def encode(self, images):
+        return self.sam.image_encoder(images)
+
+    def e2e(self, images, prompts):
+        features = self.sam.image_encoder(images).float()
+        masks = []
+        for i, (coords, labels) in enumerate(prompts):
+            sparse, dense = self.sam.prompt_encoder(points=(coords, labels), boxes=None, masks=None)
+            low_res, _ = self.sam.mask_decoder(
+                image_embeddings=features[i : i + 1],
+                image_pe=self.sam.prompt_encoder.get_dense_pe(),
+                sparse_prompt_embeddings=sparse,
+                dense_prompt_embeddings=dense,
+                multimask_output=True,
+            )
+            masks.append(self.sam.postprocess_masks(low_res, INPUT_SIZE, ORIGINAL_SIZE) > self.sam.mask_threshold)
+        return masks
+
+
+# --- timing --------------------------------------------------------------------------------------
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_call(fn, device: torch.device, *, warmup: int, iters: int, repeats: int) -> float:
+    """Median seconds per call over `repeats` runs of `iters` calls, after `warmup` calls."""
+    for _ in range(warmup):
+        fn()
+    runs = []
+    for _ in range(repeats):
+        _sync(device)
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(iters):
+                fn()
+            end.record()
+            end.synchronize()
+            runs.append(start.elapsed_time(end) / 1e3 / iters)
+        else:
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                fn()
+            runs.append((time.perf_counter() - t0) / iters)
+    return statistics.median(runs)
+
+
+def _peak_gib(device: torch.device) -> float | None:
+    return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+
+
+def _reset_peak(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def _free(device: torch.device) -> None:
+    gc.collect()
+    torch._dynamo.reset()  # every compiled encoder shares nn.Module._call_impl's code: keep its cache clean
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+# --- one configuration ---------------------------------------------------------------------------
+@torch.no_grad()
+def run_config(row: Row, args, device: torch.device, deadline: float, profile: bool) -> None:
+    _free(device)
+    _reset_peak(device)
+    t0 = time.perf_counter()
+    if row.impl == REFERENCE:
+        runner = ReferenceRunner(row.model, torch.bfloat16 if row.stage.endswith("bf16") else torch.float32, device)
+    else:
+        runner = SamfastRunner(row.model, row.stage, row.batch, device)
+    row.build_s = time.perf_counter() - t0
+    row.notes.update(runner.notes())
+    images, prompts = make_inputs(row.batch, runner.dtype, device)
+    row.notes["prompts"] = sum(len(c) for c, _ in prompts)
+
+    t0 = time.perf_counter()
+    runner.encode(images)
+    _sync(device)
+    row.first_call_s = time.perf_counter() - t0
+    timing = dict(warmup=args.warmup, iters=args.iters, repeats=args.repeats)
+    row.encoder_img_s = row.batch / time_call(lambda: runner.encode(images), device, **timing)
+    row.encoder_peak_gib = _peak_gib(device)
+    if time.monotonic() > deadline:
+        row.skipped = "e2e not timed: --budget-s spent"
+        return
+    runner.e2e(images, prompts)  # the decoder's first call (and NestedTensor set-up) is not timed
+    _sync(device)
+    _reset_peak(device)
+    row.e2e_img_s = row.batch / time_call(lambda: runner.e2e(images, prompts), device, **timing)
+    row.peak_gib = _peak_gib(device)
+    if profile:
+        row.notes["profile"] = profile_top_kernels(lambda: runner.e2e(images, prompts), device)
+
+
+def profile_top_kernels(fn, device: torch.device, top: int = 10) -> list[dict]:
+    """The `top` CUDA kernels (on the CPU: operators) by self time over two calls of `fn`."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        for _ in range(2):
+            fn()
+        _sync(device)
+    events = prof.key_averages()
+
+    def device_us(e) -> float:
+        for name in ("self_device_time_total", "self_cuda_time_total"):
+            if getattr(e, name, None) is not None:
+                return float(getattr(e, name))
+        return 0.0
+
+    if device.type == "cuda":
+        kernels = [e for e in events if getattr(e, "device_type", None) == DeviceType.CUDA] or list(events)
+        timed = [(device_us(e), e) for e in kernels]
+    else:
+        timed = [(float(e.self_cpu_time_total), e) for e in events]
+    total = sum(t for t, _ in timed) or 1.0
+    timed.sort(key=lambda te: te[0], reverse=True)
+    return [{"name": e.key, "self_us_per_call": t / 2, "calls": e.count // 2, "share": t / total} for t, e in timed[:top]]
+
+
+# --- the run -------------------------------------------------------------------------------------
+def plan(args) -> list[Row]:
+    rows = []
+    for model in args.models:
+        for batch in args.batches:
+            rows += [Row(model, batch, f"{REFERENCE} {dt}", REFERENCE) for dt in args.reference]
+            rows += [Row(model, batch, stage, "samfast") for stage in args.stages]
+    return rows
+
+
+def profile_target(args, rows: list[Row]) -> tuple[str, int, str] | None:
+    """MODEL:BATCH:STAGE from --profile; 'auto': first model, largest batch, the nt stage (else the last)."""
+    if args.profile is None:
+        return None
+    if args.profile != "auto":
+        model, batch, stage = args.profile.split(":", 2)
+        return model, int(batch), canonical_name(parse_stages(stage))
+    samfast_stages = [r.stage for r in rows if r.impl == "samfast"]
+    if not samfast_stages:
+        return None
+    stage = "nt" if "nt" in samfast_stages else samfast_stages[-1]
+    return args.models[0], max(args.batches), stage
+
+
+def environment(device: torch.device, args) -> dict:
+    env = {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)",
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "command": "python -m bench.ladder " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+        "weights": "seeded synthetic (samfast.synthetic_state_dict, seed 0), official layout",
+        "compile_mode": os.environ.get("SAMFAST_COMPILE_MODE") or ("max-autotune" if device.type == "cuda" else "default"),
+        "timing": f"{args.warmup} warm-up calls, median of {args.repeats} runs x {args.iters} calls, CUDA events",
+        "prompts": f"{PROMPTS_PER_IMAGE[0]}..{PROMPTS_PER_IMAGE[1]} single-point prompts per image, 3 masks each, "
+                   f"original size {ORIGINAL_SIZE[1]}x{ORIGINAL_SIZE[0]}",
+        "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
+        "tf32_cudnn": torch.backends.cudnn.allow_tf32,
+    }
+    for mod in ("triton", "torchao"):
+        try:
+            env[mod] = __import__(mod).__version__
+        except Exception:  # noqa: BLE001 - report what is there
+            env[mod] = None
+    if device.type == "cuda":
+        env["capability"] = ".".join(map(str, torch.cuda.get_device_capability(device)))
+    return env
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
+    if args.compile_mode:
+        os.environ["SAMFAST_COMPILE_MODE"] = args.compile_mode
+    if device.type == "cpu" and not args.quick:
+        print("warning: no CUDA device: timing on the CPU (use --quick for a smoke test)", file=sys.stderr)
+    rows = plan(args)
+    target = profile_target(args, rows)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    env = environment(device, args)
+    start = time.monotonic()
+    deadline = start + args.budget_s
+    for i, row in enumerate(rows):
+        label = f"[{i + 1}/{len(rows)}] {row.model} bs{row.batch} {row.stage}"
+        if time.monotonic() > deadline:
+            row.skipped = f"--budget-s {args.budget_s:g} spent"
+            print(f"{label}: skipped (budget)", file=sys.stderr, flush=True)
+            continue
+        profile = target is not None and (row.model, row.batch, row.stage) == target
+        try:
+            run_config(row, args, device, deadline, profile)
+        except Exception as err:  # noqa: BLE001 - record and go on: one stage must not end the run
+            row.error = f"{type(err).__name__}: {' '.join(str(err).split())[:400]}"
+            row.notes["traceback"] = traceback.format_exc(limit=-3)
+        finally:
+            _free(device)
+        print(f"{label}: {_summary(row)} ({time.monotonic() - start:.0f} s elapsed)", file=sys.stderr, flush=True)
+        write_outputs(out, env, rows, args)  # after every configuration: a killed run keeps what it has
+    table = write_outputs(out, env, rows, args)
+    print(table)
+    return 0
+
+
+def _summary(row: Row) -> str:
+    if row.error:
+        return f"ERROR {row.error}"
+    parts = [f"encoder {_fmt(row.encoder_img_s)} img/s", f"e2e {_fmt(row.e2e_img_s)} img/s", f"peak {_fmt(row.peak_gib)} GiB",
+             f"first call {_fmt(row.first_call_s)} s"]
+    return ", ".join(parts) + (f" [{row.skipped}]" if row.skipped else "")
+
+
+def _fmt(x, digits: int = 2) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+# --- outputs -------------------------------------------------------------------------------------
+def markdown(env: dict, rows: list[Row]) -> str:
+    lines = [
+        "# samfast ladder benchmark",
+        "",
+        f"- device: {env['device']}" + (f" (sm {env['capability']})" if env.get("capability") else ""),
+        f"- torch {env['torch']} (CUDA {env['cuda']}), triton {env['triton']}, torchao {env['torchao']}, python {env['python']}",
+        f"- command: `{env['command']}`",
+        f"- weights: {env['weights']}: speed and memory as real checkpoints, masks meaningless",
+        f"- timing: {env['timing']}; compile mode {env['compile_mode']}",
+        f"- e2e: image encoder + prompt encoder + mask decoder + upscaling; {env['prompts']}",
+        "- peak GiB: torch.cuda.max_memory_allocated over the e2e run; first call s: the first encoder call (compile or warm-up)",
+        "",
+        "| model | batch | stage | encoder img/s | e2e img/s | e2e vs ref fp32 | peak GiB | first call s | note |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---|",
+    ]
+    ref = {(r.model, r.batch): r.e2e_img_s for r in rows if r.stage == f"{REFERENCE} fp32"}
+    for r in rows:
+        base = ref.get((r.model, r.batch))
+        speedup = f"{r.e2e_img_s / base:.2f}x" if r.e2e_img_s and base else "-"
+        note = r.error or r.skipped or ""
+        if r.notes.get("sparse_backend"):
+            note = f"2:4 via {r.notes['sparse_backend']}" + (f"; {note}" if note else "")
+        lines.append(
+            f"| {r.model} | {r.batch} | {r.stage} | {_fmt(r.encoder_img_s)} | {_fmt(r.e2e_img_s)} | {speedup} | "
+            f"{_fmt(r.peak_gib)} | {_fmt(r.first_call_s, 1)} | {note.replace('|', '/')} |"
+        )
+    for r in rows:
+        if r.notes.get("sparse_timings"):
+            lines += ["", f"## 2:4 backends measured for {r.model} bs{r.batch} {r.stage} (one linear, M = 8192 tokens, us)", "",
+                      "| linear N x K | dense | cuSPARSELt | CUTLASS |", "|---|---:|---:|---:|"]
+            for shape, runs in r.notes["sparse_timings"].items():
+                cells = [_fmt(runs[k]["us"], 1) if runs[k]["error"] is None else f"error: {runs[k]['error'][:80]}"
+                         for k in ("dense", "cusparselt", "cutlass")]
+                lines.append(f"| {shape} | " + " | ".join(c.replace("|", "/") for c in cells) + " |")
+        if r.notes.get("profile"):
+            what = "CUDA kernels" if "capability" in env else "operators (CPU)"
+            lines += ["", f"## Top {len(r.notes['profile'])} {what} by self time: {r.model} bs{r.batch} {r.stage}, e2e", "",
+                      "| kernel | us per e2e call | calls | share |", "|---|---:|---:|---:|"]
+            for k in r.notes["profile"]:
+                name = k["name"].replace("|", "/")
+                lines.append(f"| `{name[:110]}` | {k['self_us_per_call']:.0f} | {k['calls']} | {100 * k['share']:.1f}% |")
+    return "\n".join(lines) + "\n"
+
+
+def bar_chart(path: Path, rows: list[Row]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = list(dict.fromkeys(r.model for r in rows))
+    fig, axes = plt.subplots(2, len(models), figsize=(max(8, 1.1 * len({r.stage for r in rows})) * len(models), 9), squeeze=False)
+    for col, model in enumerate(models):
+        mine = [r for r in rows if r.model == model]
+        stages = list(dict.fromkeys(r.stage for r in mine))
+        batches = list(dict.fromkeys(r.batch for r in mine))
+        width = 0.8 / len(batches)
+        for row_i, (metric, title) in enumerate((("e2e_img_s", "encoder + predict"), ("encoder_img_s", "image encoder only"))):
+            ax = axes[row_i][col]
+            for j, batch in enumerate(batches):
+                values = {r.stage: getattr(r, metric) for r in mine if r.batch == batch}
+                xs = np.arange(len(stages)) + (j - (len(batches) - 1) / 2) * width
+                heights = [values.get(s) or 0.0 for s in stages]
+                bars = ax.bar(xs, heights, width, label=f"batch {batch}")
+                for x, s, bar in zip(xs, stages, bars):
+                    if values.get(s) is None:
+                        ax.text(x, 0, "err" if any(r.error for r in mine if r.stage == s and r.batch == batch) else "skip",
+                                ha="center", va="bottom", rotation=90, fontsize=7)
+                    if s.startswith(REFERENCE):
+                        bar.set_hatch("//")
+            ax.set_xticks(np.arange(len(stages)))
+            ax.set_xticklabels(stages, rotation=30, ha="right", fontsize=8)
+            ax.set_ylabel("img/s")
+            ax.set_title(f"{model}: {title} (hatched: reference segment_anything)")
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_outputs(out: Path, env: dict, rows: list[Row], args) -> str:
+    table = markdown(env, rows)
+    (out / "bench.md").write_text(table)
+    (out / "bench.json").write_text(json.dumps({"environment": env, "results": [asdict(r) for r in rows]}, indent=2, default=str))
+    try:
+        bar_chart(out / "bench.png", rows)
+    except Exception as err:  # noqa: BLE001 - a chart must not cost the numbers
+        print(f"bench.png not written: {err}", file=sys.stderr)
+    return table
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.ladder", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", nargs="+", default=["vit_b"], choices=samfast.MODEL_TYPES)
+    p.add_argument("--batches", nargs="+", type=int, default=[8])
+    p.add_argument("--stages", nargs="+", default=None,
+                   help=f"samfast stages (ladder names or switches joined by '+'); default: {' '.join(DEFAULT_STAGES)}")
+    p.add_argument("--reference", nargs="*", default=None, choices=["fp32", "bf16"],
+                   help="reference segment_anything runs (default: fp32 bf16; none with an empty list)")
+    p.add_argument("--out", default="reports/bench")
+    p.add_argument("--budget-s", type=float, default=540.0, help="skip the configurations left once this many seconds are spent")
+    p.add_argument("--compile-mode", default=None, help="sets SAMFAST_COMPILE_MODE (default: max-autotune on the GPU)")
+    p.add_argument("--profile", nargs="?", const="auto", default=None, metavar="MODEL:BATCH:STAGE",
+                   help="print the top-10 CUDA kernels of one configuration (default: first model, largest batch, nt)")
+    p.add_argument("--warmup", type=int, default=None)
+    p.add_argument("--iters", type=int, default=None)
+    p.add_argument("--repeats", type=int, default=None)
+    p.add_argument("--quick", action="store_true", help="few iterations (and on the CPU, CPU-friendly stages): a smoke test")
+    p.add_argument("--cpu", action="store_true", help="run on the CPU even when CUDA is available")
+    args = p.parse_args(argv)
+    cpu = args.cpu or not torch.cuda.is_available()
+    defaults = dict(warmup=1, iters=2, repeats=2) if args.quick else dict(warmup=3, iters=10, repeats=5)
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if args.stages is None:
+        args.stages = CPU_QUICK_STAGES if (args.quick and cpu) else DEFAULT_STAGES
+    if args.reference is None:
+        args.reference = ["fp32"] if (args.quick and cpu) else ["fp32", "bf16"]
+    # canonical names, so "sdpa+bf16" and "bf16+sdpa" are one configuration (and a bad name fails now)
+    args.stages = list(dict.fromkeys(canonical_name(parse_stages(s)) for s in args.stages))
+    return args
+
+
+if __name__ == "__main__":
+    sys.exit(main())

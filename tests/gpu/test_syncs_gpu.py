@@ -1,0 +1,58 @@
+"""Every ladder stage of vit_b runs its timed region (encoder + prompts + decoder) without a host-device sync."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import samfast
+from parity.checks.syncs import assert_no_syncs, find_syncs, profile_region
+from samfast import Prompts
+
+pytestmark = pytest.mark.gpu
+
+STAGES = ["fp32", "bf16", "compile", "sdpa", "triton", "nt", "int8", "sparse"]
+
+
+def _batch(n_images: int = 2):
+    rng = np.random.default_rng(0)
+    images = [rng.integers(0, 256, (480, 640, 3), dtype=np.uint8) for _ in range(n_images)]
+    prompts = [Prompts(point_coords=rng.uniform(0, 470, (k, 1, 2)), point_labels=np.ones((k, 1))) for k in (3, 5)][:n_images]
+    return images, prompts
+
+
+@pytest.fixture(autouse=True)
+def _fast_compile(monkeypatch):
+    # the sync check needs the compiled graph, not the best autotuned kernels
+    monkeypatch.setenv("SAMFAST_COMPILE_MODE", os.environ.get("SAMFAST_COMPILE_MODE", "max-autotune-no-cudagraphs"))
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_stage_is_sync_free(stage, tmp_path):
+    predictor = samfast.SamPredictor(samfast.build_sam("vit_b", device="cuda", stages=stage, batch_size=2))
+    images, prompts = _batch()
+    trace = profile_region(lambda: predictor.predict_batch(images, prompts), trace_path=tmp_path / f"{stage}.json.gz")
+    assert_no_syncs(trace)
+
+
+def test_planted_item_sync_is_found(tmp_path):
+    """Planted defect: an .item() inside the decoder's forward must show up with its frame."""
+    model = samfast.build_sam("vit_b", device="cuda", stages="bf16")
+    decoder_forward = model.mask_decoder.forward
+
+    def forward_with_item(*args, **kwargs):
+        masks, iou = decoder_forward(*args, **kwargs)
+        iou.max().item()  # the defect
+        return masks, iou
+
+    model.mask_decoder.forward = forward_with_item
+    predictor = samfast.SamPredictor(model)
+    images, prompts = _batch()
+    trace = profile_region(lambda: predictor.predict_batch(images, prompts), trace_path=tmp_path / "planted.json.gz")
+    syncs = find_syncs(trace)
+    assert syncs and any("forward_with_item" in (s["python_frame"] or "") for s in syncs)
+    with pytest.raises(AssertionError, match="cudaStreamSynchronize"):
+        assert_no_syncs(trace)

@@ -1,0 +1,72 @@
+"""The compiled stages never break the graph or recompile, across batch sizes, image sizes and prompt counts.
+
+Runs on the CPU (inductor's C++ backend) with vit_tiny: the same dynamo front end and guards as
+on the GPU, so a graph break or a shape-driven recompile shows up here first.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import samfast
+from parity.checks.compile import watch
+from samfast import Prompts
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    """Each test builds a new model: without a reset dynamo would count its first compile as a
+    recompile of the previous test's encoder (same code object, failed identity guard)."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _image(h: int, w: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8)
+
+
+def _prompts(n: int, h: int, w: int) -> Prompts:
+    rng = np.random.default_rng(n)
+    points = rng.uniform([0, 0], [w, h], size=(n, 1, 2))
+    return Prompts(point_coords=points, point_labels=np.ones((n, 1)))
+
+
+# batches of 1..3 images of different sizes and prompt counts against a static batch of 2:
+# 1 is padded, 2 fits, 3 is split into 2 + 1 (padded)
+CALLS = [
+    [(300, 400, 1)],
+    [(640, 480, 3), (200, 900, 2)],
+    [(512, 512, 5), (1000, 100, 1), (37, 60, 2)],
+]
+
+
+def _run_calls(predictor) -> None:
+    for call in CALLS:
+        images = [_image(h, w, seed=i) for i, (h, w, _) in enumerate(call)]
+        predictor.predict_batch(images, [_prompts(n, h, w) for h, w, n in call])
+
+
+@pytest.mark.parametrize("stages", ["fp32+compile", "fp32+compile+sdpa"])
+def test_compiled_encoder_is_clean_across_batches_sizes_and_prompts(stages):
+    predictor = samfast.SamPredictor(samfast.build_sam("vit_tiny", device="cpu", stages=stages, batch_size=2))
+    with watch() as seen:
+        _run_calls(predictor)
+    seen.assert_clean()
+    assert seen.graphs_compiled >= 1  # the watch saw the compile happen, so it was looking
+
+
+def test_unpadded_batches_recompile_and_the_check_says_so():
+    """Planted defect: without the static batch, a new batch size recompiles and watch() reports it."""
+    model = samfast.build_sam("vit_tiny", device="cpu", stages="fp32+compile", batch_size=2)
+    model.static_batch = None  # the defect: batches reach the compiled encoder at their own size
+    with watch() as seen:
+        _run_calls(samfast.SamPredictor(model))
+    assert seen.recompiles, "a batch of a new size must show up as a recompile"
+    with pytest.raises(AssertionError, match="recompile"):
+        seen.assert_clean()
