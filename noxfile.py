@@ -52,3 +52,14 @@ def bench(session: nox.Session) -> None:
     """GPU benchmark of the ladder (markdown + JSON + PNG under reports/bench)."""
     _install(session)
     session.run("python", "-m", "bench.ladder", *session.posargs)
+
+
+@nox.session(name="train-tiny", python=False)
+def train_tiny(session: nox.Session) -> None:
+    """Train the packaged vit_tiny checkpoint from scratch on generated scenes (GPU, about 5 minutes).
+
+    Writes samfast/weights/vit_tiny_trained.{pt,json}, training_log.csv and training_curve.png.
+    Arguments after -- go to `python -m parity.train_tiny` (e.g. --minutes 5 --seed 0; --smoke on a CPU).
+    """
+    _install(session)
+    session.run("python", "-m", "parity.train_tiny", *(session.posargs or ["--minutes", "5", "--out", "samfast/weights"]))

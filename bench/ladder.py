@@ -224,6 +224,7 @@ def run_config(row: Row, args, device: torch.device, deadline: float, profile: b
     else:
         runner = SamfastRunner(row.model, row.stage, row.batch, device)
     row.build_s = time.perf_counter() - t0
+    row.notes["device"] = device_name(device)
     row.notes.update(runner.notes())
     images, prompts = make_inputs(row.batch, runner.dtype, device)
     row.notes["prompts"] = sum(len(c) for c, _ in prompts)
@@ -275,6 +276,13 @@ def profile_top_kernels(fn, device: torch.device, top: int = 10) -> list[dict]:
     return [{"name": e.key, "self_us_per_call": t / 2, "calls": e.count // 2, "share": t / total} for t, e in timed[:top]]
 
 
+def stage_name(stages: str) -> str:
+    """A canonical name that build_sam reads back as the same switches ("fp32+sdpa", not "sdpa")."""
+    switches = parse_stages(stages)
+    name = canonical_name(switches)
+    return name if parse_stages(name) == switches else f"fp32+{name}"
+
+
 # --- the run -------------------------------------------------------------------------------------
 def plan(args) -> list[Row]:
     rows = []
@@ -286,29 +294,38 @@ def plan(args) -> list[Row]:
 
 
 def profile_target(args, rows: list[Row]) -> tuple[str, int, str] | None:
-    """MODEL:BATCH:STAGE from --profile; 'auto': first model, largest batch, the nt stage (else the last)."""
+    """MODEL:BATCH:STAGE from --profile; 'auto': first model, largest batch, and the stage `nt`, else the
+    last stage with the nt switch and neither int8 nor sparse, else the last stage."""
     if args.profile is None:
         return None
     if args.profile != "auto":
         model, batch, stage = args.profile.split(":", 2)
-        return model, int(batch), canonical_name(parse_stages(stage))
-    samfast_stages = [r.stage for r in rows if r.impl == "samfast"]
-    if not samfast_stages:
+        return model, int(batch), stage_name(stage)
+    stages = list(dict.fromkeys(r.stage for r in rows if r.impl == "samfast"))
+    if not stages:
         return None
-    stage = "nt" if "nt" in samfast_stages else samfast_stages[-1]
+    plain_nt = [s for s in stages if "nt" in parse_stages(s) and not parse_stages(s) & {"int8", "sparse"}]
+    stage = "nt" if "nt" in stages else (plain_nt or stages)[-1]
     return args.models[0], max(args.batches), stage
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
 
 
 def environment(device: torch.device, args) -> dict:
     env = {
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)",
+        "device": device_name(device),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "python": platform.python_version(),
         "command": "python -m bench.ladder " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
         "weights": "seeded synthetic (samfast.synthetic_state_dict, seed 0), official layout",
         "compile_mode": os.environ.get("SAMFAST_COMPILE_MODE") or ("max-autotune" if device.type == "cuda" else "default"),
-        "timing": f"{args.warmup} warm-up calls, median of {args.repeats} runs x {args.iters} calls, CUDA events",
+        "timing": f"{args.warmup} warm-up calls, median of {args.repeats} runs x {args.iters} calls, "
+                  + ("CUDA events" if device.type == "cuda" else "perf_counter"),
         "prompts": f"{PROMPTS_PER_IMAGE[0]}..{PROMPTS_PER_IMAGE[1]} single-point prompts per image, 3 masks each, "
                    f"original size {ORIGINAL_SIZE[1]}x{ORIGINAL_SIZE[0]}",
         "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
@@ -336,6 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     env = environment(device, args)
+    earlier = load_earlier(out, rows, env) if args.append else []
     start = time.monotonic()
     deadline = start + args.budget_s
     for i, row in enumerate(rows):
@@ -353,8 +371,8 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             _free(device)
         print(f"{label}: {_summary(row)} ({time.monotonic() - start:.0f} s elapsed)", file=sys.stderr, flush=True)
-        write_outputs(out, env, rows, args)  # after every configuration: a killed run keeps what it has
-    table = write_outputs(out, env, rows, args)
+        write_outputs(out, env, earlier + rows)  # after every configuration: a killed run keeps what it has
+    table = write_outputs(out, env, earlier + rows)
     print(table)
     return 0
 
@@ -379,6 +397,7 @@ def markdown(env: dict, rows: list[Row]) -> str:
         f"- device: {env['device']}" + (f" (sm {env['capability']})" if env.get("capability") else ""),
         f"- torch {env['torch']} (CUDA {env['cuda']}), triton {env['triton']}, torchao {env['torchao']}, python {env['python']}",
         f"- command: `{env['command']}`",
+        *[f"- earlier command (--append): `{c}`" for c in env.get("earlier_commands", [])],
         f"- weights: {env['weights']}: speed and memory as real checkpoints, masks meaningless",
         f"- timing: {env['timing']}; compile mode {env['compile_mode']}",
         f"- e2e: image encoder + prompt encoder + mask decoder + upscaling; {env['prompts']}",
@@ -392,6 +411,8 @@ def markdown(env: dict, rows: list[Row]) -> str:
         base = ref.get((r.model, r.batch))
         speedup = f"{r.e2e_img_s / base:.2f}x" if r.e2e_img_s and base else "-"
         note = r.error or r.skipped or ""
+        if r.notes.get("device") and r.notes["device"] != env["device"]:
+            note = f"measured on {r.notes['device']}" + (f"; {note}" if note else "")
         if r.notes.get("sparse_backend"):
             note = f"2:4 via {r.notes['sparse_backend']}" + (f"; {note}" if note else "")
         lines.append(
@@ -421,6 +442,7 @@ def bar_chart(path: Path, rows: list[Row]) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
 
     models = list(dict.fromkeys(r.model for r in rows))
     fig, axes = plt.subplots(2, len(models), figsize=(max(8, 1.1 * len({r.stage for r in rows})) * len(models), 9), squeeze=False)
@@ -435,24 +457,37 @@ def bar_chart(path: Path, rows: list[Row]) -> None:
                 values = {r.stage: getattr(r, metric) for r in mine if r.batch == batch}
                 xs = np.arange(len(stages)) + (j - (len(batches) - 1) / 2) * width
                 heights = [values.get(s) or 0.0 for s in stages]
-                bars = ax.bar(xs, heights, width, label=f"batch {batch}")
+                bars = ax.bar(xs, heights, width, color=f"C{j}")
                 for x, s, bar in zip(xs, stages, bars):
                     if values.get(s) is None:
                         ax.text(x, 0, "err" if any(r.error for r in mine if r.stage == s and r.batch == batch) else "skip",
                                 ha="center", va="bottom", rotation=90, fontsize=7)
                     if s.startswith(REFERENCE):
                         bar.set_hatch("//")
+            ax.legend(handles=[Patch(facecolor=f"C{j}", label=f"batch {b}") for j, b in enumerate(batches)], fontsize=8)
             ax.set_xticks(np.arange(len(stages)))
             ax.set_xticklabels(stages, rotation=30, ha="right", fontsize=8)
             ax.set_ylabel("img/s")
             ax.set_title(f"{model}: {title} (hatched: reference segment_anything)")
-            ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def write_outputs(out: Path, env: dict, rows: list[Row], args) -> str:
+def load_earlier(out: Path, rows: list[Row], env: dict) -> list[Row]:
+    """--append: the rows of an earlier bench.json under --out that this run does not redo."""
+    path = out / "bench.json"
+    if not path.exists():
+        return []
+    old = json.loads(path.read_text())
+    redo = {(r.model, r.batch, r.stage) for r in rows}
+    env["earlier_commands"] = old["environment"].get("earlier_commands", []) + [old["environment"]["command"]]
+    return [Row(**r) for r in old["results"] if (r["model"], r["batch"], r["stage"]) not in redo]
+
+
+def write_outputs(out: Path, env: dict, rows: list[Row]) -> str:
+    models = list(dict.fromkeys(r.model for r in rows))
+    rows = sorted(rows, key=lambda r: (models.index(r.model), r.batch, r.impl != REFERENCE))  # stable: plan order within
     table = markdown(env, rows)
     (out / "bench.md").write_text(table)
     (out / "bench.json").write_text(json.dumps({"environment": env, "results": [asdict(r) for r in rows]}, indent=2, default=str))
@@ -476,15 +511,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--budget-s", type=float, default=540.0, help="skip the configurations left once this many seconds are spent")
     p.add_argument("--compile-mode", default=None, help="sets SAMFAST_COMPILE_MODE (default: max-autotune on the GPU)")
     p.add_argument("--profile", nargs="?", const="auto", default=None, metavar="MODEL:BATCH:STAGE",
-                   help="print the top-10 CUDA kernels of one configuration (default: first model, largest batch, nt)")
+                   help="top-10 CUDA kernels of one configuration's e2e run, in bench.md (default: first model, largest batch, nt)")
     p.add_argument("--warmup", type=int, default=None)
     p.add_argument("--iters", type=int, default=None)
     p.add_argument("--repeats", type=int, default=None)
     p.add_argument("--quick", action="store_true", help="few iterations (and on the CPU, CPU-friendly stages): a smoke test")
+    p.add_argument("--append", action="store_true",
+                   help="keep the rows of an earlier bench.json under --out that this run does not redo (split a "
+                        "long ladder over several time-limited calls)")
     p.add_argument("--cpu", action="store_true", help="run on the CPU even when CUDA is available")
     args = p.parse_args(argv)
     cpu = args.cpu or not torch.cuda.is_available()
-    defaults = dict(warmup=1, iters=2, repeats=2) if args.quick else dict(warmup=3, iters=10, repeats=5)
+    defaults = dict(warmup=1, iters=1, repeats=2) if args.quick else dict(warmup=3, iters=10, repeats=5)
     for name, value in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
@@ -493,7 +531,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.reference is None:
         args.reference = ["fp32"] if (args.quick and cpu) else ["fp32", "bf16"]
     # canonical names, so "sdpa+bf16" and "bf16+sdpa" are one configuration (and a bad name fails now)
-    args.stages = list(dict.fromkeys(canonical_name(parse_stages(s)) for s in args.stages))
+    args.stages = list(dict.fromkeys(stage_name(s) for s in args.stages))
     return args
 
 

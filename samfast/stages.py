@@ -37,7 +37,9 @@ def canonical_name(switches: frozenset[str]) -> str:
     for name in LADDER:
         if switches == frozenset(LADDER[1 : LADDER.index(name) + 1]):
             return name
-    return "+".join(n for n in LADDER if n in switches)
+    joined = "+".join(n for n in LADDER if n in switches)
+    # a lone switch name would parse back as the ladder up to it: name the baseline explicitly
+    return joined if "+" in joined else f"fp32+{joined}"
 
 
 def apply_stages(model, switches: frozenset[str]) -> None:

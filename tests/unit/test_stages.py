@@ -34,6 +34,9 @@ def test_canonical_names_round_trip():
     for name in samfast.LADDER:
         assert canonical_name(parse_stages(name)) == name
     assert canonical_name(parse_stages("sdpa+bf16")) == "bf16+sdpa"
+    assert canonical_name(parse_stages("fp32+sdpa")) == "fp32+sdpa"
+    for switches in (parse_stages("fp32+sdpa"), parse_stages("bf16+nt"), parse_stages("fp32+nt")):
+        assert parse_stages(canonical_name(switches)) == switches
 
 
 @pytest.mark.parametrize("bad", ["fp16", "bf16+flash", "", "bf16++sdpa"])
