@@ -12,7 +12,8 @@ import nox
 nox.options.sessions = ["tests"]
 nox.options.default_venv_backend = "none"
 
-EMBEDDED = ["--model", "vit_tiny", "--data", "scenes"]
+# The embedded default: the tiny SAM this project trained (samfast/weights) on generated scenes.
+EMBEDDED = ["--model", "vit_tiny", "--checkpoint", "trained", "--data", "scenes"]
 
 
 def _install(session: nox.Session) -> None:

@@ -82,7 +82,7 @@ class SamPredictor:
         if box is not None:
             box_t = self._boxes_to_torch(np.asarray(box).reshape(1, 4), self.original_size)
         if mask_input is not None:
-            mask_t = torch.as_tensor(mask_input, dtype=torch.float, device=self.device)[None]
+            mask_t = self._to_device(mask_input, torch.float)[None]
         masks, iou, low_res = self.predict_torch(coords_t, labels_t, box_t, mask_t, multimask_output, return_logits)
         return masks[0].cpu().numpy(), iou[0].float().cpu().numpy(), low_res[0].float().cpu().numpy()
 
@@ -183,9 +183,17 @@ class SamPredictor:
             image_index=image_index,
         )
 
+    def _to_device(self, array, dtype: torch.dtype) -> torch.Tensor:
+        """Host array -> model device without a sync: a copy from pageable memory makes the CPU
+        wait for the GPU (cudaStreamSynchronize, found by parity.checks.syncs); pinned does not."""
+        tensor = torch.as_tensor(np.asarray(array), dtype=dtype)
+        if self.device.type != "cuda":
+            return tensor
+        return tensor.pin_memory().to(self.device, non_blocking=True)
+
     def _to_input(self, rgb: np.ndarray) -> torch.Tensor:
         resized = resize_longest_side(rgb, self.long_side)
-        return torch.as_tensor(resized, device=self.device).permute(2, 0, 1).contiguous()
+        return self._to_device(resized, torch.uint8).permute(2, 0, 1).contiguous()
 
     def _points_to_torch(self, coords, labels, original_size):
         if coords.shape[:-1] != labels.shape or coords.shape[-1] != 2:
@@ -193,8 +201,8 @@ class SamPredictor:
         check_inside(coords, original_size, "point")
         coords = scale_coords(coords, original_size, self.long_side)
         return (
-            torch.as_tensor(coords, dtype=torch.float, device=self.device),
-            torch.as_tensor(labels, dtype=torch.int, device=self.device),
+            self._to_device(coords, torch.float),
+            self._to_device(labels, torch.int),
         )
 
     def _boxes_to_torch(self, boxes, original_size):
@@ -203,7 +211,7 @@ class SamPredictor:
         if (boxes[:, 1] < boxes[:, 0]).any():
             raise ValueError("boxes must be x0, y0, x1, y1 with x1 >= x0 and y1 >= y0")
         scaled = scale_coords(boxes, original_size, self.long_side).reshape(-1, 4)
-        return torch.as_tensor(scaled, dtype=torch.float, device=self.device)
+        return self._to_device(scaled, torch.float)
 
     def _prompts_to_torch(self, prompts: Prompts, original_size):
         coords = labels = boxes = None
