@@ -48,12 +48,9 @@ import numpy as np
 import torch
 
 import samfast
-from samfast.stages import LADDER, canonical_name, parse_stages
+from samfast.stages import LADDER, SPARSE_WITHOUT_INT8, canonical_name, parse_stages
 
 REFERENCE = "reference"
-# torchao 0.18 has no int8 2:4 layout, so the ladder's `sparse` (int8 + 2:4) is refused; this
-# measures 2:4 on the rest of the ladder instead.
-SPARSE_WITHOUT_INT8 = "bf16+compile+sdpa+triton+nt+sparse"
 DEFAULT_STAGES = [*LADDER, SPARSE_WITHOUT_INT8]
 # bf16 on a CPU without bf16 matmul units takes minutes per image, compile a minute or two.
 CPU_QUICK_STAGES = ["fp32", "fp32+sdpa", "fp32+nt", "fp32+int8", "bf16+sparse"]

@@ -14,7 +14,7 @@ import numpy as np
 
 from parity.evaluate import StageOutputs, decode_rle
 from parity.metrics import logits_error, mask_iou, miou_vs_ground_truth, summarize_ious
-from samfast.stages import LADDER, parse_stages
+from samfast.stages import parse_stages
 
 try:
     import tomllib
@@ -62,22 +62,27 @@ class StageResult:
         return [g for g in self.gates if g.gated and not g.passed]
 
 
+# The switches that change arithmetic precision, mildest first. compile, sdpa, triton and nt only
+# reorder the same arithmetic, so a stage is held to the precision it runs in: "fp32+sdpa" to fp32's
+# thresholds, "nt" (bf16 + ...) to bf16's, "bf16+sdpa+int8" to int8's.
+PRECISIONS = ("fp32", "bf16", "int8", "sparse")
+
+
 def load_thresholds(path=None) -> dict[str, dict]:
     with open(path or BUDGETS_PATH, "rb") as f:
         accuracy = tomllib.load(f).get("accuracy")
     if not accuracy:
-        raise ValueError(f"{path or BUDGETS_PATH} has no [accuracy.<stage>] thresholds")
-    missing = [s for s in LADDER if s not in accuracy]
+        raise ValueError(f"{path or BUDGETS_PATH} has no [accuracy.<precision>] thresholds")
+    missing = [s for s in PRECISIONS if s not in accuracy]
     if missing:
-        raise ValueError(f"{path or BUDGETS_PATH}: no [accuracy] thresholds for stage(s) {missing}")
+        raise ValueError(f"{path or BUDGETS_PATH}: no [accuracy] thresholds for {missing}; one table per {PRECISIONS}")
     return accuracy
 
 
 def thresholds_for(stages: str, thresholds: dict[str, dict]) -> dict:
-    """The thresholds of the lossiest switch in `stages` (fp32's for the baseline)."""
-    switches = parse_stages(stages)
-    lossiest = max(switches, key=LADDER.index) if switches else "fp32"
-    return thresholds[lossiest]
+    """The thresholds of the lowest precision among the switches of `stages` (fp32's when none lowers it)."""
+    lowered = parse_stages(stages) & set(PRECISIONS)
+    return thresholds[max(lowered, key=PRECISIONS.index) if lowered else "fp32"]
 
 
 def compare(stage: str, outputs: StageOutputs, golden: StageOutputs, limits: dict, masks_meaningful: bool) -> StageResult:

@@ -241,13 +241,36 @@ def _problem(run: dict) -> str | None:
     return None
 
 
+class SemiStructuredLinear(nn.Linear):
+    """An nn.Linear whose weight is 2:4 semi-structured and whose input is flattened to 2-D.
+
+    The semi-structured tensor subclasses implement only 2-D products; under torch.compile a 4-D
+    input (the encoder's (B, H, W, C) tokens) reaches them as `expand`, which they refuse. Same
+    state-dict keys and parameters as the nn.Linear it replaces.
+    """
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, backend: str) -> SemiStructuredLinear:
+        sparse = cls.__new__(cls)
+        nn.Module.__init__(sparse)
+        sparse.in_features, sparse.out_features = linear.in_features, linear.out_features
+        sparse.weight = nn.Parameter(to_semi_structured(linear.weight, backend), requires_grad=False)
+        sparse.bias = linear.bias
+        return sparse
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = F.linear(x.reshape(-1, x.shape[-1]), self.weight, self.bias)
+        return flat.reshape(*x.shape[:-1], self.out_features)
+
+
 def _sparse(image_encoder: nn.Module, linears: dict[str, nn.Linear]) -> None:
     for linear in linears.values():
         check_sparse_supported(linear.weight)
     first = next(iter(linears.values())).weight
     backend, timings = choose_sparse_backend([tuple(m.weight.shape) for m in linears.values()], first.dtype, first.device)
-    for linear in linears.values():
-        linear.weight = nn.Parameter(to_semi_structured(linear.weight, backend), requires_grad=False)
+    for name, linear in linears.items():
+        parent, _, child = name.rpartition(".")
+        setattr(image_encoder.get_submodule(parent), child, SemiStructuredLinear.from_linear(linear, backend))
     # for reports: which backend, and the timings that chose it (empty when SPARSE_BACKEND chose)
     image_encoder.sparse_backend = backend
     image_encoder.sparse_timings = timings

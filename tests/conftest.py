@@ -12,6 +12,12 @@ def pytest_addoption(parser):
         action="store_true",
         help="fail (instead of skip) tests marked gpu when no CUDA device is present",
     )
+    parser.addoption(
+        "--budget-gpu",
+        metavar="NAME",
+        help="hold the perf layer to this GPU's rows of parity/budgets.toml (A100, H100, H200) "
+        "instead of the rows of the GPU found",
+    )
 
 
 def pytest_collection_modifyitems(config, items):

@@ -12,6 +12,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from samfast.stages import LADDER
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
@@ -20,7 +22,6 @@ else:  # pragma: no cover
 DEFAULT_PATH = Path(__file__).resolve().parents[1] / "budgets.toml"
 GPU_KEYS = ("A100", "H100", "H200")
 MODELS = ("vit_tiny", "vit_b", "vit_l", "vit_h")
-STAGES = ("fp32", "bf16", "compile", "sdpa", "triton", "nt", "int8", "sparse")
 _FIELDS = {"min_img_s", "max_peak_gib", "source", "provisional"}
 
 
@@ -83,9 +84,9 @@ def load_budgets(path: str | Path | None = None) -> dict[tuple[str, str, str, in
             if model not in MODELS:
                 raise fail(f"[{gpu}.{model}]", f"unknown model; use one of {', '.join(MODELS)}")
             for stage, batches in stages.items():
-                unknown = [s for s in stage.split("+") if s not in STAGES]
+                unknown = [s for s in stage.split("+") if s not in LADDER]
                 if unknown:
-                    raise fail(_row(gpu, model, stage, "*"), f"unknown stage {unknown}; use {', '.join(STAGES)} or a+b")
+                    raise fail(_row(gpu, model, stage, "*"), f"unknown stage {unknown}; use {', '.join(LADDER)} or a+b")
                 for batch, fields in batches.items():
                     where = _row(gpu, model, stage, batch)
                     if not batch.isdigit() or int(batch) < 1 or not isinstance(fields, dict):

@@ -19,7 +19,7 @@ import samfast
 from parity.check import load_thresholds, thresholds_for
 from parity.checks.compile import watch
 from samfast import Prompts, SamPredictor
-from samfast.stages import LADDER, StageError, parse_stages
+from samfast.stages import LADDER, SPARSE_WITHOUT_INT8, StageError, parse_stages
 
 pytestmark = pytest.mark.gpu
 
@@ -27,9 +27,6 @@ MODEL = "vit_b"
 STATIC_BATCH = 2
 SIZES = [(480, 640), (1024, 768), (300, 500)]  # 3 images: one full batch of 2, then 1 padded
 PROMPTS_PER_IMAGE = [3, 7, 1]
-# The ladder's `sparse` is int8 + 2:4; torchao without an int8 2:4 layout refuses it, so 2:4 is
-# also checked on its own over the rest of the ladder.
-SPARSE_WITHOUT_INT8 = "bf16+compile+sdpa+triton+nt+sparse"
 STAGES = [*LADDER[1:], SPARSE_WITHOUT_INT8]
 
 

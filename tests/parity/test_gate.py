@@ -133,3 +133,16 @@ def test_failed_regeneration_keeps_the_old_golden(synthetic_golden, scenes, monk
         make_golden(ModelSource("vit_tiny"), scenes, device="cpu", root=synthetic_golden.parent)
     assert (synthetic_golden / "predictions.json.gz").read_bytes() == before
     assert [p.name for p in synthetic_golden.parent.iterdir()] == [synthetic_golden.name]  # no leftovers
+
+
+@pytest.mark.parametrize(("stages", "precision"), [
+    ("fp32", "fp32"), ("fp32+sdpa", "fp32"), ("fp32+compile+sdpa+nt", "fp32"),  # fp32 math reordered: fp32's limits
+    ("bf16", "bf16"), ("nt", "bf16"), ("int8", "int8"), ("bf16+sdpa+int8", "int8"),
+    ("bf16+compile+sdpa+triton+nt+sparse", "sparse"),
+])
+def test_stage_is_held_to_the_precision_it_runs_in(stages, precision):
+    from parity.check import load_thresholds, thresholds_for
+
+    thresholds = load_thresholds()
+    assert thresholds_for(stages, thresholds) is thresholds[precision]
+    assert thresholds["fp32"]["max_logits_rel_l2"] < thresholds["bf16"]["max_logits_rel_l2"]

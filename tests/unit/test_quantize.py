@@ -220,3 +220,29 @@ def test_sparse_shape_and_dtype_checks_name_the_problem(monkeypatch):
         quantize.check_sparse_supported(weight(dtype=torch.float32))
     with pytest.raises(StageError, match=r"got 100x128"):
         quantize.check_sparse_supported(weight(shape=(100, 128)))
+
+
+def test_sparse_switch_swaps_in_flattening_linears(monkeypatch):
+    """The sparse switch replaces each block linear by a SemiStructuredLinear that feeds its weight
+    2-D inputs only (the semi-structured subclasses refuse `expand` on the encoder's 4-D tokens under
+    compile), with unchanged state-dict keys. Semi-structured storage needs a GPU: here a dense
+    2:4-pruned weight stands in for it, which is what the layout stores."""
+    monkeypatch.setattr(quantize, "check_sparse_supported", lambda weight: None)
+    monkeypatch.setattr(quantize, "choose_sparse_backend", lambda shapes, dtype, device: ("cutlass", {}))
+    monkeypatch.setattr(quantize, "to_semi_structured", lambda weight, backend: quantize.prune_2_4(weight.detach()))
+    encoder = samfast.build_sam("vit_tiny", device="cpu").image_encoder
+    keys = list(encoder.state_dict())
+    pruned = {name: quantize.prune_2_4(m.weight.detach()) for name, m in quantize.encoder_linears(encoder).items()}
+    tokens = torch.randn(2, 8, 8, encoder.blocks[0].mlp.lin1.in_features)
+    expected = torch.nn.functional.linear(tokens, pruned["blocks.0.mlp.lin1"], encoder.blocks[0].mlp.lin1.bias)
+
+    quantize_encoder(encoder, int8=False, sparse=True)
+
+    assert list(encoder.state_dict()) == keys
+    swapped = quantize.encoder_linears(encoder)
+    assert set(swapped) == set(pruned) and all(isinstance(m, quantize.SemiStructuredLinear) for m in swapped.values())
+    lin1 = encoder.blocks[0].mlp.lin1
+    seen, linear = [], torch.nn.functional.linear
+    monkeypatch.setattr(quantize.F, "linear", lambda x, w, b: seen.append(x.ndim) or linear(x, w, b))
+    torch.testing.assert_close(lin1(tokens), expected)
+    assert seen == [2]
