@@ -10,15 +10,18 @@ from pathlib import Path
 import torch
 
 from parity.data import load_coco, load_dataset
-from samfast.stages import LADDER, SPARSE_WITHOUT_INT8
+from samfast.stages import LADDER
 
 # bf16 matmuls and convolutions crawl on CPUs without bf16 units (~60 s per vit_tiny image on
 # the 2-core CI machine), so the CPU gate runs the fp32-exact switches; bf16 and compile are
 # checked on the CPU by the unit layer and in full on the GPU.
 DEFAULT_CPU_STAGES = ["fp32", "fp32+sdpa", "fp32+triton", "fp32+nt"]
-# The whole ladder, with 2:4 sparse measured without int8: the ladder's own `sparse` (int8 + 2:4)
-# needs an int8 2:4 layout that torchao 0.18 no longer has (ask for it by name to see the refusal).
-DEFAULT_GPU_STAGES = [*LADDER[:-1], SPARSE_WITHOUT_INT8]
+# The ladder through int8. 2:4 sparsity is asked for by name (SPARSE_WITHOUT_INT8; the ladder's own
+# `sparse`, int8 + 2:4, needs an int8 2:4 layout torchao 0.18 no longer has): pruning half of the
+# encoder's weights without fine-tuning changes the model, so it misses fp32 by design (trained
+# vit_tiny on scenes, H100: mean mask IoU 0.84, predicted-IoU error up to 0.63) and a default gate
+# that is always red would teach people to ignore it.
+DEFAULT_GPU_STAGES = list(LADDER[:-1])
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:

@@ -153,14 +153,19 @@ class SamPredictor:
                 "number of points per prompt, or all boxes); decode mixed prompts without the nt switch"
             )
 
+        counts = [len(tp[0] if tp[0] is not None else tp[2]) for tp in torch_prompts]
+        # Offsets from the host-side counts through a pinned copy: as_nested_tensor would build them
+        # on the host and copy them from pageable memory (a cudaStreamSynchronize per tensor).
+        offsets = self._to_device(np.cumsum([0, *counts]), torch.int64)
+
         def jagged(i: int):
             if torch_prompts[0][i] is None:
                 return None
-            return torch.nested.as_nested_tensor([tp[i] for tp in torch_prompts], layout=torch.jagged)
+            values = torch.cat([tp[i] for tp in torch_prompts])
+            return torch.nested.nested_tensor_from_jagged(values, offsets, min_seqlen=min(counts), max_seqlen=max(counts))
 
         coords, labels, boxes = (jagged(i) for i in range(3))
         any_nt = coords if coords is not None else boxes
-        counts = [len(tp[0] if tp[0] is not None else tp[2]) for tp in torch_prompts]
         # The image each prompt belongs to; output_size is known on the host, so no sync.
         image_index = torch.repeat_interleave(
             torch.arange(len(counts), device=self.device), any_nt.offsets().diff(), output_size=sum(counts)
