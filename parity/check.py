@@ -96,10 +96,18 @@ def compare(stage: str, outputs: StageOutputs, golden: StageOutputs, limits: dic
     per_ann = []
     for ann_id, gold in golden_by_id.items():
         ours = ours_by_id[ann_id]
-        iou = mask_iou(decode_rle(ours.rles[ours.best]), decode_rle(gold.rles[gold.best]))
+        # SAM keeps the mask of highest predicted IoU. When the golden's own scores for the two
+        # masks differ by less than the stage may move a score, either choice is correct and
+        # rounding picks one: then the stage's mask is compared with the golden's mask of the
+        # same index (the golden keeps all three), and the flip is counted, not failed.
+        near_tie = ours.best != gold.best and (
+            abs(gold.scores[ours.best] - gold.scores[gold.best]) <= limits["max_score_abs_err"])
+        reference = ours.best if near_tie else gold.best
+        iou = mask_iou(decode_rle(ours.rles[ours.best]), decode_rle(gold.rles[reference]))
         score_err = float(np.max(np.abs(np.subtract(ours.scores, gold.scores))))
         per_ann.append({"ann_id": ann_id, "image_id": gold.image_id, "iou_vs_golden": iou,
-                        "best": ours.best, "golden_best": gold.best, "score_abs_err": score_err})
+                        "best": ours.best, "golden_best": gold.best, "near_tie": near_tie,
+                        "score_abs_err": score_err})
     ious = summarize_ious([p["iou_vs_golden"] for p in per_ann])
     common = sorted(set(golden.logits) & set(outputs.logits))
     # The golden stores logits in fp16: round ours the same way, so storage is not counted as error.
@@ -125,6 +133,7 @@ def compare(stage: str, outputs: StageOutputs, golden: StageOutputs, limits: dic
         "mask_iou_min": ious.min,
         "masks_below_half": ious.n_below_half,
         "best_mask_changed": sum(p["best"] != p["golden_best"] for p in per_ann),
+        "best_mask_near_ties": sum(p["near_tie"] for p in per_ann),
         "logits_rel_l2": None if logits is None else logits["rel_l2"],
         "logits_cosine": None if logits is None else logits["cosine"],
         "logits_max_abs": None if logits is None else logits["max_abs"],

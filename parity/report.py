@@ -49,18 +49,18 @@ def render_markdown(header: dict, results: list[StageResult]) -> str:
         f"{header['prompt']} prompts",
         f"- masks gated: {'yes' if header['masks_meaningful'] else 'no (seeded synthetic weights: mask IoU is reported, logits gate)'}",
         "",
-        "| stage | verdict | logits rel L2 | score err | mask IoU mean | p5 | masks < 0.5 | mIoU vs GT (golden) | img/s | first batch s |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| stage | verdict | logits rel L2 | score err | mask IoU mean | p5 | masks < 0.5 | best mask changed (near ties) | mIoU vs GT (golden) | img/s | first batch s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         s = r.summary
         if r.error:
-            lines.append(f"| {r.stage} | ERROR | - | - | - | - | - | - | - | - |")
+            lines.append(f"| {r.stage} | ERROR | - | - | - | - | - | - | - | - | - |")
             continue
         lines.append(
             f"| {r.stage} | {_verdict(r)} | {_fmt(s['logits_rel_l2'])} | {_fmt(s['score_max_abs_err'])} | "
             f"{_fmt(s['mask_iou_mean'])} | {_fmt(s['mask_iou_p5'])} | {s['masks_below_half']} | "
-            f"{_fmt(s['miou_gt'])} ({_fmt(s['miou_gt_golden'])}) | {_fmt(s['steady_img_s'], 2)} | {_fmt(s['first_batch_seconds'], 1)} |"
+            f"{s['best_mask_changed']} ({s['best_mask_near_ties']}) | {_fmt(s['miou_gt'])} ({_fmt(s['miou_gt_golden'])}) | {_fmt(s['steady_img_s'], 2)} | {_fmt(s['first_batch_seconds'], 1)} |"
         )
     for r in failed:
         lines += ["", f"## {r.stage}: what failed", ""]
@@ -68,10 +68,11 @@ def render_markdown(header: dict, results: list[StageResult]) -> str:
             lines.append(f"- could not run: {r.error}")
             continue
         lines += [f"- {g.describe()} ({_overshoot(g):.2f}x the limit)" for g in r.failures]
-        lines += ["", "Worst annotations (IoU of the stage's best mask vs the golden's):", ""]
+        lines += ["", "Worst annotations (IoU of the stage's best mask vs the golden's; after a near tie, vs "
+                  "the golden's mask of the same index):", ""]
         lines += ["| ann id | image id | IoU vs golden | best / golden best | score err |", "|---|---|---|---|---|"]
         lines += [
-            f"| {w['ann_id']} | {w['image_id']} | {w['iou_vs_golden']:.4f} | {w['best']} / {w['golden_best']} | {w['score_abs_err']:.4f} |"
+            f"| {w['ann_id']} | {w['image_id']} | {w['iou_vs_golden']:.4f} | {w['best']} / {w['golden_best']}{' (near tie)' if w['near_tie'] else ''} | {w['score_abs_err']:.4f} |"
             for w in r.worst
         ]
     lines += ["", "All gates per stage:", ""]

@@ -146,3 +146,29 @@ def test_stage_is_held_to_the_precision_it_runs_in(stages, precision):
     thresholds = load_thresholds()
     assert thresholds_for(stages, thresholds) is thresholds[precision]
     assert thresholds["fp32"]["max_logits_rel_l2"] < thresholds["bf16"]["max_logits_rel_l2"]
+
+
+def _outputs(scores: list[float], masks: list[np.ndarray]):
+    from parity.evaluate import AnnotationOutput, StageOutputs, encode_rle
+
+    ann = AnnotationOutput(ann_id=1, image_id=1, category_id=1, scores=scores, best=int(np.argmax(scores)),
+                           rles=[encode_rle(m) for m in masks], gt_iou=0.5)
+    return StageOutputs([ann], {}, images=1, seconds=1.0, first_batch_images=1, first_batch_seconds=1.0)
+
+
+@pytest.mark.parametrize(("golden_scores", "passes"), [
+    ([0.900, 0.895, 0.30], True),  # the golden nearly ties masks 0 and 1: a flip to 1 is rounding
+    ([0.900, 0.500, 0.30], False),  # a clear winner: choosing mask 1 is an error
+])
+def test_best_mask_flip_is_forgiven_only_on_a_near_tie(golden_scores, passes):
+    from parity.check import compare, load_thresholds, thresholds_for
+
+    masks = [np.zeros((32, 32), bool) for _ in range(3)]
+    masks[0][:16], masks[1][16:], masks[2][:, :4] = True, True, True  # three disjoint masks
+    ours_scores = [golden_scores[1] - 0.001, golden_scores[1], golden_scores[2]]  # picks mask 1
+    limits = thresholds_for("bf16", load_thresholds())  # a near tie: golden scores within max_score_abs_err
+    result = compare("bf16", _outputs(ours_scores, masks), _outputs(golden_scores, masks), limits, masks_meaningful=True)
+    assert result.summary["best_mask_changed"] == 1
+    assert result.summary["best_mask_near_ties"] == (1 if passes else 0)
+    assert result.summary["mask_iou_mean"] == (1.0 if passes else 0.0)
+    assert result.passed is passes
