@@ -1,7 +1,8 @@
 """Speed and memory budgets (parity/budgets.toml) on the GPU, measured with pytest-benchmark.
 
-    python -m pytest tests/perf --benchmark-json=perf.json          # record
-    python -m pytest tests/perf --benchmark-compare=0001             # compare with an earlier run
+    python -m pytest tests/perf --benchmark-json=perf.json          # figures, with budgets in extra_info
+    python -m pytest tests/perf --benchmark-autosave                 # keep this run ...
+    python -m pytest tests/perf --benchmark-compare                  # ... and set a later one beside it
     python -m pytest tests/perf --budget-gpu H100                    # hold another GPU to H100 rows
 
 One test per (model, stage, batch) row of any GPU in budgets.toml: it builds that stage, warms it
