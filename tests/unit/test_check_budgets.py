@@ -98,9 +98,9 @@ def test_unknown_gpu_names_the_missing_row(budgets):
 
 def test_missing_row_on_known_gpu_names_it_and_the_fix(budgets):
     with pytest.raises(MissingBudget) as err:
-        lookup("NVIDIA H100 80GB HBM3", "vit_b", "int8", 32, budgets=budgets)
+        lookup("NVIDIA H100 80GB HBM3", "vit_l", "int8", 32, budgets=budgets)
     message = str(err.value)
-    assert "[H100.vit_b.int8.32]" in message and "int8.32 = {" in message and "--budget-gpu" in message
+    assert "[H100.vit_l.int8.32]" in message and "int8.32 = {" in message and "--budget-gpu" in message
 
 
 @pytest.mark.parametrize(
