@@ -9,12 +9,12 @@ costs on the GPU:
   dense              F.linear, dense weight (triton do_bench median, eager)
   cslt eager         F.linear with the cuSPARSELt semi-structured weight, eager (what torch runs)
   cslt graph         the same call replayed in a CUDA graph (do_bench_cudagraph): host work gone
-  cslt kernel        CUDA kernel time per call from the profiler; host ms per call beside it
+  cslt kernel        CUDA kernel time per call from the profiler; host us per call beside it
   cslt searched      torch._cslt_sparse_mm with the alg_id from torch._cslt_sparse_mm_search
   cutlass            F.linear with the CUTLASS semi-structured weight (or why it cannot run)
 
-If `cslt graph` is far below `cslt eager`, the slowness is host-side per-call work (plan and
-descriptor set-up in every call), which CUDA graphs (compile's cudagraph modes) remove.
+If `cslt graph` is far below `cslt eager`, the slowness is host-side per-call work inside the op,
+which CUDA graphs (compile's cudagraph modes) remove.
 Every way is checked against the dense product of the same pruned weight.
 """
 
