@@ -498,14 +498,15 @@ def write_outputs(out: Path, env: dict, rows: list[Row]) -> str:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.ladder", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", nargs="+", default=["vit_b"], choices=samfast.MODEL_TYPES)
-    p.add_argument("--batches", nargs="+", type=int, default=[8])
+    p.add_argument("--models", nargs="+", default=["vit_b", "vit_h"], choices=samfast.MODEL_TYPES)
+    p.add_argument("--batches", nargs="+", type=int, default=[1, 8, 32])
     p.add_argument("--stages", nargs="+", default=None,
                    help=f"samfast stages (ladder names or switches joined by '+'); default: {' '.join(DEFAULT_STAGES)}")
     p.add_argument("--reference", nargs="*", default=None, choices=["fp32", "bf16"],
                    help="reference segment_anything runs (default: fp32 bf16; none with an empty list)")
     p.add_argument("--out", default="reports/bench")
-    p.add_argument("--budget-s", type=float, default=540.0, help="skip the configurations left once this many seconds are spent")
+    p.add_argument("--budget-s", type=float, default=float("inf"),
+                   help="skip the configurations left once this many seconds are spent (default: no limit)")
     p.add_argument("--compile-mode", default=None, help="sets SAMFAST_COMPILE_MODE (default: max-autotune on the GPU)")
     p.add_argument("--profile", nargs="?", const="auto", default=None, metavar="MODEL:BATCH:STAGE",
                    help="top-10 CUDA kernels of one configuration's e2e run, in bench.md (default: first model, largest batch, nt)")
