@@ -273,13 +273,6 @@ def profile_top_kernels(fn, device: torch.device, top: int = 10) -> list[dict]:
     return [{"name": e.key, "self_us_per_call": t / 2, "calls": e.count // 2, "share": t / total} for t, e in timed[:top]]
 
 
-def stage_name(stages: str) -> str:
-    """A canonical name that build_sam reads back as the same switches ("fp32+sdpa", not "sdpa")."""
-    switches = parse_stages(stages)
-    name = canonical_name(switches)
-    return name if parse_stages(name) == switches else f"fp32+{name}"
-
-
 # --- the run -------------------------------------------------------------------------------------
 def plan(args) -> list[Row]:
     rows = []
@@ -297,7 +290,7 @@ def profile_target(args, rows: list[Row]) -> tuple[str, int, str] | None:
         return None
     if args.profile != "auto":
         model, batch, stage = args.profile.split(":", 2)
-        return model, int(batch), stage_name(stage)
+        return model, int(batch), canonical_name(parse_stages(stage))
     stages = list(dict.fromkeys(r.stage for r in rows if r.impl == "samfast"))
     if not stages:
         return None
@@ -529,7 +522,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.reference is None:
         args.reference = ["fp32"] if (args.quick and cpu) else ["fp32", "bf16"]
     # canonical names, so "sdpa+bf16" and "bf16+sdpa" are one configuration (and a bad name fails now)
-    args.stages = list(dict.fromkeys(stage_name(s) for s in args.stages))
+    args.stages = list(dict.fromkeys(canonical_name(parse_stages(s)) for s in args.stages))
     return args
 
 

@@ -12,12 +12,20 @@ from __future__ import annotations
 import argparse
 
 import torch
-from torch.profiler import ProfilerActivity, profile, record_function
+from torch.profiler import ProfilerActivity, profile
 
-from parity.train_tiny import BatchSampler, DeviceData, _param_groups, build_pool, decode_prompts, sam_loss
+from parity.train_tiny import (
+    BatchSampler,
+    DeviceData,
+    build_pool,
+    make_optimizer,
+    prepare_for_training,
+    train_step,
+    training_autocast,
+)
 from samfast import build_sam
 
-PHASES = ("encoder", "decoder", "loss", "backward", "optimizer")
+PHASES = ("encoder", "decoder", "loss", "backward", "optimizer")  # train_step's profiler labels
 
 
 def main(argv=None) -> None:
@@ -30,30 +38,15 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     pool, _, _ = build_pool(args.pool, 0, args.workers)
-    model = build_sam("vit_tiny", seed=0, device=device, stages="fp32").train().requires_grad_(True)
-    for module in model.modules():
-        if hasattr(module, "attn_impl"):
-            module.attn_impl = "sdpa"
+    model = build_sam("vit_tiny", seed=0, device=device, stages="fp32")
+    prepare_for_training(model)
     data = DeviceData(pool, device)
     sampler = BatchSampler(pool, args.batch, args.prompts, 0)
-    optimizer = torch.optim.AdamW(_param_groups(model, 0.1), lr=1e-4, **({"fused": True} if device.type == "cuda" else {}))
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+    optimizer = make_optimizer(model, lr=1e-4, weight_decay=0.1)
+    autocast = training_autocast(device)
 
     def step():
-        inputs = data.assemble(sampler.sample(), model.pixel_mean, model.pixel_std)
-        with autocast:
-            with record_function("encoder"):
-                embeddings = model.image_encoder(inputs["images"])
-            with record_function("decoder"):
-                logits, iou_pred = decode_prompts(model, embeddings, inputs)
-        with record_function("loss"):
-            loss, _ = sam_loss(logits, iou_pred, inputs["targets"])
-        optimizer.zero_grad(set_to_none=True)
-        with record_function("backward"):
-            loss.backward()
-        with record_function("optimizer"):
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
+        train_step(model, data, sampler, optimizer, autocast)
 
     for _ in range(3):
         step()

@@ -51,6 +51,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from pycocotools import mask as mask_utils  # noqa: E402
+from torch.profiler import record_function  # noqa: E402
 
 from parity.data import _index, centre_point, load_dataset, mask_box  # noqa: E402
 from parity.evaluate import prompts_for  # noqa: E402
@@ -654,10 +655,7 @@ def main(argv: list[str] | None = None) -> dict:
     data = DeviceData(pool, device)
     del pool.images, pool.targets  # the device copies are the ones used (on the CPU they share memory)
 
-    model.train().requires_grad_(True)
-    for module in model.modules():
-        if hasattr(module, "attn_impl"):
-            module.attn_impl = "sdpa"  # fused attention kernels train several times faster than the math path
+    prepare_for_training(model)
     log(f"model: {MODEL_TYPE} from scratch, {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters on "
         f"{torch.cuda.get_device_name(device) + ' (bf16 autocast)' if cuda else 'cpu (fp32)'}; "
         f"batch {args.batch} images x {args.prompts} prompts")
@@ -666,16 +664,53 @@ def main(argv: list[str] | None = None) -> dict:
     return finish(model, heldout, embedded, rows, state, data_info, args, command, start, log)
 
 
+def prepare_for_training(model) -> None:
+    model.train().requires_grad_(True)
+    for module in model.modules():
+        if hasattr(module, "attn_impl"):
+            module.attn_impl = "sdpa"  # fused attention kernels train several times faster than the math path
+
+
+def make_optimizer(model, lr: float, weight_decay: float) -> torch.optim.AdamW:
+    fused = {"fused": True} if model.device.type == "cuda" else {}
+    return torch.optim.AdamW(_param_groups(model, weight_decay), lr=lr, betas=(0.9, 0.999), **fused)
+
+
+def training_autocast(device: torch.device) -> torch.autocast:
+    """bf16 autocast on the GPU; true fp32 on the CPU (bf16 matmuls crawl there)."""
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return torch.autocast("cpu", enabled=False)
+
+
+def train_step(model, data: DeviceData, sampler: BatchSampler, optimizer, autocast) -> tuple[torch.Tensor, dict]:
+    """One optimization step on a sampled batch. Its phases are labelled for torch.profiler
+    (bench.train_step_profile reads them); outside a profiler the labels cost microseconds."""
+    inputs = data.assemble(sampler.sample(), model.pixel_mean, model.pixel_std)
+    with autocast:
+        with record_function("encoder"):
+            embeddings = model.image_encoder(inputs["images"])
+        with record_function("decoder"):
+            logits, iou_pred = decode_prompts(model, embeddings, inputs)
+    with record_function("loss"):
+        loss, parts = sam_loss(logits, iou_pred, inputs["targets"])
+    optimizer.zero_grad(set_to_none=True)
+    with record_function("backward"):
+        loss.backward()
+    with record_function("optimizer"):
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+    return loss, parts
+
+
 def train(model, data: DeviceData, sampler: BatchSampler, heldout: ValidationSet, args, deadline: float,
           start: float, log) -> tuple[list[dict], dict]:
     """The training loop. Without --steps it measures its speed over CALIBRATE_STEPS and then fixes
     the step count so that the cosine schedule, the periodic validations and the final ones fit
     the budget; a safety stop ends it early if the estimate was wrong."""
     device = model.device
-    cuda = device.type == "cuda"
-    optimizer = torch.optim.AdamW(_param_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, 0.999),
-                                  **({"fused": True} if cuda else {}))
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else torch.autocast("cpu", enabled=False)
+    optimizer = make_optimizer(model, args.lr, args.weight_decay)
+    autocast = training_autocast(device)
     calibrating = args.steps is None
     total = args.steps or 10**9  # set after calibration when the budget decides
     warmup = min(args.warmup, max(1, total // 5))
@@ -690,15 +725,7 @@ def train(model, data: DeviceData, sampler: BatchSampler, heldout: ValidationSet
         lr = learning_rate(step, total, warmup, args.lr)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        inputs = data.assemble(sampler.sample(), model.pixel_mean, model.pixel_std)
-        with autocast:
-            embeddings = model.image_encoder(inputs["images"])
-            logits, iou_pred = decode_prompts(model, embeddings, inputs)
-        loss, parts = sam_loss(logits, iou_pred, inputs["targets"])
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
+        loss, parts = train_step(model, data, sampler, optimizer, autocast)
         step += 1
         values = torch.stack([loss.detach(), parts["mask"], parts["single"], parts["iou"]])
         running = values if running is None else running + values  # summed on the device: no sync
@@ -733,7 +760,7 @@ def train(model, data: DeviceData, sampler: BatchSampler, heldout: ValidationSet
             speed = (step - s_log) / (now - t_log)
             rows.append({"step": step, "seconds": round(now - start, 1), "lr": lr, "loss": mean[0], "mask": mean[1],
                          "single": mean[2], "iou": mean[3], "steps_per_s": round(speed, 3)})
-            memory = f", {torch.cuda.max_memory_allocated(device) / 2**30:.1f} GiB peak" if cuda else ""
+            memory = f", {torch.cuda.max_memory_allocated(device) / 2**30:.1f} GiB peak" if device.type == "cuda" else ""
             log(f"step {step}/{total if total < 10**9 else '?'} loss {mean[0]:.4f} (mask {mean[1]:.4f}, "
                 f"single {mean[2]:.4f}, iou {mean[3]:.4f}) lr {lr:.2e} {speed:.2f} steps/s{memory}")
             running, seen, t_log, s_log = None, 0, now, step

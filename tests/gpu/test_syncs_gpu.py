@@ -6,7 +6,6 @@ import os
 
 import numpy as np
 import pytest
-import torch
 
 import samfast
 from parity.checks.syncs import assert_no_syncs, find_syncs, profile_region

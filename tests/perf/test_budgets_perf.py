@@ -63,27 +63,31 @@ def assert_within(budget: budgets.Budget, img_s: float, peak_gib: float, benchma
     assert not failures, "budget missed:\n  " + "\n  ".join(failures) + f"\n  row source: {budget.source}"
 
 
+def e2e_call(model: str, stage: str, batch: int):
+    """bench.ladder's e2e call on a fresh build of the stage: encoder + prompts + decoder + upscaling."""
+    device = torch.device("cuda")
+    runner = SamfastRunner(model, stage, batch, device)
+    images, prompts = make_inputs(batch, runner.dtype, device)
+    return lambda: runner.e2e(images, prompts)
+
+
+def _clean_slate() -> None:
+    torch._dynamo.reset()  # each stage compiles from scratch, as in bench.ladder
+    torch.cuda.empty_cache()
+
+
 @pytest.fixture
-def runner_for():
-    torch._dynamo.reset()
-    torch.cuda.empty_cache()
-
-    def build(model: str, stage: str, batch: int):
-        runner = SamfastRunner(model, stage, batch, torch.device("cuda"))
-        images, prompts = make_inputs(batch, runner.dtype, torch.device("cuda"))
-        return runner, lambda: runner.e2e(images, prompts)
-
-    yield build
-    torch._dynamo.reset()
-    torch.cuda.empty_cache()
+def clean_slate():
+    _clean_slate()
+    yield
+    _clean_slate()
 
 
 @pytest.mark.parametrize(("model", "stage", "batch"), ROWS, ids=[f"{m}-{s}-{b}" for m, s, b in ROWS])
 @torch.no_grad()
-def test_stage_within_budget(model, stage, batch, benchmark, budget_for, runner_for):
+def test_stage_within_budget(model, stage, batch, benchmark, budget_for, clean_slate):
     budget = budget_for(model, stage, batch)
-    _, call = runner_for(model, stage, batch)
-    img_s, peak_gib = measure(benchmark, call, batch)
+    img_s, peak_gib = measure(benchmark, e2e_call(model, stage, batch), batch)
     assert_within(budget, img_s, peak_gib, benchmark)
 
 
@@ -94,12 +98,9 @@ PLANTED = ("vit_b", "nt", 32)
 @pytest.fixture(scope="module")
 def planted_call():
     """The PLANTED stage, built and compiled once for both planted defects."""
-    torch._dynamo.reset()
-    runner = SamfastRunner(*PLANTED, torch.device("cuda"))
-    images, prompts = make_inputs(PLANTED[2], runner.dtype, torch.device("cuda"))
-    yield lambda: runner.e2e(images, prompts)
-    torch._dynamo.reset()
-    torch.cuda.empty_cache()
+    _clean_slate()
+    yield e2e_call(*PLANTED)
+    _clean_slate()
 
 
 @torch.no_grad()
