@@ -3,7 +3,7 @@
     python -m bench.train_step_profile [--batch 16] [--prompts 8] [--steps 5] [--pool 64]
 
 Builds the same model, data and step as `python -m parity.train_tiny` (seeded init, bf16 autocast,
-SDPA attention, fused AdamW) on a small scene pool, warms up, then profiles `--steps` steps with
+SDPA attention, fused AdamW, compiled on the GPU) on a small scene pool, warms up, then profiles `--steps` steps with
 torch.profiler and prints per-phase CUDA milliseconds and the top kernels.
 """
 
@@ -17,11 +17,10 @@ from torch.profiler import ProfilerActivity, profile
 from parity.train_tiny import (
     BatchSampler,
     DeviceData,
+    TrainingStep,
     build_pool,
     make_optimizer,
     prepare_for_training,
-    train_step,
-    training_autocast,
 )
 from samfast import build_sam
 
@@ -35,6 +34,8 @@ def main(argv=None) -> None:
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--pool", type=int, default=64)
     p.add_argument("--workers", type=int, default=8)
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction,
+                   help="torch.compile the step, as parity.train_tiny does (default: on the GPU)")
     args = p.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     pool, _, _ = build_pool(args.pool, 0, args.workers)
@@ -42,11 +43,11 @@ def main(argv=None) -> None:
     prepare_for_training(model)
     data = DeviceData(pool, device)
     sampler = BatchSampler(pool, args.batch, args.prompts, 0)
-    optimizer = make_optimizer(model, lr=1e-4, weight_decay=0.1)
-    autocast = training_autocast(device)
+    compiled = device.type == "cuda" if args.compile is None else args.compile
+    train_step = TrainingStep(model, make_optimizer(model, lr=1e-4, weight_decay=0.1), compiled)
 
     def step():
-        train_step(model, data, sampler, optimizer, autocast)
+        train_step(data, sampler)
 
     for _ in range(3):
         step()

@@ -597,6 +597,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--weight-decay", type=float, default=0.1)
     p.add_argument("--warmup", type=int, help="warmup steps (default 100)")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction,
+                   help="torch.compile the training step (default: on the GPU; see TrainingStep)")
     p.add_argument("--workers", type=int, help="data generation processes (default: CPU count - 1)")
     p.add_argument("--log-every", type=int, help="steps between progress lines (default 25)")
     p.add_argument("--val-every", type=float, help="seconds between validations, 0: only at the end (default 30)")
@@ -618,7 +620,7 @@ def _cpu_count() -> int:
 
 FULL_DEFAULTS = dict(pool=4000, batch=16, prompts=8, warmup=100, workers=max(1, _cpu_count() - 1),
                      log_every=25, val_every=30.0, val_images=HELDOUT_IMAGES)
-SMOKE_DEFAULTS = dict(pool=8, steps=3, batch=1, prompts=4, warmup=1, workers=1, log_every=1, val_every=0.0,
+SMOKE_DEFAULTS = dict(pool=8, steps=3, compile=False, batch=1, prompts=4, warmup=1, workers=1, log_every=1, val_every=0.0,
                       val_images=1, device="cpu")
 
 
@@ -629,6 +631,8 @@ def main(argv: list[str] | None = None) -> dict:
     deadline = start + 60.0 * args.minutes
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     cuda = device.type == "cuda"
+    if args.compile is None:
+        args.compile = cuda
 
     def log(message: str) -> None:
         print(f"[{time.monotonic() - start:6.1f}s] {message}", flush=True)
@@ -657,7 +661,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     prepare_for_training(model)
     log(f"model: {MODEL_TYPE} from scratch, {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters on "
-        f"{torch.cuda.get_device_name(device) + ' (bf16 autocast)' if cuda else 'cpu (fp32)'}; "
+        f"{torch.cuda.get_device_name(device) + ' (bf16 autocast)' if cuda else 'cpu (fp32)'}"
+        f"{', compiled (the first steps compile, about a minute on an H100)' if args.compile else ''}; "
         f"batch {args.batch} images x {args.prompts} prompts")
     rows, state = train(model, data, BatchSampler(pool, args.batch, args.prompts, args.seed), heldout,
                         args, deadline, start, log)
@@ -683,24 +688,43 @@ def training_autocast(device: torch.device) -> torch.autocast:
     return torch.autocast("cpu", enabled=False)
 
 
-def train_step(model, data: DeviceData, sampler: BatchSampler, optimizer, autocast) -> tuple[torch.Tensor, dict]:
-    """One optimization step on a sampled batch. Its phases are labelled for torch.profiler
-    (bench.train_step_profile reads them); outside a profiler the labels cost microseconds."""
-    inputs = data.assemble(sampler.sample(), model.pixel_mean, model.pixel_std)
-    with autocast:
-        with record_function("encoder"):
-            embeddings = model.image_encoder(inputs["images"])
-        with record_function("decoder"):
-            logits, iou_pred = decode_prompts(model, embeddings, inputs)
-    with record_function("loss"):
-        loss, parts = sam_loss(logits, iou_pred, inputs["targets"])
-    optimizer.zero_grad(set_to_none=True)
-    with record_function("backward"):
-        loss.backward()
-    with record_function("optimizer"):
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-    return loss, parts
+class TrainingStep:
+    """One optimization step on a sampled batch: encoder, decoder, loss, backward, optimizer.
+
+    compiled: run the encoder, the decoder pass and the loss through torch.compile. On an H100
+    that halves a step (16 images x 8 prompts: 115 -> 61 ms, about 75 s of compiling first;
+    `python -m bench.train_step_profile`): eager, the step is mostly small elementwise kernels
+    (casts, adds, reductions over 128 prompt-sized copies of the image embedding) that inductor
+    fuses. The compiled callables are separate objects, so validation keeps running the eager
+    model (one image, no grad) without recompiling the training graphs.
+    The phases are labelled for torch.profiler (bench.train_step_profile reads them); outside
+    a profiler the labels cost microseconds.
+    """
+
+    def __init__(self, model, optimizer, compiled: bool):
+        self.model, self.optimizer = model, optimizer
+        self.autocast = training_autocast(model.device)
+        self.encoder, self.decode, self.loss = model.image_encoder, decode_prompts, sam_loss
+        if compiled:
+            self.encoder, self.decode, self.loss = (torch.compile(f) for f in (self.encoder, self.decode, self.loss))
+
+    def __call__(self, data: DeviceData, sampler: BatchSampler) -> tuple[torch.Tensor, dict]:
+        model = self.model
+        inputs = data.assemble(sampler.sample(), model.pixel_mean, model.pixel_std)
+        with self.autocast:
+            with record_function("encoder"):
+                embeddings = self.encoder(inputs["images"])
+            with record_function("decoder"):
+                logits, iou_pred = self.decode(model, embeddings, inputs)
+        with record_function("loss"):
+            loss, parts = self.loss(logits, iou_pred, inputs["targets"])
+        self.optimizer.zero_grad(set_to_none=True)
+        with record_function("backward"):
+            loss.backward()
+        with record_function("optimizer"):
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            self.optimizer.step()
+        return loss, parts
 
 
 def train(model, data: DeviceData, sampler: BatchSampler, heldout: ValidationSet, args, deadline: float,
@@ -709,8 +733,7 @@ def train(model, data: DeviceData, sampler: BatchSampler, heldout: ValidationSet
     the step count so that the cosine schedule, the periodic validations and the final ones fit
     the budget; a safety stop ends it early if the estimate was wrong."""
     device = model.device
-    optimizer = make_optimizer(model, args.lr, args.weight_decay)
-    autocast = training_autocast(device)
+    train_step = TrainingStep(model, make_optimizer(model, args.lr, args.weight_decay), compiled=args.compile)
     calibrating = args.steps is None
     total = args.steps or 10**9  # set after calibration when the budget decides
     warmup = min(args.warmup, max(1, total // 5))
@@ -723,9 +746,9 @@ def train(model, data: DeviceData, sampler: BatchSampler, heldout: ValidationSet
     stopped_early = False
     while step < total:
         lr = learning_rate(step, total, warmup, args.lr)
-        for group in optimizer.param_groups:
+        for group in train_step.optimizer.param_groups:
             group["lr"] = lr
-        loss, parts = train_step(model, data, sampler, optimizer, autocast)
+        loss, parts = train_step(data, sampler)
         step += 1
         values = torch.stack([loss.detach(), parts["mask"], parts["single"], parts["iou"]])
         running = values if running is None else running + values  # summed on the device: no sync
@@ -737,9 +760,12 @@ def train(model, data: DeviceData, sampler: BatchSampler, heldout: ValidationSet
         if calibrating and step == CALIBRATE_STEPS[1]:
             _sync(device)
             rate = (CALIBRATE_STEPS[1] - CALIBRATE_STEPS[0]) / (time.monotonic() - t_cal)
-            t_val = time.monotonic()
             miou = validate(model, heldout)["point"]["miou"]
             rows.append({"step": step, "seconds": round(time.monotonic() - start, 1), "val_miou": miou})
+            # Timed on a second pass: the first one also tunes kernels for the new shapes
+            # (cudnn.benchmark), about 5x slower on an H100, and would make the plan reserve too much.
+            t_val = time.monotonic()
+            validate(model, heldout)
             val_seconds = time.monotonic() - t_val
             # The end validates the saved weights in true fp32 (math attention: about twice as slow)
             # on the held-out and embedded scenes, points and boxes (about 1.5 x one kind), and
@@ -829,6 +855,7 @@ def finish(model, heldout: ValidationSet, embedded: ValidationSet, rows: list[di
             "optimizer": "AdamW", "lr": args.lr, "betas": [0.9, 0.999], "weight_decay": args.weight_decay,
             "warmup_steps": state["warmup"], "schedule": "linear warmup, cosine to 1% of lr", "grad_clip": 1.0,
             "precision": "bf16 autocast (prompt encoder fp32)" if cuda else "fp32",
+            "compiled": args.compile,
             "loss": "min over the 3 multimask outputs of 20 focal (gamma 2, no alpha) + dice, on soft 256x256 "
                     "targets; the same on the single output; + MSE of the IoU head vs each output's IoU",
             "prompts": "per object: box (p 0.3, jitter 10% of side, at most 20 px), centre point (p 0.4), "

@@ -63,6 +63,7 @@ def apply_stages(model, switches: frozenset[str]) -> None:
 
         quantize_encoder(model.image_encoder, int8="int8" in switches, sparse="sparse" in switches)
     if "compile" in switches:
+        model.image_encoder.patch_embed.as_gemm = True  # see PatchEmbed: cuDNN's conv for it is slow
         model.image_encoder.compile(mode=compile_mode(model.device), dynamic=False, fullgraph=True)
     model.switches = switches
 

@@ -91,3 +91,25 @@ def test_triton_on_cpu_falls_back_visibly_and_equals_fp32(fp32_outputs, monkeypa
     features, low_res, iou = _outputs("fp32+triton")
     assert sum(kernels.fallback_counts().values()) >= len(samfast.build_sam("vit_tiny", device="cpu").image_encoder.blocks)
     torch.testing.assert_close(low_res, fp32_outputs[1], rtol=0, atol=1e-4)
+
+
+def test_patch_embed_as_gemm_equals_the_convolution():
+    """The compile switch's GEMM form of the patch embedding is the same product as the conv (fp64)."""
+    from samfast.modeling.image_encoder import PatchEmbed
+
+    torch.manual_seed(0)
+    embed = PatchEmbed(patch_size=16, in_chans=3, embed_dim=40).double()
+    x = torch.randn(2, 3, 64, 96, dtype=torch.float64)
+    conv = embed(x)
+    embed.as_gemm = True
+    gemm = embed(x)
+    assert gemm.shape == conv.shape == (2, 4, 6, 40)
+    torch.testing.assert_close(gemm, conv, rtol=1e-12, atol=1e-12)
+    # a wrong patch flattening order (channels last instead of the weight's (C, p, p)) would not match
+    wrong = x.reshape(2, 3, 4, 16, 6, 16).permute(0, 2, 4, 3, 5, 1).reshape(2, 4, 6, -1)
+    assert not torch.allclose(torch.nn.functional.linear(wrong, embed.proj.weight.reshape(40, -1), embed.proj.bias), conv)
+
+
+def test_compile_switch_turns_on_the_patch_embed_gemm():
+    assert not samfast.build_sam("vit_tiny", device="cpu", stages="fp32").image_encoder.patch_embed.as_gemm
+    assert samfast.build_sam("vit_tiny", device="cpu", stages="compile").image_encoder.patch_embed.as_gemm
