@@ -1,6 +1,6 @@
 """Time SAM's rel-pos attention three ways on the GPU and check each against float64 math.
 
-    python bench/kernel_bench.py [--out results.md] [--dtype bf16|fp16] [--shapes vit_b_global,...]
+    python bench/kernel_bench.py [--out results.md] [--dtype bf16|fp16] [--shapes vit_b_global,...] [--images 8] [--configs]
 
 Ways: the fused Triton kernel (samfast.kernels.relpos_attention), SDPA with the (B, H, L, L) bias
 materialized (timed with the bias build, as SAM runs it), and FlexAttention (compiled, a score_mod
@@ -34,12 +34,15 @@ class Shape:
         return self.kh * self.kw
 
 
-SHAPES = {
-    "vit_b_global": Shape("vit_b global", B=8, H=12, kh=64, kw=64, D=64),
-    "vit_b_window": Shape("vit_b windowed (8 img x 25 win)", B=8 * 25, H=12, kh=14, kw=14, D=64),
-    "vit_h_global": Shape("vit_h global", B=8, H=16, kh=64, kw=64, D=80),
-    "vit_h_window": Shape("vit_h windowed (8 img x 25 win)", B=8 * 25, H=16, kh=14, kw=14, D=80),
-}
+def shapes_for(images: int) -> dict[str, Shape]:
+    """SAM's attention shapes for a batch of `images` (25 windows of 14 x 14 per 64 x 64 image)."""
+    return {
+        "vit_b_global": Shape(f"vit_b global ({images} img)", B=images, H=12, kh=64, kw=64, D=64),
+        "vit_b_window": Shape(f"vit_b windowed ({images} img x 25 win)", B=images * 25, H=12, kh=14, kw=14, D=64),
+        "vit_h_global": Shape(f"vit_h global ({images} img)", B=images, H=16, kh=64, kw=64, D=80),
+        "vit_h_window": Shape(f"vit_h windowed ({images} img x 25 win)", B=images * 25, H=16, kh=14, kw=14, D=80),
+    }
+
 DEFAULT_SHAPES = "vit_b_global,vit_b_window,vit_h_global,vit_h_window"
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -139,11 +142,13 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="-", help="markdown file to write (default stdout)")
     p.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
-    p.add_argument("--shapes", default=DEFAULT_SHAPES, help=f"comma-separated, from {sorted(SHAPES)}")
+    p.add_argument("--shapes", default=DEFAULT_SHAPES, help=f"comma-separated, from {sorted(shapes_for(1))}")
     p.add_argument(
         "--ways", default="triton,sdpa,flex,nobias", help="comma-separated subset of triton,sdpa,flex,nobias"
     )
     p.add_argument("--check-batch", type=int, default=1, help="batch items checked against float64 math")
+    p.add_argument("--images", type=int, default=8, help="images per batch the shapes stand for (default 8)")
+    p.add_argument("--configs", action="store_true", help="also time the kernel at each of its autotune configs alone")
     args = p.parse_args(argv)
 
     if not torch.cuda.is_available():
@@ -158,9 +163,22 @@ def main(argv=None) -> int:
     dtype = DTYPES[args.dtype]
     wanted = args.ways.split(",")
 
+    def at_config(config):
+        def run(q, k, v, rel_h, rel_w):
+            out = rpa._empty_out(q)
+            rpa._launch(q, k, v, rel_h, rel_w, out, q.shape[-1] ** -0.5, True, lambda kern: kern, config)
+            return out
+
+        return run
+
     def ways(s: Shape):
         if "triton" in wanted:
             yield "triton fused", relpos_attention, True
+        if args.configs:
+            for c in rpa._AUTOTUNE_CONFIGS:
+                kw = c.kwargs
+                name = f"triton {kw['BLOCK_M']}x{kw['BLOCK_N']} w{c.num_warps} s{c.num_stages}"
+                yield name, at_config(c), True
         if "sdpa" in wanted:
             yield "SDPA + materialized bias", sdpa_materialized, True
         if "flex" in wanted:
@@ -170,11 +188,12 @@ def main(argv=None) -> int:
             yield "SDPA without bias (speed bound only)", lambda q, k, v, rh, rw: F.scaled_dot_product_attention(q, k, v), False
 
     rows, tuned = [], []
+    shapes = shapes_for(args.images)
     for key in args.shapes.split(","):
-        rows += bench_shape(SHAPES[key], dtype, ways, args.check_batch)
+        rows += bench_shape(shapes[key], dtype, ways, args.check_batch)
         best = getattr(getattr(rpa, "_compiled_kernel", None), "best_config", None)
         if "triton" in wanted and best is not None:
-            tuned.append(f"{SHAPES[key].name}: {best}")
+            tuned.append(f"{shapes[key].name}: {best}")
         torch.cuda.empty_cache()
 
     dev = torch.cuda.get_device_name()

@@ -242,7 +242,8 @@ def run_config(row: Row, args, device: torch.device, deadline: float, profile: b
     row.e2e_img_s = row.batch / time_call(lambda: runner.e2e(images, prompts), device, **timing)
     row.peak_gib = _peak_gib(device)
     if profile:
-        row.notes["profile"] = profile_top_kernels(lambda: runner.e2e(images, prompts), device)
+        row.notes["profile"] = {"encoder": profile_top_kernels(lambda: runner.encode(images), device),
+                                "e2e": profile_top_kernels(lambda: runner.e2e(images, prompts), device)}
 
 
 def profile_top_kernels(fn, device: torch.device, top: int = 10) -> list[dict]:
@@ -417,11 +418,11 @@ def markdown(env: dict, rows: list[Row]) -> str:
                 cells = [_fmt(runs[k]["us"], 1) if runs[k]["error"] is None else f"error: {runs[k]['error'][:80]}"
                          for k in ("dense", "cusparselt", "cutlass")]
                 lines.append(f"| {shape} | " + " | ".join(c.replace("|", "/") for c in cells) + " |")
-        if r.notes.get("profile"):
+        for part, top in r.notes.get("profile", {}).items():
             what = "CUDA kernels" if "capability" in env else "operators (CPU)"
-            lines += ["", f"## Top {len(r.notes['profile'])} {what} by self time: {r.model} bs{r.batch} {r.stage}, e2e", "",
-                      "| kernel | us per e2e call | calls | share |", "|---|---:|---:|---:|"]
-            for k in r.notes["profile"]:
+            lines += ["", f"## Top {len(top)} {what} by self time: {r.model} bs{r.batch} {r.stage}, {part}", "",
+                      f"| kernel | us per {part} call | calls | share |", "|---|---:|---:|---:|"]
+            for k in top:
                 name = k["name"].replace("|", "/")
                 lines.append(f"| `{name[:110]}` | {k['self_us_per_call']:.0f} | {k['calls']} | {100 * k['share']:.1f}% |")
     return "\n".join(lines) + "\n"

@@ -288,12 +288,16 @@ else:  # pragma: no cover
     _compiled_kernel = _interpreted_kernel = None
 
 
-def _launch(q, k, v, rel_h, rel_w, out, scale: float, bias_log2e: bool, launcher) -> None:
+def _launch(q, k, v, rel_h, rel_w, out, scale: float, bias_log2e: bool, launcher, config=None) -> None:
+    """Launch the kernel; `config` (a triton.Config, GPU only) bypasses autotuning, for benchmarks."""
     B, H, L, D = q.shape
     KH, KW = rel_h.shape[-1], rel_w.shape[-1]
-    interpret = _interpreting()
-    kernel = _interpreted_kernel if interpret else _compiled_kernel
-    meta = {"BLOCK_M": _INTERPRET_BLOCK_M, "BLOCK_N": _INTERPRET_BLOCK_N} if interpret else {}
+    if _interpreting():
+        kernel, meta = _interpreted_kernel, {"BLOCK_M": _INTERPRET_BLOCK_M, "BLOCK_N": _INTERPRET_BLOCK_N}
+    elif config is not None:
+        kernel, meta = _compiled_kernel.fn, config.all_kwargs()
+    else:
+        kernel, meta = _compiled_kernel, {}
 
     def grid(m):
         return (triton.cdiv(L, m["BLOCK_M"]), B * H)

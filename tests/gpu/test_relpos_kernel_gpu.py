@@ -137,15 +137,15 @@ def test_compile_has_no_graph_break_and_matches_eager():
     compiled = torch.compile(_sam_attention_tail, fullgraph=True)
     out = compiled(*inputs)
     assert fallback_counts() == {}, f"kernel fell back under compile: {fallback_counts()}"
-    # Inductor autotunes the kernel itself and may pick other block sizes than eager did, so the
-    # summation order (and the last bit) may differ: hold both to fp64 math, and to 1 ulp apart.
+    # Inductor autotunes the kernel itself and may pick other block sizes than eager did. The
+    # softmax weights are rounded to bf16 per key tile, relative to that tile's running maximum, so
+    # another BLOCK_N legitimately moves results by more than 1 ulp (seen on an H100: eager picked
+    # 64x32, the compiled graph another tile): hold both to the same fp64 bound instead.
     eager = _sam_attention_tail(*inputs)
     B, H, L, D = inputs[0].shape
     ref = 2.0 * math_fp64(*inputs).transpose(1, 2).reshape(B, L, H * D)
     assert scaled_error(out, ref) <= MAX_ERR
     assert scaled_error(eager, ref) <= MAX_ERR
-    eps = torch.finfo(out.dtype).eps
-    assert ((out.float() - eager.float()).abs() <= eps * eager.float().abs() + 1e-6).all()
     torch._dynamo.reset()
 
 
