@@ -57,7 +57,7 @@ def bench(session: nox.Session) -> None:
 
 @nox.session(name="train-tiny", python=False)
 def train_tiny(session: nox.Session) -> None:
-    """Train the packaged vit_tiny checkpoint from scratch on generated scenes (GPU, 8 minutes on an H100).
+    """Train the packaged vit_tiny checkpoint from scratch on generated scenes (GPU, 9 minutes on an H100).
 
     Writes samfast/weights/vit_tiny_trained.{pt,json}, training_log.csv and training_curve.png.
     Arguments after -- go to `python -m parity.train_tiny` (e.g. --minutes 5 --seed 0; --smoke on a CPU).
