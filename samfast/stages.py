@@ -65,6 +65,7 @@ def apply_stages(model, switches: frozenset[str]) -> None:
     if "compile" in switches:
         model.image_encoder.patch_embed.as_gemm = True  # see PatchEmbed: cuDNN's conv for it is slow
         model.image_encoder.compile(mode=compile_mode(model.device), dynamic=False, fullgraph=True)
+        model.mask_decoder.compile_for_any_prompt_count()
     model.switches = switches
 
 

@@ -38,6 +38,17 @@ class MaskDecoder(nn.Module):
             MLP(transformer_dim, transformer_dim, transformer_dim // 8, 3) for _ in range(self.num_mask_tokens)
         )
         self.iou_prediction_head = MLP(transformer_dim, iou_head_hidden_dim, self.num_mask_tokens, iou_head_depth)
+        self.compiled_predict_masks = None  # set by compile_for_any_prompt_count (the compile switch)
+
+    def compile_for_any_prompt_count(self) -> None:
+        """torch.compile predict_masks into one graph for every prompt count and image count.
+
+        Both counts vary from call to call, so they are marked dynamic; dynamo specializes sizes 0
+        and 1, so `forward` pads each count to at least 2 (and always passes image_index, making
+        the per-image call the same graph as the batched one). What fuses: the prompt-repeated image
+        embedding with its dense-prompt add, layer norms, GELUs and the mask product.
+        """
+        self.compiled_predict_masks = torch.compile(self.predict_masks, fullgraph=True)
 
     def forward(
         self,
@@ -53,11 +64,30 @@ class MaskDecoder(nn.Module):
         With image_index (P,), prompt p attends to image_embeddings[image_index[p]]: prompts of
         many images decode in one batch. Without it the single image is repeated, as in the reference.
         """
-        masks, iou_pred = self.predict_masks(
-            image_embeddings, image_pe, sparse_prompt_embeddings, dense_prompt_embeddings, image_index
-        )
+        args = (image_embeddings, image_pe, sparse_prompt_embeddings, dense_prompt_embeddings, image_index)
+        if self.compiled_predict_masks is None:
+            masks, iou_pred = self.predict_masks(*args)
+        else:
+            masks, iou_pred = self._predict_masks_compiled(*args)
         keep = slice(1, None) if multimask_output else slice(0, 1)
         return masks[:, keep], iou_pred[:, keep]
+
+    def _predict_masks_compiled(self, image_embeddings, image_pe, sparse, dense, image_index):
+        """The compiled predict_masks on counts padded to >= 2 and marked dynamic; outputs cut back."""
+        num_prompts = sparse.shape[0]
+        if image_index is None:  # one image, repeated for every prompt: the same as indexing image 0
+            image_index = sparse.new_zeros(num_prompts, dtype=torch.long)
+        if image_embeddings.shape[0] < 2:
+            image_embeddings = torch.cat([image_embeddings, torch.zeros_like(image_embeddings)])
+        if num_prompts < 2:  # a copy of the prompt, decoded and dropped
+            sparse, image_index = torch.cat([sparse, sparse]), torch.cat([image_index, image_index])
+            # expand, not cat: the usual dense embedding (no mask input) is a broadcast with batch
+            # stride 0, and a contiguous copy here would fail the compiled graph's stride guard
+            dense = dense.expand(2, -1, -1, -1)
+        for tensor in (image_embeddings, sparse, dense, image_index):
+            torch._dynamo.mark_dynamic(tensor, 0)
+        masks, iou_pred = self.compiled_predict_masks(image_embeddings, image_pe, sparse, dense, image_index)
+        return masks[:num_prompts], iou_pred[:num_prompts]
 
     def predict_masks(
         self,
