@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 import samfast
 from parity.checks.compile import watch
@@ -46,10 +47,12 @@ CALLS = [
 ]
 
 
-def _run_calls(predictor) -> None:
+def _run_calls(predictor) -> list:
+    results = []
     for call in CALLS:
         images = [_image(h, w, seed=i) for i, (h, w, _) in enumerate(call)]
-        predictor.predict_batch(images, [_prompts(n, h, w) for h, w, n in call])
+        results += predictor.predict_batch(images, [_prompts(n, h, w) for h, w, n in call])
+    return results
 
 
 @pytest.mark.parametrize("stages", ["fp32+compile", "fp32+compile+sdpa"])
@@ -58,7 +61,19 @@ def test_compiled_encoder_is_clean_across_batches_sizes_and_prompts(stages):
     with watch() as seen:
         _run_calls(predictor)
     seen.assert_clean()
-    assert seen.graphs_compiled >= 1  # the watch saw the compile happen, so it was looking
+    assert seen.graphs_compiled >= 2  # encoder and mask decoder: the watch saw both compile, so it was looking
+
+
+@pytest.mark.parametrize("stages", ["fp32+compile", "fp32+compile+nt"])
+def test_compiled_decoder_equals_eager_for_one_and_many_prompts(stages):
+    """The compiled decoder pads one prompt or one image to two and cuts the copies off again:
+    every image's logits must equal the eager model's, whatever its prompt count (CALLS has 1..5)."""
+    eager = samfast.SamPredictor(samfast.build_sam("vit_tiny", device="cpu", stages=stages.replace("+compile", "")))
+    compiled = samfast.SamPredictor(samfast.build_sam("vit_tiny", device="cpu", stages=stages, batch_size=2))
+    for got, want in zip(_run_calls(compiled), _run_calls(eager), strict=True):
+        assert got.low_res_logits.shape == want.low_res_logits.shape
+        torch.testing.assert_close(got.low_res_logits, want.low_res_logits, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(got.iou_predictions, want.iou_predictions, rtol=1e-4, atol=1e-4)
 
 
 def test_unpadded_batches_recompile_and_the_check_says_so():
