@@ -44,8 +44,8 @@ class MaskDecoder(nn.Module):
         """torch.compile predict_masks into one graph for every prompt count and image count.
 
         Both counts vary from call to call, so they are marked dynamic; dynamo specializes sizes 0
-        and 1, so `forward` pads each count to at least 2 (and always passes image_index, making
-        the per-image call the same graph as the batched one). What fuses: the prompt-repeated image
+        and 1, so `_predict_masks_compiled` pads each count to at least 2 (and always passes
+        image_index, making the per-image call the same graph as the batched one). What fuses: the prompt-repeated image
         embedding with its dense-prompt add, layer norms, GELUs and the mask product.
         """
         self.compiled_predict_masks = torch.compile(self.predict_masks, fullgraph=True)
