@@ -64,6 +64,11 @@ def apply_stages(model, switches: frozenset[str]) -> None:
         quantize_encoder(model.image_encoder, int8="int8" in switches, sparse="sparse" in switches)
     if "compile" in switches:
         model.image_encoder.patch_embed.as_gemm = True  # see PatchEmbed: cuDNN's conv for it is slow
+        if "bf16" in switches and not switches & {"int8", "sparse"}:
+            # see MLPBlock: lin1 + GELU as one GEMM; the tanh GELU is exact to bf16 but not to fp32,
+            # and a quantized lin1 is no plain weight for cuBLASLt
+            for block in model.image_encoder.blocks:
+                block.mlp.gelu_epilogue = True
         model.image_encoder.compile(mode=compile_mode(model.device), dynamic=False, fullgraph=True)
         model.mask_decoder.compile_for_any_prompt_count()
     model.switches = switches

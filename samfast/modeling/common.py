@@ -3,17 +3,52 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
+@torch.library.custom_op("samfast::linear_gelu_tanh", mutates_args=())
+def linear_gelu_tanh(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """gelu(x @ weight.T + bias, approximate="tanh"); on CUDA one GEMM with the GELU in its epilogue.
+
+    A custom op so that inductor keeps it whole: it would decompose aten._addmm_activation back
+    into a GEMM and a separate GELU pass over the (tokens, 4 * dim) activation, the pass this avoids.
+    """
+    return F.gelu(F.linear(x, weight, bias), approximate="tanh")
+
+
+@linear_gelu_tanh.register_kernel("cuda")
+def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    # cuBLASLt's GELU epilogue is the tanh form (on the CPU, _addmm_activation is the exact GELU,
+    # hence the formula above there: the op means the same on every device).
+    out = torch._addmm_activation(bias, x.reshape(-1, x.shape[-1]), weight.t(), use_gelu=True)
+    return out.view(*x.shape[:-1], weight.shape[0])
+
+
+@linear_gelu_tanh.register_fake
+def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(*x.shape[:-1], weight.shape[0])
+
+
 class MLPBlock(nn.Module):
+    """lin2(act(lin1(x))).
+
+    With `gelu_epilogue` (set by the compile switch on a bf16 encoder) lin1 and its GELU run as
+    one GEMM (`linear_gelu_tanh`): on an H100 the separate GELU pass over the 4x-wide activation
+    took 8% of vit_b's encoder time. cuBLASLt's GELU is the tanh form, at most 4.7e-4 from the
+    exact one (at x = 2.7, where a bf16 ulp of the output is 0.0156): below bf16's own rounding.
+    """
+
     def __init__(self, embedding_dim: int, mlp_dim: int, act: type[nn.Module] = nn.GELU) -> None:
         super().__init__()
         self.lin1 = nn.Linear(embedding_dim, mlp_dim)
         self.lin2 = nn.Linear(mlp_dim, embedding_dim)
         self.act = act()
+        self.gelu_epilogue = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gelu_epilogue:
+            return self.lin2(linear_gelu_tanh(x, self.lin1.weight, self.lin1.bias))
         return self.lin2(self.act(self.lin1(x)))
 
 

@@ -161,3 +161,31 @@ def test_measure_sparse_backends_reports_every_backend():
         if run["error"] is None:
             assert run["rel_err"] < 1e-2, f"{name} gives a wrong answer: {run}"
     assert any(results[name]["error"] is None for name in SPARSE_BACKENDS), results
+
+
+def test_fused_mlp_gemm_is_the_tanh_gelu_at_vit_b_shape():
+    """The compile switch's lin1 + GELU (one cuBLASLt GEMM, GELU epilogue) against float64 math.
+
+    In fp32 (TF32 off) the epilogue's answer is within 1e-4 of the tanh GELU and further than
+    that from the exact one somewhere, so a silent change of the epilogue's GELU would show; in
+    bf16 it is as close to the exact GELU as the unfused linear + GELU is (bf16 rounding).
+    """
+    from samfast.modeling.common import linear_gelu_tanh
+
+    F = torch.nn.functional
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(4096, 768, device="cuda", generator=g)
+    w, b = torch.randn(3072, 768, device="cuda", generator=g) * 768**-0.5, torch.randn(3072, device="cuda", generator=g)
+    pre = F.linear(x.double(), w.double(), b.double())
+    tanh, exact = F.gelu(pre, approximate="tanh"), F.gelu(pre)
+    saved = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        fp32 = linear_gelu_tanh(x, w, b).double()
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
+    assert (fp32 - tanh).abs().max() < 1e-4 < (fp32 - exact).abs().max()
+    xb, wb, bb = x.bfloat16(), w.bfloat16(), b.bfloat16()
+    fused = (linear_gelu_tanh(xb, wb, bb).double() - exact).abs().max()
+    unfused = (F.gelu(F.linear(xb, wb, bb)).double() - exact).abs().max()
+    assert fused <= 1.25 * unfused, (fused, unfused)

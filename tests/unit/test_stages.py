@@ -113,3 +113,34 @@ def test_patch_embed_as_gemm_equals_the_convolution():
 def test_compile_switch_turns_on_the_patch_embed_gemm():
     assert not samfast.build_sam("vit_tiny", device="cpu", stages="fp32").image_encoder.patch_embed.as_gemm
     assert samfast.build_sam("vit_tiny", device="cpu", stages="compile").image_encoder.patch_embed.as_gemm
+
+
+def test_linear_gelu_tanh_is_the_tanh_gelu_of_the_linear_and_compiles_whole():
+    """The MLP's fused op means gelu(linear, approximate="tanh") on every device, and compiles without a break."""
+    from samfast.modeling.common import MLPBlock, linear_gelu_tanh
+
+    torch.manual_seed(0)
+    x, w, b = torch.randn(2, 3, 5, 16, dtype=torch.float64), torch.randn(48, 16, dtype=torch.float64), torch.randn(48, dtype=torch.float64)
+    tanh = torch.nn.functional.gelu(torch.nn.functional.linear(x, w, b), approximate="tanh")
+    torch.testing.assert_close(linear_gelu_tanh(x, w, b), tanh, rtol=1e-12, atol=1e-12)
+    # ... and not the exact GELU (which the tanh form misses by up to 4.7e-4): the test can tell them apart
+    assert (torch.nn.functional.gelu(torch.nn.functional.linear(x, w, b)) - tanh).abs().max() > 1e-4
+
+    mlp = MLPBlock(16, 48).double().requires_grad_(False)
+    exact = mlp(x)
+    mlp.gelu_epilogue = True
+    fused = mlp(x)
+    torch.testing.assert_close(fused, mlp.lin2(torch.nn.functional.gelu(mlp.lin1(x), approximate="tanh")), rtol=1e-12, atol=1e-12)
+    assert (fused - exact).abs().max() < 1e-3  # the same MLP to the tanh form's accuracy
+    torch._dynamo.reset()
+    torch.testing.assert_close(torch.compile(mlp, fullgraph=True)(x), fused, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "stages,fused",
+    [("fp32", False), ("bf16", False), ("compile", True), ("fp32+compile", False), ("int8", False), ("bf16+compile+int8", False)],
+)
+def test_compile_switch_fuses_the_mlp_gelu_only_on_a_plain_bf16_encoder(stages, fused):
+    """tanh GELU is exact to bf16, not to fp32; a quantized lin1 has no plain weight for the fused GEMM."""
+    model = samfast.build_sam("vit_tiny", device="cpu", stages=stages)
+    assert {block.mlp.gelu_epilogue for block in model.image_encoder.blocks} == {fused}
