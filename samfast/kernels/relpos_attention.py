@@ -17,8 +17,10 @@ multiplied by log2(e). The published segment-anything-fast kernel scaled only q.
 tests keep a private switch (``_bias_log2e=False``) that replays that defect and must fail.
 
 Public API: :func:`relpos_attention` (the kernel, with a counted and logged fallback),
-:func:`relpos_attention_reference` (materialized bias + SDPA), :func:`fallback_counts`,
-:func:`reset_fallback_counts`.
+:func:`relpos_attention_from_tables` (the kernel forming rel_h / rel_w from q itself, for
+SAM's windows; :func:`forms_bias_from_tables` says where it serves, :func:`rel_factors_from_tables`
+is the same product in PyTorch), :func:`relpos_attention_reference` (materialized bias + SDPA),
+:func:`fallback_counts`, :func:`reset_fallback_counts`.
 """
 
 from __future__ import annotations
@@ -40,7 +42,10 @@ except ImportError:  # pragma: no cover - exercised only where triton is missing
 __all__ = [
     "FALLBACK_COUNTS",
     "fallback_counts",
+    "forms_bias_from_tables",
+    "rel_factors_from_tables",
     "relpos_attention",
+    "relpos_attention_from_tables",
     "relpos_attention_reference",
     "reset_fallback_counts",
 ]
@@ -127,6 +132,9 @@ def _relpos_attn_fwd(
     KH_PAD: tl.constexpr,
     KW_PAD: tl.constexpr,
     SMALL_TABLES: tl.constexpr,  # KH_PAD <= 64 and KW_PAD <= 64
+    FROM_TABLES: tl.constexpr,  # RH, RW are the (2*KH-1, D), (2*KW-1, D) tables: rel_h, rel_w formed from q here
+    TH_PAD: tl.constexpr,  # row counts of those tables padded to a power of 2 (FROM_TABLES only)
+    TW_PAD: tl.constexpr,
     IEEE: tl.constexpr,
     BIAS_LOG2E: tl.constexpr,  # False only in the planted-defect test (the published bug)
     BLOCK_M: tl.constexpr,
@@ -144,6 +152,10 @@ def _relpos_attn_fwd(
     #            once and each tile's bias is two tensor-core products with 0/1 selection
     #            matrices, exact since each output picks exactly one table entry.
     #   GATHER:  otherwise, an elementwise gather of both tables.
+    # With FROM_TABLES (ONE_HOT geometry only) the query block's rel_h / rel_w rows are not read but
+    # formed here: rel_h[i, ky] = q_i . table_h[iy - ky + KH - 1] is a column gather from the
+    # tensor-core product q @ table_h^T (likewise rel_w with ix, kx), which spares SAM the
+    # decomposed_rel_pos products and the two copies of q they need.
     ROW: tl.constexpr = KW % BLOCK_N == 0
 
     if BIAS_LOG2E:
@@ -180,7 +192,37 @@ def _relpos_attn_fwd(
             rw_tile = tl.load(rw_rows[:, None] + offs_n[None, :] * stride_rwk, mask=m_mask[:, None], other=0.0)
             rw_tile = rw_tile.to(tl.float32) * bias_scale
     if KW % BLOCK_N != 0:
-        if SMALL_TABLES:  # ONE_HOT: this query block's rows of both tables, loaded once
+        if FROM_TABLES:  # ONE_HOT: this query block's rows of both tables, formed from q once
+            offs_kh = tl.arange(0, KH_PAD)
+            offs_kw = tl.arange(0, KW_PAD)
+            offs_th = tl.arange(0, TH_PAD)
+            offs_tw = tl.arange(0, TW_PAD)
+            table_h = tl.load(
+                RH + offs_th[:, None] * stride_rhm + offs_d[None, :] * stride_rhk,
+                mask=(offs_th[:, None] < 2 * KH - 1) & d_mask[None, :],
+                other=0.0,
+            )
+            table_w = tl.load(
+                RW + offs_tw[:, None] * stride_rwm + offs_d[None, :] * stride_rwk,
+                mask=(offs_tw[:, None] < 2 * KW - 1) & d_mask[None, :],
+                other=0.0,
+            )
+            if IEEE:
+                qt_h = tl.dot(q, tl.trans(table_h), input_precision="ieee")  # (BLOCK_M, TH_PAD)
+                qt_w = tl.dot(q, tl.trans(table_w), input_precision="ieee")
+            else:
+                qt_h = tl.dot(q, tl.trans(table_h))
+                qt_w = tl.dot(q, tl.trans(table_w))
+            # clamped: padded columns (ky >= KH) and padded rows (i >= L) fetch a finite table
+            # entry that the one-hot selection below multiplies by 0
+            idx_h = (offs_m // KW)[:, None] - offs_kh[None, :] + (KH - 1)
+            idx_w = (offs_m % KW)[:, None] - offs_kw[None, :] + (KW - 1)
+            idx_h = tl.minimum(tl.maximum(idx_h, 0), TH_PAD - 1)
+            idx_w = tl.minimum(tl.maximum(idx_w, 0), TW_PAD - 1)
+            # rounded to q's dtype, as SAM's einsum products are (and for the one-hot dots)
+            rh_blk = tl.gather(qt_h, idx_h, 1).to(q.dtype)
+            rw_blk = tl.gather(qt_w, idx_w, 1).to(q.dtype)
+        elif SMALL_TABLES:  # ONE_HOT: this query block's rows of both tables, loaded once
             offs_kh = tl.arange(0, KH_PAD)
             offs_kw = tl.arange(0, KW_PAD)
             rh_blk = tl.load(
@@ -280,7 +322,7 @@ if triton is not None:
 
     # Built explicitly (not via @triton.jit) so the choice between compiled and interpreted
     # kernel is made per call from TRITON_INTERPRET, not once at import time.
-    _compiled_kernel = triton.autotune(configs=_AUTOTUNE_CONFIGS, key=["KH", "KW", "HEAD_DIM"])(
+    _compiled_kernel = triton.autotune(configs=_AUTOTUNE_CONFIGS, key=["KH", "KW", "HEAD_DIM", "FROM_TABLES"])(
         JITFunction(_relpos_attn_fwd)
     )
     _interpreted_kernel = InterpretedFunction(_relpos_attn_fwd)
@@ -289,9 +331,19 @@ else:  # pragma: no cover
 
 
 def _launch(q, k, v, rel_h, rel_w, out, scale: float, bias_log2e: bool, launcher, config=None) -> None:
-    """Launch the kernel; `config` (a triton.Config, GPU only) bypasses autotuning, for benchmarks."""
+    """Launch the kernel; `config` (a triton.Config, GPU only) bypasses autotuning, for benchmarks.
+
+    rel_h, rel_w are either the (B, H, L, kh), (B, H, L, kw) factors or, 2-D, the (2*kh-1, D),
+    (2*kw-1, D) tables the kernel forms them from (see relpos_attention_from_tables).
+    """
     B, H, L, D = q.shape
-    KH, KW = rel_h.shape[-1], rel_w.shape[-1]
+    from_tables = rel_h.dim() == 2
+    if from_tables:
+        KH, KW = (rel_h.shape[0] + 1) // 2, (rel_w.shape[0] + 1) // 2
+        rel_strides = (0, 0, *rel_h.stride(), 0, 0, *rel_w.stride())
+    else:
+        KH, KW = rel_h.shape[-1], rel_w.shape[-1]
+        rel_strides = (*rel_h.stride(), *rel_w.stride())
     if _interpreting():
         kernel, meta = _interpreted_kernel, {"BLOCK_M": _INTERPRET_BLOCK_M, "BLOCK_N": _INTERPRET_BLOCK_N}
     elif config is not None:
@@ -304,7 +356,7 @@ def _launch(q, k, v, rel_h, rel_w, out, scale: float, bias_log2e: bool, launcher
 
     launcher(kernel)[grid](
         q, k, v, rel_h, rel_w, out,
-        *q.stride(), *k.stride(), *v.stride(), *rel_h.stride(), *rel_w.stride(), *out.stride(),
+        *q.stride(), *k.stride(), *v.stride(), *rel_strides, *out.stride(),
         H,
         QK_SCALE=scale * LOG2E,
         KH=KH,
@@ -314,6 +366,9 @@ def _launch(q, k, v, rel_h, rel_w, out, scale: float, bias_log2e: bool, launcher
         KH_PAD=max(16, triton.next_power_of_2(KH)),
         KW_PAD=max(16, triton.next_power_of_2(KW)),
         SMALL_TABLES=max(KH, KW) <= 64,
+        FROM_TABLES=from_tables,
+        TH_PAD=max(16, triton.next_power_of_2(2 * KH - 1)),
+        TW_PAD=max(16, triton.next_power_of_2(2 * KW - 1)),
         IEEE=q.dtype == torch.float32,
         BIAS_LOG2E=bias_log2e,
         **meta,
@@ -432,3 +487,70 @@ def relpos_attention(q, k, v, rel_h, rel_w, scale=None, *, _bias_log2e: bool = T
         return relpos_attention_reference(q, k, v, rel_h, rel_w, scale=scale)
     return _run_kernel(q, k, v, rel_h, rel_w, float(scale), bool(_bias_log2e))
 
+
+
+
+def _table_grid(q, table_h, table_w) -> tuple[int, int]:
+    """(kh, kw) of the tables, after checking them against q: (2*kh-1, D), (2*kw-1, D), kh * kw = L."""
+    if q.dim() != 4 or table_h.dim() != 2 or table_w.dim() != 2:
+        raise ValueError(f"need q of shape (B, H, L, D) and 2-D tables; got {tuple(q.shape)}, "
+                         f"{tuple(table_h.shape)}, {tuple(table_w.shape)}")
+    kh, kw = (table_h.shape[0] + 1) // 2, (table_w.shape[0] + 1) // 2
+    L, D = q.shape[-2:]
+    if table_h.shape != (2 * kh - 1, D) or table_w.shape != (2 * kw - 1, D) or kh * kw != L:
+        raise ValueError(f"tables must be (2*kh-1, D) and (2*kw-1, D) with kh * kw = L; got "
+                         f"{tuple(table_h.shape)}, {tuple(table_w.shape)} for L = {L}, D = {D}")
+    return kh, kw
+
+
+def rel_factors_from_tables(q, table_h, table_w):
+    """SAM's rel_h (B, H, L, kh), rel_w (B, H, L, kw) from q and the (2k-1, D) tables, in q's dtype.
+
+    rel_h[b, h, i, ky] = q[b, h, i] . table_h[iy - ky + kh - 1], i = (iy, ix) row-major in a
+    kh x kw grid (likewise rel_w with ix, kx): what segment_anything's decomposed rel-pos forms
+    when queries and keys share the grid, as they do in every SAM block.
+    """
+    kh, kw = _table_grid(q, table_h, table_w)
+    B, H, L, D = q.shape
+    grid_h, grid_w = torch.arange(kh, device=q.device), torch.arange(kw, device=q.device)
+    rh = table_h[grid_h[:, None] - grid_h[None, :] + kh - 1].to(q.dtype)  # (iy, ky, D)
+    rw = table_w[grid_w[:, None] - grid_w[None, :] + kw - 1].to(q.dtype)  # (ix, kx, D)
+    grid_q = q.reshape(B, H, kh, kw, D)
+    rel_h = torch.einsum("bhyxd,ykd->bhyxk", grid_q, rh).reshape(B, H, L, kh)
+    rel_w = torch.einsum("bhyxd,xkd->bhyxk", grid_q, rw).reshape(B, H, L, kw)
+    return rel_h, rel_w
+
+
+def forms_bias_from_tables(q, k, v, table_h, table_w) -> bool:
+    """Whether :func:`relpos_attention_from_tables` can run the kernel on these inputs.
+
+    It can on grids whose key rows no key tile holds whole (kw not a multiple of 16) with sides
+    of at most 64 (SAM's 14 x 14 windows), for inputs the kernel serves at all.
+    """
+    kh, kw = _table_grid(q, table_h, table_w)
+    return kw % 16 != 0 and max(kh, kw) <= 64 and _unsupported_reason(q, k, v, table_h, table_w) is None
+
+
+def relpos_attention_from_tables(q, k, v, table_h, table_w, scale=None, *, _bias_log2e: bool = True):
+    """:func:`relpos_attention` with rel_h, rel_w formed inside the kernel from q and two tables.
+
+    Args:
+        q, k, v: (B, H, L, D), any strides, L = kh * kw.
+        table_h, table_w: (2*kh-1, D) and (2*kw-1, D), the relative-position tables (SAM's
+            rel_pos_h / rel_pos_w resized to the grid); see :func:`rel_factors_from_tables`.
+
+    The answer of ``relpos_attention(q, k, v, *rel_factors_from_tables(q, table_h, table_w))``
+    without the two batched products and the copies of q they cost. Only where
+    :func:`forms_bias_from_tables` says so: elsewhere it raises ValueError naming that call.
+    ``_bias_log2e=False`` replays the published defect, as in :func:`relpos_attention`.
+    """
+    if k.shape != q.shape or v.shape != q.shape:
+        raise ValueError(f"q, k, v must share one shape; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if not forms_bias_from_tables(q, k, v, table_h, table_w):
+        raise ValueError(
+            f"the kernel does not form the bias from tables {tuple(table_h.shape)}, {tuple(table_w.shape)} "
+            f"for {q.dtype} on {q.device}: call relpos_attention(q, k, v, *rel_factors_from_tables(q, table_h, table_w))"
+        )
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
+    return _run_kernel(q, k, v, table_h, table_w, float(scale), bool(_bias_log2e))

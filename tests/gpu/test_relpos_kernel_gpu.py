@@ -19,7 +19,13 @@ pytestmark = pytest.mark.gpu
 
 triton = pytest.importorskip("triton", reason="Triton is not installed")
 
-from samfast.kernels import fallback_counts, relpos_attention, reset_fallback_counts  # noqa: E402
+from samfast.kernels import (  # noqa: E402
+    fallback_counts,
+    rel_factors_from_tables,
+    relpos_attention,
+    relpos_attention_from_tables,
+    reset_fallback_counts,
+)
 
 MAX_ERR = 2e-3  # in the output's scale, beyond the output's own rounding; bf16 and fp16
 
@@ -102,6 +108,31 @@ def test_kernel_matches_fp64_math_at_sam_shapes(shape, dtype):
         f"raw max abs err {raw_error(out, ref_first):.2e}, max |ref| {ref_first.abs().max().item():.2f}"
     )
     assert max(err_first, err_last) <= MAX_ERR
+
+
+WINDOW_SHAPES = {name: shape for name, shape in SHAPES.items() if "window" in name}
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES.values()), ids=list(DTYPES))
+@pytest.mark.parametrize("shape", list(WINDOW_SHAPES.values()), ids=list(WINDOW_SHAPES))
+def test_bias_formed_from_tables_matches_fp64_math_at_window_shapes(shape, dtype):
+    """The windowed blocks' path: rel_h / rel_w formed in the kernel from q and SAM's two tables."""
+    B, H, kh, kw, D = shape
+    q, k, v, _, _ = make_inputs(*shape, dtype, seed=hash(shape) % 2**31 + 1)
+    g = torch.Generator(device="cuda").manual_seed(3)
+    # std 2 / sqrt(D): rel_h, rel_w ~ N(0, 2), the bias the other tests use
+    table_h, table_w = (((2.0 / D**0.5) * torch.randn(2 * n - 1, D, generator=g, device="cuda")).to(dtype) for n in (kh, kw))
+    out = relpos_attention_from_tables(q, k, v, table_h, table_w)
+    assert fallback_counts() == {}, f"kernel fell back: {fallback_counts()}"
+    errors = []
+    for items in (slice(0, 1), slice(B - 1, B)):  # batch items at both ends
+        qq, kk, vv = q[items], k[items], v[items]
+        # the factors as the model's other path forms them (products rounded to bf16/fp16):
+        # the kernel rounds its own the same way, so what is measured is the attention
+        factors = rel_factors_from_tables(qq, table_h, table_w)
+        errors.append(scaled_error(out[items], math_fp64(qq, kk, vv, *factors, max_items=1)))
+    print(f"tables {shape} {dtype}: scaled excess err first {errors[0]:.2e} last {errors[1]:.2e}")
+    assert max(errors) <= MAX_ERR
 
 
 @pytest.mark.parametrize("shape", [SHAPES["vit_b-global-B1"], SHAPES["vit_h-window-B8x25"]], ids=["global", "window"])

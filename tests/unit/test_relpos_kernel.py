@@ -20,7 +20,10 @@ triton = pytest.importorskip("triton", reason="Triton is not installed")
 
 from samfast.kernels import (  # noqa: E402
     fallback_counts,
+    forms_bias_from_tables,
+    rel_factors_from_tables,
     relpos_attention,
+    relpos_attention_from_tables,
     relpos_attention_reference,
     reset_fallback_counts,
 )
@@ -151,6 +154,88 @@ def test_planted_defect_is_caught_even_at_small_bias(request):
     inputs = make_inputs(_seed(request), 1, 1, 4, 4, 64, torch.float16, rel_std=1.0)
     diff = (relpos_attention(*inputs, _bias_log2e=False).double() - math_fp64(*inputs)).abs().max()
     assert diff > 10 * FP16_MAX_ABS
+
+
+# --------------------------------------------------------------------------- bias formed from tables
+
+
+def make_table_inputs(seed, B, H, kh, kw, D, dtype):
+    """q, k, v as in make_inputs and the two (2k-1, D) tables, scaled so that rel ~ N(0, 2) as there."""
+    q, k, v, _, _ = make_inputs(seed, B, H, kh, kw, D, dtype)
+    g = torch.Generator().manual_seed(seed + 1)
+    table_h, table_w = ((2.0 / D**0.5) * torch.randn(2 * n - 1, D, generator=g) for n in (kh, kw))
+    return q, k, v, table_h.to(dtype), table_w.to(dtype)
+
+
+def tables_math_fp64(q, k, v, table_h, table_w):
+    return math_fp64(q, k, v, *rel_factors_from_tables(q.double(), table_h.double(), table_w.double()))
+
+
+TABLE_SHAPES = [s for s in SHAPES if "onehot" in s.id] + [pytest.param(2, 2, 14, 14, 64, id="B2H2-14x14-D64-window")]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("B,H,kh,kw,D", TABLE_SHAPES)
+def test_bias_from_tables_matches_fp64_math(request, B, H, kh, kw, D, dtype):
+    inputs = make_table_inputs(_seed(request), B, H, kh, kw, D, dtype)
+    assert forms_bias_from_tables(*inputs)
+    out = relpos_attention_from_tables(*inputs)
+    assert fallback_counts() == {}, "the kernel did not run"
+    assert out.dtype == dtype and out.shape == inputs[0].shape
+    assert_matches_math(out, tables_math_fp64(*inputs), dtype)
+
+
+@pytest.mark.parametrize("block_m", [16, 32, 64])
+def test_bias_from_tables_across_query_blocks(request, monkeypatch, block_m):
+    """Query blocks that start mid-row and run past L (the gather's clamped indices)."""
+    monkeypatch.setattr(rpa, "_INTERPRET_BLOCK_M", block_m)
+    inputs = make_table_inputs(_seed(request), 1, 2, 5, 9, 16, torch.float32)
+    assert_matches_math(relpos_attention_from_tables(*inputs, scale=0.3), math_fp64(
+        *inputs[:3], *rel_factors_from_tables(inputs[0].double(), inputs[3].double(), inputs[4].double()), scale=0.3
+    ), torch.float32)
+
+
+def test_planted_defect_bias_from_tables_without_log2e_fails(request):
+    inputs = make_table_inputs(_seed(request), 1, 2, 3, 5, 16, torch.float16)
+    ok, msg = error_vs_math(relpos_attention_from_tables(*inputs, _bias_log2e=False), tables_math_fp64(*inputs), torch.float16)
+    assert not ok, f"the tolerance let the log2(e) defect through: {msg}"
+
+
+def test_rel_factors_from_tables_are_the_models_decomposed_rel_pos(request):
+    """The PyTorch form of the tables' product equals SAM's decomposed rel-pos (segment_anything's math)."""
+    from samfast.modeling.image_encoder import decomposed_rel_pos
+
+    q, _, _, table_h, table_w = make_table_inputs(_seed(request), 2, 3, 5, 7, 16, torch.float32)
+    q, table_h, table_w = q.double(), table_h.double(), table_w.double()
+    for got, want in zip(rel_factors_from_tables(q, table_h, table_w), decomposed_rel_pos(q, table_h, table_w, (5, 7))):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_bias_from_tables_refuses_what_it_cannot_serve(request):
+    """Key rows a key tile can hold whole (kw = 16) take the rel_h / rel_w route; the error names it."""
+    inputs = make_table_inputs(_seed(request), 1, 1, 2, 16, 16, torch.float32)
+    assert not forms_bias_from_tables(*inputs)
+    with pytest.raises(ValueError, match="rel_factors_from_tables"):
+        relpos_attention_from_tables(*inputs)
+    q, k, v, table_h, _ = inputs
+    with pytest.raises(ValueError, match=r"\(2\*kh-1, D\)"):
+        relpos_attention_from_tables(q, k, v, table_h, table_h[:5])
+
+
+def test_windowed_attention_block_forms_its_bias_in_the_kernel(request, monkeypatch):
+    """SAM's windowed attention under the triton switch skips decomposed_rel_pos and equals the math path."""
+    from samfast.modeling import image_encoder
+
+    torch.manual_seed(_seed(request))
+    attn = image_encoder.Attention(dim=64, num_heads=2, input_size=(14, 14)).requires_grad_(False)
+    torch.nn.init.normal_(attn.rel_pos_h, std=0.3)
+    torch.nn.init.normal_(attn.rel_pos_w, std=0.3)
+    x = torch.randn(3, 14, 14, 64)
+    expected = attn(x)  # attn_impl "math": segment_anything's operation order
+    attn.attn_impl = "triton"
+    monkeypatch.setattr(image_encoder, "decomposed_rel_pos", None)  # a call would fail: the kernel must form the bias
+    torch.testing.assert_close(attn(x), expected, rtol=1e-4, atol=1e-5)
+    assert fallback_counts() == {}
 
 
 # --------------------------------------------------------------------------- fallback
