@@ -65,7 +65,7 @@ def apply_stages(model, switches: frozenset[str]) -> None:
     if "compile" in switches:
         model.image_encoder.patch_embed.as_gemm = True  # see PatchEmbed: cuDNN's conv for it is slow
         if "bf16" in switches and not switches & {"int8", "sparse"}:
-            # see MLPBlock: lin1 + GELU as one GEMM; the tanh GELU is exact to bf16 but not to fp32,
+            # see MLPBlock: lin1 + GELU as one GEMM; the tanh GELU is within bf16's rounding, not fp32's,
             # and a quantized lin1 is no plain weight for cuBLASLt
             for block in model.image_encoder.blocks:
                 block.mlp.gelu_epilogue = True

@@ -488,8 +488,6 @@ def relpos_attention(q, k, v, rel_h, rel_w, scale=None, *, _bias_log2e: bool = T
     return _run_kernel(q, k, v, rel_h, rel_w, float(scale), bool(_bias_log2e))
 
 
-
-
 def _table_grid(q, table_h, table_w) -> tuple[int, int]:
     """(kh, kw) of the tables, after checking them against q: (2*kh-1, D), (2*kw-1, D), kh * kw = L."""
     if q.dim() != 4 or table_h.dim() != 2 or table_w.dim() != 2:
