@@ -141,6 +141,6 @@ def test_linear_gelu_tanh_is_the_tanh_gelu_of_the_linear_and_compiles_whole():
     [("fp32", False), ("bf16", False), ("compile", True), ("fp32+compile", False), ("int8", False), ("bf16+compile+int8", False)],
 )
 def test_compile_switch_fuses_the_mlp_gelu_only_on_a_plain_bf16_encoder(stages, fused):
-    """tanh GELU is exact to bf16, not to fp32; a quantized lin1 has no plain weight for the fused GEMM."""
+    """The tanh GELU is within bf16's rounding, not fp32's; a quantized lin1 has no plain weight for the fused GEMM."""
     model = samfast.build_sam("vit_tiny", device="cpu", stages=stages)
     assert {block.mlp.gelu_epilogue for block in model.image_encoder.blocks} == {fused}
