@@ -48,10 +48,10 @@ import numpy as np
 import torch
 
 import samfast
-from samfast.stages import LADDER, SPARSE_WITHOUT_INT8, canonical_name, parse_stages
+from samfast.stages import FP8, LADDER, SPARSE_WITHOUT_INT8, SWITCHES, canonical_name, parse_stages
 
 REFERENCE = "reference"
-DEFAULT_STAGES = [*LADDER, SPARSE_WITHOUT_INT8]
+DEFAULT_STAGES = [*LADDER, SPARSE_WITHOUT_INT8, FP8]
 # bf16 on a CPU without bf16 matmul units takes minutes per image, compile a minute or two.
 CPU_QUICK_STAGES = ["fp32", "fp32+sdpa", "fp32+nt", "fp32+int8", "bf16+sparse"]
 ORIGINAL_SIZE = (480, 640)  # a typical COCO image: resized to 768 x 1024, padded to 1024 x 1024
@@ -109,7 +109,7 @@ class SamfastRunner:
 
     def notes(self) -> dict:
         enc = self.model.image_encoder
-        notes = {"switches": sorted(self.model.switches, key=LADDER.index)}
+        notes = {"switches": sorted(self.model.switches, key=SWITCHES.index)}
         for attr in ("sparse_backend", "sparse_timings", "inductor_flags"):
             if hasattr(enc, attr):
                 notes[attr] = getattr(enc, attr)

@@ -65,7 +65,7 @@ class StageResult:
 # The switches that change arithmetic precision, mildest first. compile, sdpa, triton and nt only
 # reorder the same arithmetic, so a stage is held to the precision it runs in: "fp32+sdpa" to fp32's
 # thresholds, "nt" (bf16 + ...) to bf16's, "bf16+sdpa+int8" to int8's.
-PRECISIONS = ("fp32", "bf16", "int8", "sparse")
+PRECISIONS = ("fp32", "bf16", "fp8", "int8", "sparse")
 
 
 def load_thresholds(path=None) -> dict[str, dict]:

@@ -13,6 +13,10 @@ mask decoder stay as they are.
   (`torch.sparse.to_sparse_semi_structured`): a CUDA GPU of compute capability >= 8.0 and bf16 or
   fp16 weights. The backend (cuSPARSELt or CUTLASS) comes from env SPARSE_BACKEND, or, by default
   ("auto"), from timing both on the encoder's own linear shapes (`measure_sparse_backends`).
+* fp8: torchao's Float8DynamicActivationFloat8WeightConfig with rowwise scales (PerRow): e4m3
+  weights with a scale per output channel, activations cast to e4m3 per token at run time, one
+  scaled fp8 GEMM (Hopper's native low-precision path, 2x the bf16 tensor-core rate). Needs a CUDA
+  GPU of compute capability >= 8.9 (Ada, Hopper or newer) and K, N multiples of 16.
 * int8 + sparse (the cumulative ladder's `sparse`): needs torchao's int8 2:4 layout
   (SemiSparseLayout), which torchao 0.18 no longer has; refused with a StageError that says
   which stages to use instead.
@@ -49,8 +53,8 @@ AUTO_BACKEND_M = 2 * 64 * 64
 MAX_SPARSE_REL_ERR = 1e-2
 
 
-def quantize_encoder(image_encoder: nn.Module, *, int8: bool, sparse: bool) -> None:
-    """Apply the int8 and/or 2:4 sparse switch to the encoder's block linears, in place.
+def quantize_encoder(image_encoder: nn.Module, *, int8: bool, sparse: bool, fp8: bool = False) -> None:
+    """Apply the int8, fp8 and/or 2:4 sparse switch to the encoder's block linears, in place.
 
     Call before compiling the encoder (samfast.stages.apply_stages does). Raises StageError
     (a ValueError) when the combination or the machine cannot run it, saying what to use.
@@ -58,7 +62,9 @@ def quantize_encoder(image_encoder: nn.Module, *, int8: bool, sparse: bool) -> N
     linears = encoder_linears(image_encoder)
     if not linears:
         raise StageError("the image encoder has no nn.Linear layers in its blocks to quantize or sparsify")
-    if int8 and sparse:
+    if fp8:
+        _fp8(image_encoder, linears)
+    elif int8 and sparse:
         _int8_sparse(image_encoder)
     elif int8:
         _int8(image_encoder)
@@ -104,6 +110,35 @@ def _compile_with_inductor_flags(module: nn.Module, flags: dict) -> None:
 
     module.compile = types.MethodType(compile, module)
     module.inductor_flags = flags  # for reports: what this module's compile adds
+
+
+# --- fp8 -----------------------------------------------------------------------------------------
+FP8_MIN_CAPABILITY = (8, 9)
+
+
+def check_fp8_supported(weight: torch.Tensor) -> None:
+    """Raise StageError naming the problem and the fix when `weight` cannot take the fp8 switch here."""
+    fix = "run the fp8 stage on a CUDA GPU of compute capability >= 8.9 (L4, L40, H100, H200), or use 'nt' / 'int8'"
+    if weight.device.type != "cuda":
+        raise StageError(f"fp8 needs a CUDA GPU with fp8 tensor cores; the model is on {weight.device.type}: {fix}")
+    capability = torch.cuda.get_device_capability(weight.device)
+    if capability < FP8_MIN_CAPABILITY:
+        raise StageError(
+            f"fp8 needs compute capability >= 8.9; {torch.cuda.get_device_name(weight.device)} has "
+            f"{capability[0]}.{capability[1]}: {fix}"
+        )
+    n, k = weight.shape
+    if n % 16 or k % 16:
+        raise StageError(f"fp8 GEMMs need in and out features that are multiples of 16, got {n}x{k}")
+
+
+def _fp8(image_encoder: nn.Module, linears: dict[str, nn.Linear]) -> None:
+    from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, quantize_
+
+    for linear in linears.values():
+        check_fp8_supported(linear.weight)
+    config = Float8DynamicActivationFloat8WeightConfig(granularity=PerRow(), set_inductor_config=False)
+    quantize_(image_encoder, config, filter_fn=_is_block_linear)
 
 
 # --- 2:4 sparsity -------------------------------------------------------------------------------

@@ -11,6 +11,12 @@ import os
 import torch
 
 LADDER = ("fp32", "bf16", "compile", "sdpa", "triton", "nt", "int8", "sparse")
+# fp8 is a sibling of int8, not a rung above it: both quantize the same encoder linears, so a
+# cumulative ladder would stack one quantization on the other. The name "fp8" alone means the
+# lossless stack (bf16 .. nt) plus the fp8 switch, as the published sparse branch hangs off nt.
+FP8 = "fp8"
+SWITCHES = (*LADDER, FP8)
+LOSSLESS_STACK = "nt"
 # The ladder's `sparse` includes int8, and int8 + 2:4 needs torchao's int8 semi-sparse layout,
 # which torchao 0.18 no longer has: there 2:4 is measured on the lossless stack instead.
 SPARSE_WITHOUT_INT8 = "bf16+compile+sdpa+triton+nt+sparse"
@@ -23,24 +29,33 @@ class StageError(ValueError):
 def parse_stages(stages: str) -> frozenset[str]:
     """The set of switches a `stages=` string selects (fp32, the baseline, is the empty set)."""
     names = [n.strip() for n in stages.split("+")] if stages else []
-    unknown = [n for n in names if n not in LADDER]
+    unknown = [n for n in names if n not in SWITCHES]
     if unknown or not names:
         raise StageError(
             f"unknown stage {', '.join(map(repr, unknown)) or repr(stages)}; choose from {' < '.join(LADDER)} "
-            "(one name = the ladder up to it) or join switches with '+', e.g. 'bf16+sdpa+int8'"
+            f"or {FP8} (one name = the ladder up to it; {FP8} = {LOSSLESS_STACK} + {FP8}) or join switches "
+            "with '+', e.g. 'bf16+sdpa+int8'"
         )
+    if names == [FP8]:
+        return parse_stages(LOSSLESS_STACK) | {FP8}
     if len(names) == 1:
         return frozenset(LADDER[1 : LADDER.index(names[0]) + 1])
     # "fp32" in a combination names the baseline explicitly: "fp32+nt" is the nt switch alone.
-    return frozenset(names) - {"fp32"}
+    switches = frozenset(names) - {"fp32"}
+    if FP8 in switches and switches & {"int8", "sparse"}:
+        raise StageError(
+            f"{stages!r}: fp8 replaces the same encoder linears as int8 and 2:4 sparse; choose one of them, "
+            f"e.g. '{FP8}' or 'int8'"
+        )
+    return switches
 
 
 def canonical_name(switches: frozenset[str]) -> str:
     """The shortest name for a switch set: a ladder name when it is a ladder prefix, else 'a+b+c'."""
-    for name in LADDER:
-        if switches == frozenset(LADDER[1 : LADDER.index(name) + 1]):
+    for name in SWITCHES:
+        if switches == parse_stages(name):
             return name
-    joined = "+".join(n for n in LADDER if n in switches)
+    joined = "+".join(n for n in SWITCHES if n in switches)
     # a lone switch name would parse back as the ladder up to it: name the baseline explicitly
     return joined if "+" in joined else f"fp32+{joined}"
 
@@ -58,13 +73,13 @@ def apply_stages(model, switches: frozenset[str]) -> None:
     if "triton" in switches:
         for block in model.image_encoder.blocks:
             block.attn.attn_impl = "triton"
-    if switches & {"int8", "sparse"}:
+    if switches & {"int8", "sparse", FP8}:
         from samfast.quantize import quantize_encoder
 
-        quantize_encoder(model.image_encoder, int8="int8" in switches, sparse="sparse" in switches)
+        quantize_encoder(model.image_encoder, int8="int8" in switches, sparse="sparse" in switches, fp8=FP8 in switches)
     if "compile" in switches:
         model.image_encoder.patch_embed.as_gemm = True  # see PatchEmbed: cuDNN's conv for it is slow
-        if "bf16" in switches and not switches & {"int8", "sparse"}:
+        if "bf16" in switches and not switches & {"int8", "sparse", FP8}:
             # see MLPBlock: lin1 + GELU as one GEMM; the tanh GELU is within bf16's rounding, not fp32's,
             # and a quantized lin1 is no plain weight for cuBLASLt
             for block in model.image_encoder.blocks:

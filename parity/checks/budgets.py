@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from samfast.stages import LADDER
+from samfast.stages import SWITCHES
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -84,9 +84,9 @@ def load_budgets(path: str | Path | None = None) -> dict[tuple[str, str, str, in
             if model not in MODELS:
                 raise fail(f"[{gpu}.{model}]", f"unknown model; use one of {', '.join(MODELS)}")
             for stage, batches in stages.items():
-                unknown = [s for s in stage.split("+") if s not in LADDER]
+                unknown = [s for s in stage.split("+") if s not in SWITCHES]
                 if unknown:
-                    raise fail(_row(gpu, model, stage, "*"), f"unknown stage {unknown}; use {', '.join(LADDER)} or a+b")
+                    raise fail(_row(gpu, model, stage, "*"), f"unknown stage {unknown}; use {', '.join(SWITCHES)} or a+b")
                 for batch, fields in batches.items():
                     where = _row(gpu, model, stage, batch)
                     if not batch.isdigit() or int(batch) < 1 or not isinstance(fields, dict):

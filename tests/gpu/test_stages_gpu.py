@@ -19,7 +19,7 @@ import samfast
 from parity.check import load_thresholds, thresholds_for
 from parity.checks.compile import watch
 from samfast import Prompts, SamPredictor
-from samfast.stages import LADDER, SPARSE_WITHOUT_INT8, StageError, parse_stages
+from samfast.stages import FP8, LADDER, SPARSE_WITHOUT_INT8, StageError, parse_stages
 
 pytestmark = pytest.mark.gpu
 
@@ -27,7 +27,7 @@ MODEL = "vit_b"
 STATIC_BATCH = 2
 SIZES = [(480, 640), (1024, 768), (300, 500)]  # 3 images: one full batch of 2, then 1 padded
 PROMPTS_PER_IMAGE = [3, 7, 1]
-STAGES = [*LADDER[1:], SPARSE_WITHOUT_INT8]
+STAGES = [*LADDER[1:], SPARSE_WITHOUT_INT8, FP8]
 
 
 @pytest.fixture(autouse=True)

@@ -10,12 +10,12 @@ import pytest
 import samfast
 from parity.checks.syncs import assert_no_syncs, find_syncs, profile_region
 from samfast import Prompts
-from samfast.stages import LADDER, SPARSE_WITHOUT_INT8
+from samfast.stages import FP8, LADDER, SPARSE_WITHOUT_INT8
 
 pytestmark = pytest.mark.gpu
 
 # The ladder's own `sparse` (int8 + 2:4) is refused by torchao 0.18: 2:4 is checked without int8.
-STAGES = [*LADDER[:-1], SPARSE_WITHOUT_INT8]
+STAGES = [*LADDER[:-1], SPARSE_WITHOUT_INT8, FP8]
 
 
 def _batch(n_images: int = 2):

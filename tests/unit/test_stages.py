@@ -39,6 +39,35 @@ def test_canonical_names_round_trip():
         assert parse_stages(canonical_name(switches)) == switches
 
 
+def test_fp8_is_the_lossless_stack_plus_fp8_not_a_rung_under_int8():
+    assert parse_stages("fp8") == parse_stages("nt") | {"fp8"}
+    assert "fp8" not in parse_stages("int8") | parse_stages("sparse")
+    assert canonical_name(parse_stages("fp8")) == "fp8"
+    assert canonical_name(parse_stages("bf16+sdpa+fp8")) == "bf16+sdpa+fp8"
+    assert canonical_name(parse_stages("fp32+fp8")) == "fp32+fp8"
+
+
+@pytest.mark.parametrize("both", ["int8+fp8", "bf16+sparse+fp8"])
+def test_fp8_with_another_quantizer_is_refused(both):
+    with pytest.raises(StageError, match="fp8 replaces the same encoder linears"):
+        parse_stages(both)
+
+
+@pytest.mark.parametrize("stages", ["fp8", "bf16+fp8"])
+def test_fp8_on_cpu_is_refused_with_the_fix(stages):
+    with pytest.raises(StageError, match=r"fp8 needs a CUDA GPU .* compute capability >= 8.9"):
+        samfast.build_sam("vit_tiny", device="cpu", stages=stages)
+
+
+def test_fp8_stages_are_held_to_fp8_thresholds():
+    from parity.check import load_thresholds, thresholds_for
+
+    thresholds = load_thresholds()
+    assert thresholds_for("fp8", thresholds) is thresholds["fp8"]
+    assert thresholds_for("fp32+fp8", thresholds) is thresholds["fp8"]
+    assert thresholds["fp8"]["min_mean_iou"] >= thresholds["int8"]["min_mean_iou"]
+
+
 @pytest.mark.parametrize("bad", ["fp16", "bf16+flash", "", "bf16++sdpa"])
 def test_unknown_stage_names_are_refused(bad):
     with pytest.raises(StageError, match="choose from fp32 < bf16 < compile"):
