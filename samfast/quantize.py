@@ -114,6 +114,7 @@ def _compile_with_inductor_flags(module: nn.Module, flags: dict) -> None:
 
 # --- fp8 -----------------------------------------------------------------------------------------
 FP8_MIN_CAPABILITY = (8, 9)
+FP8_AMAX_FLOOR = 1e-12  # far below any real activation (O(1)), far above fp32's smallest normal
 
 
 def check_fp8_supported(weight: torch.Tensor) -> None:
@@ -137,7 +138,10 @@ def _fp8(image_encoder: nn.Module, linears: dict[str, nn.Linear]) -> None:
 
     for linear in linears.values():
         check_fp8_supported(linear.weight)
-    config = Float8DynamicActivationFloat8WeightConfig(granularity=PerRow(), set_inductor_config=False)
+    # activation_value_lb: an all-zero token row (the zero padding of 14x14 windows, padded batch
+    # slots) has amax 0, and torchao's scale amax / 448 would then be 0 and the cast 0 / 0 = NaN.
+    config = Float8DynamicActivationFloat8WeightConfig(
+        granularity=PerRow(), activation_value_lb=FP8_AMAX_FLOOR, set_inductor_config=False)
     quantize_(image_encoder, config, filter_fn=_is_block_linear)
 
 
