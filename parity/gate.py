@@ -4,9 +4,10 @@
 
 1. the persistent compile cache is validated and switched on (parity.compile_cache) before any
    child process starts, so pytest and the check both read and fill it;
-2. `pytest tests` over every layer: on a machine with N > 1 GPUs and pytest-xdist installed,
-   N workers, one GPU each (tests/conftest.py assigns them), tests that share built models kept on
-   one worker (--dist loadgroup); one process otherwise;
+2. `pytest tests --ignore=tests/perf` over the other layers: on a machine with N > 1 GPUs and
+   pytest-xdist installed, N workers, one GPU each (tests/conftest.py assigns them), tests that
+   share built models kept on one worker (--dist loadgroup); one process otherwise. Then
+   `pytest tests/perf` alone on one GPU (pytest-benchmark times nothing under xdist);
 3. `python -m parity check` on the embedded default (CHECK ARGS override, e.g. --stages fp32 bf16),
    in its own process: its models (the trained vit_tiny) are not those of the GPU layers (vit_b and
    vit_h, seeded), so running it inside pytest would share no build; what it reuses from pytest is the
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import shlex
 import subprocess
 import sys
 import time
@@ -29,21 +31,29 @@ from pathlib import Path
 
 from parity import compile_cache, gate_time
 from parity.gate_devices import visible_gpus
+from parity.report import REPORT_FILES
 
+# Everything a gate run leaves in its report folder (the workflow uploads these).
+OUTPUTS = (*REPORT_FILES, "junit-tests.xml", "junit-perf.xml", "gate-time.md", "gate-time.json")
 # The embedded default: the tiny SAM this project trained (samfast/weights) on generated scenes.
 EMBEDDED_CHECK = ["--model", "vit_tiny", "--checkpoint", "trained", "--data", "scenes"]
 
 
-def pytest_command(args, report_dir: Path, workers: int) -> list[str]:
-    cmd = [sys.executable, "-m", "pytest", "tests", "--gate-time", str(report_dir / "gate-time-tests.json"),
-           "--junitxml", str(report_dir / "junit-tests.xml")]
-    if args.require_gpu:
-        cmd.append("--require-gpu")
-    if args.perf_matrix:
-        cmd.append("--perf-matrix")
+def pytest_commands(args, report_dir: Path, workers: int) -> dict[str, list[str]]:
+    """Two pytest runs: every layer but perf (over `workers` GPUs), then perf alone on one GPU.
+
+    perf is a run of its own because pytest-benchmark switches itself off under xdist, and so that
+    no other test shares the GPU while a row is timed.
+    """
+    common = [sys.executable, "-m", "pytest", *(["--require-gpu"] if args.require_gpu else [])]
+    layers = [*common, "tests", "--ignore=tests/perf", "--gate-time", str(report_dir / "gate-time-tests.json"),
+              "--junitxml", str(report_dir / "junit-tests.xml")]
     if workers > 1:
-        cmd += ["-n", str(workers), "--dist", "loadgroup"]
-    return cmd
+        layers += ["-n", str(workers), "--dist", "loadgroup"]
+    perf = [*common, "tests/perf", "--gate-time", str(report_dir / "gate-time-perf.json"),
+            "--junitxml", str(report_dir / "junit-perf.xml"), *(["--perf-matrix"] if args.perf_matrix else []),
+            *shlex.split(args.perf_args)]
+    return {"pytest": layers, "pytest perf": perf}
 
 
 def choose_workers(requested: int | None, gpus: list[str], have_xdist: bool) -> tuple[int, str]:
@@ -80,10 +90,11 @@ def _timed(cmd: list[str]) -> tuple[int, float]:
     return code, time.perf_counter() - start
 
 
-def verdict(pytest_code: int, check_code: int) -> int:
-    if check_code == 2 or pytest_code in (3, 4):  # bad input / internal error or usage error of pytest
+def verdict(pytest_codes: list[int], check_code: int) -> int:
+    """2: the check refused its input or pytest its arguments (usage/internal error); 1: anything else failed."""
+    if check_code == 2 or any(code in (3, 4) for code in pytest_codes):
         return 2
-    return 0 if pytest_code == 0 and check_code == 0 else 1
+    return 0 if check_code == 0 and not any(pytest_codes) else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,38 +103,44 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--perf-matrix", action="store_true", help="time every budgets.toml row, not only the gating ones")
     parser.add_argument("--workers", type=int, help="pytest-xdist workers (default: one per GPU when there are several)")
     parser.add_argument("--report-dir", type=Path, default=Path("reports"))
+    parser.add_argument("--perf-args", default="", help="more pytest options for the perf run, e.g. "
+                        "'--benchmark-compare=0001 --benchmark-compare-fail=mean:15%%'")
     parser.add_argument("--_check-step", dest="check_step", type=Path, help=argparse.SUPPRESS)
     args, check_args = parser.parse_known_args(argv)
     if args.check_step:
         return run_check_step([*check_args, "--report-dir", str(args.report_dir)], args.check_step)
 
     args.report_dir.mkdir(parents=True, exist_ok=True)
+    for stale in ("gate-time-tests.json", "gate-time-perf.json", "gate-time-check.json"):
+        (args.report_dir / stale).unlink(missing_ok=True)  # a step that dies must not report an older run
     cache = compile_cache.activate()
     gpus = visible_gpus()
     workers, why = choose_workers(args.workers, gpus, importlib.util.find_spec("xdist") is not None)
     print(f"compile cache: {cache.path} ({'empty: cold run' if cache.started_empty else 'reused: warm run'}); "
           f"pytest workers: {workers} ({why})", flush=True)
 
-    pytest_code, pytest_s = _timed(pytest_command(args, args.report_dir, workers))
+    codes, wall = {}, {}
+    for step, cmd in pytest_commands(args, args.report_dir, workers).items():
+        codes[step], wall[step] = _timed(cmd)
     check_json = args.report_dir / "gate-time-check.json"
-    check_json.unlink(missing_ok=True)
-    check_code, check_s = _timed([sys.executable, "-m", "parity.gate", "--_check-step", str(check_json),
-                                  "--report-dir", str(args.report_dir), *EMBEDDED_CHECK, *check_args])
+    check_code, wall["parity check"] = _timed([sys.executable, "-m", "parity.gate", "--_check-step", str(check_json),
+                                               "--report-dir", str(args.report_dir), *EMBEDDED_CHECK, *check_args])
     check_compile = json.loads(check_json.read_text())["compile_seconds"] if check_json.exists() else 0.0
+    wall["total"] = round(sum(wall.values()), 1)
 
-    tests_json = args.report_dir / "gate-time-tests.json"
-    tests = gate_time.read_tests(tests_json) if tests_json.exists() else []
+    tests = [t for name in ("gate-time-tests.json", "gate-time-perf.json") if (args.report_dir / name).exists()
+             for t in gate_time.read_tests(args.report_dir / name)]
     check_row = {"layer": "python -m parity check", "tests": 1, "failed": int(check_code != 0),
-                 "seconds": round(check_s, 1), "compile_seconds": round(check_compile, 1)}
+                 "seconds": round(wall["parity check"], 1), "compile_seconds": round(check_compile, 1)}
     rows = gate_time.summarize(tests, [check_row])
-    wall = {"pytest": round(pytest_s, 1), "parity check": round(check_s, 1), "total": round(pytest_s + check_s, 1)}
     notes = [f"compile cache {'empty (cold)' if cache.started_empty else 'reused (warm)'}: {cache.path}",
-             f"pytest workers: {workers} ({why})",
-             f"exit codes: pytest {pytest_code}, parity check {check_code}"]
+             f"pytest workers: {workers} ({why}); perf alone on one GPU",
+             "exit codes: " + ", ".join(f"{step} {code}" for step, code in [*codes.items(), ("parity check", check_code)])]
+    wall = {step: round(seconds, 1) for step, seconds in wall.items()}
     print("\nTime to verdict\n\n" + gate_time.write_table(args.report_dir, rows, wall, notes), flush=True)
-    if pytest_code in (0, 1) and check_code in (0, 1):
+    if all(c in (0, 1, 5) for c in codes.values()) and check_code in (0, 1):
         compile_cache.seal(cache)
-    return verdict(pytest_code, check_code)
+    return verdict(list(codes.values()), check_code)
 
 
 if __name__ == "__main__":
