@@ -102,8 +102,9 @@ def make_inputs(batch: int, dtype: torch.dtype, device: torch.device, seed: int 
 class SamfastRunner:
     """samfast at a stage: encoder via embed_images (static batch under compile), decoder per switches."""
 
-    def __init__(self, model_type: str, stage: str, batch: int, device: torch.device) -> None:
-        self.model = samfast.build_sam(model_type, device=device, stages=stage, batch_size=batch)
+    def __init__(self, model_type: str, stage: str, batch: int, device: torch.device, model=None) -> None:
+        # model: one built already for these arguments (the gate's model cache); else built here
+        self.model = model if model is not None else samfast.build_sam(model_type, device=device, stages=stage, batch_size=batch)
         self.predictor = samfast.SamPredictor(self.model)
         self.dtype = self.model.dtype
 

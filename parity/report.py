@@ -129,9 +129,12 @@ def plot(results: list[StageResult], path: Path) -> None:
     plt.close(fig)
 
 
+REPORT_FILES = ("report.md", "report.json", "junit.xml", "report.png")  # what write_reports writes
+
+
 def write_reports(folder: Path, header: dict, results: list[StageResult]) -> dict[str, Path]:
     folder.mkdir(parents=True, exist_ok=True)
-    paths = {name: folder / name for name in ("report.md", "report.json", "junit.xml", "report.png")}
+    paths = {name: folder / name for name in REPORT_FILES}
     paths["report.md"].write_text(render_markdown(header, results))
     payload = {
         "header": header,

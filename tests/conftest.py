@@ -1,9 +1,25 @@
-"""Suite-wide switches: GPU layers skip without CUDA unless --require-gpu turns skips into failures."""
+"""Suite-wide switches and the gate's plumbing.
+
+* GPU layers skip without CUDA unless --require-gpu turns skips into failures.
+* xdist workers each take one GPU (CUDA_VISIBLE_DEVICES, set before CUDA initialises): parity.gate_devices.
+* the persistent compile cache is validated and switched on unless a parent process (parity.gate) did:
+  parity.compile_cache; sealed at the end of a run that finished.
+* `model_cache`: one build per (model, stage, batch, compile mode, device) for the whole session:
+  parity.gate_models.
+* --gate-time PATH: per-test seconds and compile seconds, merged across workers: parity.gate_time.
+"""
 
 from __future__ import annotations
 
+import os
+from dataclasses import asdict
+from pathlib import Path
+
 import pytest
 import torch
+
+from parity import compile_cache, gate_time
+from parity.gate_devices import gpu_for_worker, visible_gpus
 
 
 def pytest_addoption(parser):
@@ -18,6 +34,73 @@ def pytest_addoption(parser):
         help="hold the perf layer to this GPU's rows of parity/budgets.toml (A100, H100, H200) "
         "instead of the rows of the GPU found",
     )
+    parser.addoption(
+        "--perf-matrix",
+        action="store_true",
+        help="time every (model, stage, batch) row of parity/budgets.toml, not only the rows that gate PRs",
+    )
+    parser.addoption("--gate-time", metavar="PATH", type=Path, help="write per-test timings (JSON) for parity.gate's table")
+
+
+def _is_worker(config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def pytest_configure(config):
+    if _is_worker(config):
+        device = gpu_for_worker(config.workerinput["workerid"], visible_gpus())
+        if device is not None:
+            if torch.cuda.is_initialized():
+                raise pytest.UsageError("CUDA was initialised before the xdist worker could choose its GPU")
+            os.environ["CUDA_VISIBLE_DEVICES"] = device
+    elif compile_cache.ENV_ACTIVE not in os.environ:
+        config._samfast_cache = compile_cache.activate()
+    config._gate_times = []
+
+
+_SECONDS = pytest.StashKey[list]()
+_FAILED = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    item.stash.setdefault(_SECONDS, []).append(call.duration)
+    if report.failed:
+        item.stash[_FAILED] = True
+    return report
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    compiled_before = gate_time.compile_seconds_so_far()
+    result = yield
+    item.config._gate_times.append(gate_time.TestTime(
+        nodeid=item.nodeid,
+        layer=gate_time.layer_of(item.nodeid),
+        seconds=round(sum(item.stash.get(_SECONDS, [])), 3),
+        compile_seconds=round(gate_time.compile_seconds_so_far() - compiled_before, 3),
+        outcome="failed" if item.stash.get(_FAILED, False) else "passed",
+    ))
+    return result
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """xdist controller: a worker's timings come back in its workeroutput."""
+    node.config._gate_times += [gate_time.TestTime(**t) for t in node.workeroutput.get("gate_times", [])]
+
+
+def pytest_sessionfinish(session, exitstatus):
+    config = session.config
+    if _is_worker(config):
+        config.workeroutput["gate_times"] = [asdict(t) for t in config._gate_times]
+        return
+    if config.getoption("--gate-time"):
+        gate_time.write_tests(config.getoption("--gate-time"), config._gate_times)
+    cache = getattr(config, "_samfast_cache", None)
+    if cache is not None and exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
+        compile_cache.seal(cache)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -36,6 +119,16 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def _fail_without_gpu():
     pytest.fail("--require-gpu was given but torch.cuda.is_available() is False")
+
+
+@pytest.fixture(scope="session")
+def model_cache():
+    """Shared built models (eval + no_grad use only; see parity.gate_models). Fails at the end if one was changed."""
+    from parity.gate_models import ModelCache
+
+    cache = ModelCache()
+    yield cache
+    cache.check_untouched()
 
 
 @pytest.fixture(scope="session")

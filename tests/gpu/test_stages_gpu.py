@@ -5,38 +5,33 @@ predicted IoUs within its max_score_abs_err (parity/budgets.toml, [accuracy.<sta
 with the compile switch must also run batches of 1, 2 and 3 images (static batch 2: padded, split)
 with no graph break and no recompile. The nt switch must give the per-image loop's answers.
 
-Compile mode is `default` here (SAMFAST_COMPILE_MODE) to keep compile time down; max-autotune
-changes kernel choice, not the graph, and is what bench.ladder times.
+Compile mode is `default` here to keep compile time down; max-autotune changes kernel choice,
+not the graph, and is what bench.ladder times. Models come from the session's model cache
+(parity.gate_models), shared with tests/gpu/test_syncs_gpu.py: each stage is built and compiled
+once; the cache compiles it at build (its warm-up), so the tests here assert that this first
+compile was clean and that their own inputs then compile nothing new.
 """
 
 from __future__ import annotations
+
+import copy
 
 import numpy as np
 import pytest
 import torch
 
-import samfast
 from parity.check import load_thresholds, thresholds_for
 from parity.checks.compile import watch
 from samfast import Prompts, SamPredictor
 from samfast.stages import FP8, LADDER, SPARSE_WITHOUT_INT8, StageError, parse_stages
-
-pytestmark = pytest.mark.gpu
 
 MODEL = "vit_b"
 STATIC_BATCH = 2
 SIZES = [(480, 640), (1024, 768), (300, 500)]  # 3 images: one full batch of 2, then 1 padded
 PROMPTS_PER_IMAGE = [3, 7, 1]
 STAGES = [*LADDER[1:], SPARSE_WITHOUT_INT8, FP8]
-
-
-@pytest.fixture(autouse=True)
-def _fast_compile(monkeypatch):
-    monkeypatch.setenv("SAMFAST_COMPILE_MODE", "default")
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-    torch.cuda.empty_cache()
+COMPILE_MODE = "default"  # correctness layers: the graph, not the fastest kernels
+pytestmark = [pytest.mark.gpu, pytest.mark.xdist_group("vit_b-bs2")]  # one worker builds the models once
 
 
 @pytest.fixture(scope="module")
@@ -66,8 +61,9 @@ def _run(model, scene) -> dict[str, torch.Tensor]:
     }
 
 
-def _build(stages: str):
-    return samfast.build_sam(MODEL, device="cuda", stages=stages, batch_size=STATIC_BATCH)
+def _shared(model_cache, stages: str):
+    """The session's model of this stage (eval + no_grad use only) and its cache entry."""
+    return model_cache.entry(MODEL, stages, batch=STATIC_BATCH, compile_mode=COMPILE_MODE, device="cuda")
 
 
 def _rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -75,33 +71,36 @@ def _rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 @pytest.fixture(scope="module")
-def fp32_outputs(scene):
+def fp32_outputs(scene, model_cache):
     """True fp32: TF32 off for matmul and cuDNN, as the golden is made."""
     saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     try:
-        model = _build("fp32")
-        outputs = _run(model, scene)
+        return _run(_shared(model_cache, "fp32").model, scene)
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
-    del model
-    torch.cuda.empty_cache()
-    return outputs
+
+
+def assert_compiled_cleanly(entry) -> None:
+    """The cache's warm-up compiled the model (at least one graph) with no graph break."""
+    entry.warmup.assert_clean()
+    assert entry.warmup.graphs_compiled >= 1, "the compile switch is on but nothing was compiled"
 
 
 @pytest.mark.parametrize("stages", STAGES)
-def test_stage_close_to_fp32(stages, scene, fp32_outputs):
+def test_stage_close_to_fp32(stages, scene, fp32_outputs, model_cache):
     try:
-        model = _build(stages)
+        entry = _shared(model_cache, stages)
     except StageError as err:
         if "int8 + 2:4 sparse together" in str(err):
             pytest.skip(f"{stages}: {err} ({SPARSE_WITHOUT_INT8} checks 2:4 without int8)")
         raise
+    model = entry.model
     with watch() as seen:
         outputs = _run(model, scene)
     if "compile" in parse_stages(stages):
-        seen.assert_clean()
-        assert seen.graphs_compiled >= 1, "the compile switch is on but nothing was compiled"
+        assert_compiled_cleanly(entry)
+        seen.assert_clean()  # batches of 1, 2 and 3 images, 3, 7 and 1 prompts: nothing new compiled
 
     limits = thresholds_for(stages, load_thresholds())
     errors = {k: _rel_l2(outputs[k], fp32_outputs[k]) for k in ("embeddings", "low_res_logits")}
@@ -117,14 +116,15 @@ def test_stage_close_to_fp32(stages, scene, fp32_outputs):
         assert model.image_encoder.sparse_backend in ("cusparselt", "cutlass")
 
 
-def test_nt_equals_the_per_image_loop(scene):
+def test_nt_equals_the_per_image_loop(scene, model_cache):
     """Same model and encoder; only the decoder path differs: one jagged batch vs one call per image."""
-    model = _build("nt")
+    model = _shared(model_cache, "nt").model
     images, prompts = scene
-    predictor = SamPredictor(model)
-    nested = predictor.predict_batch(images, prompts)
-    model.switches = model.switches - {"nt"}
-    loop = predictor.predict_batch(images, prompts)
+    nested = SamPredictor(model).predict_batch(images, prompts)
+    # a shallow copy shares modules and weights; only its own `switches` lacks nt (the shared model keeps it)
+    per_image = copy.copy(model)
+    per_image.switches = model.switches - {"nt"}
+    loop = SamPredictor(per_image).predict_batch(images, prompts)
     for i, (a, b) in enumerate(zip(nested, loop)):
         assert a.low_res_logits.shape == b.low_res_logits.shape == (PROMPTS_PER_IMAGE[i], 3, 256, 256)
         # bf16 level: the decoder's matmuls see other row counts, hence other kernels and rounding
@@ -133,8 +133,10 @@ def test_nt_equals_the_per_image_loop(scene):
         # (masks are not compared: seeded-weight logits are ~0.07, so rounding flips pixels near 0)
 
 
-def test_compiled_encoder_never_recompiles_over_batch_sizes():
-    model = _build("compile")
+def test_compiled_encoder_never_recompiles_over_batch_sizes(model_cache):
+    entry = _shared(model_cache, "compile")
+    assert_compiled_cleanly(entry)
+    model = entry.model
     images = torch.rand(3, 3, 1024, 1024, generator=torch.Generator().manual_seed(0)).cuda().to(model.dtype)
     with watch() as seen:
         one = model.embed_images(images[:1])
@@ -142,7 +144,6 @@ def test_compiled_encoder_never_recompiles_over_batch_sizes():
         three = model.embed_images(images)
         one_again = model.embed_images(images[:1])
     seen.assert_clean()
-    assert seen.graphs_compiled >= 1
     assert one.shape == (1, 256, 64, 64) and two.shape == (2, 256, 64, 64) and three.shape == (3, 256, 64, 64)
     torch.testing.assert_close(one_again, one, rtol=0, atol=0)  # the output buffer is not reused under us
     # padding is per image: the padded batch's real row equals the same image in a full batch

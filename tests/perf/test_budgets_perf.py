@@ -4,9 +4,13 @@
     python -m pytest tests/perf --benchmark-autosave                 # keep this run ...
     python -m pytest tests/perf --benchmark-compare                  # ... and set a later one beside it
     python -m pytest tests/perf --budget-gpu H100                    # hold another GPU to H100 rows
+    python -m pytest tests/perf --perf-matrix                        # every row, not only GATE_ROWS
 
-One test per (model, stage, batch) row of any GPU in budgets.toml: it builds that stage, warms it
-up (compiling there), times image encoder + prompt encoder + mask decoder + upscaling on
+One test per (model, stage, batch) row of any GPU in budgets.toml; by default only GATE_ROWS run
+(the rows that gate PRs), the others skip unless --perf-matrix. A row takes its model from the
+session's model cache, compiled in the mode its budget row was measured in (the row's source says
+`--compile-mode default`, else max-autotune), drops every other cached model (peak memory is the
+row's own), warms up, times image encoder + prompt encoder + mask decoder + upscaling on
 COCO-like prompts (bench.ladder's e2e, what the published img/s covers) and checks img/s and
 peak GiB against the row of the GPU found (or --budget-gpu). A GPU without that row skips with
 the row's name. Planted defects (a slowdown, an oversized allocation) prove the check fails.
@@ -20,9 +24,11 @@ import torch
 from bench.ladder import SamfastRunner, make_inputs
 from parity.checks import budgets
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.xdist_group("perf")]  # rows and planted defects share builds
 
 ROWS = sorted({key[1:] for key in budgets.load_budgets()})  # (model, stage, batch) over every GPU
+# The rows a PR must not regress: the project's two headline configurations (README, ANCHORS.md).
+GATE_ROWS = {("vit_b", "nt", 32), ("vit_h", "nt", 8)}
 ROUNDS = 5
 
 
@@ -63,44 +69,41 @@ def assert_within(budget: budgets.Budget, img_s: float, peak_gib: float, benchma
     assert not failures, "budget missed:\n  " + "\n  ".join(failures) + f"\n  row source: {budget.source}"
 
 
-def e2e_call(model: str, stage: str, batch: int):
-    """bench.ladder's e2e call on a fresh build of the stage: encoder + prompts + decoder + upscaling."""
+def compile_mode_of(budget: budgets.Budget) -> str:
+    """The mode the row's figure was measured in: rows measured with `--compile-mode default` say so."""
+    return "default" if "--compile-mode default" in budget.source else "max-autotune"
+
+
+def e2e_call(model_cache, budget: budgets.Budget):
+    """bench.ladder's e2e call (encoder + prompts + decoder + upscaling) on the cached build of the row's stage."""
     device = torch.device("cuda")
-    runner = SamfastRunner(model, stage, batch, device)
-    images, prompts = make_inputs(batch, runner.dtype, device)
+    entry = model_cache.entry(budget.model, budget.stage, batch=budget.batch, compile_mode=compile_mode_of(budget), device=device)
+    model_cache.keep_only(entry)
+    runner = SamfastRunner(budget.model, budget.stage, budget.batch, device, model=entry.model)
+    images, prompts = make_inputs(budget.batch, runner.dtype, device)
     return lambda: runner.e2e(images, prompts)
-
-
-def _clean_slate() -> None:
-    torch._dynamo.reset()  # each stage compiles from scratch, as in bench.ladder
-    torch.cuda.empty_cache()
-
-
-@pytest.fixture
-def clean_slate():
-    _clean_slate()
-    yield
-    _clean_slate()
 
 
 @pytest.mark.parametrize(("model", "stage", "batch"), ROWS, ids=[f"{m}-{s}-{b}" for m, s, b in ROWS])
 @torch.no_grad()
-def test_stage_within_budget(model, stage, batch, benchmark, budget_for, clean_slate):
+def test_stage_within_budget(model, stage, batch, benchmark, budget_for, model_cache, request):
+    if (model, stage, batch) not in GATE_ROWS and not request.config.getoption("--perf-matrix"):
+        pytest.skip("not a row that gates PRs (GATE_ROWS); run with --perf-matrix to time every row")
     budget = budget_for(model, stage, batch)
-    img_s, peak_gib = measure(benchmark, e2e_call(model, stage, batch), batch)
+    img_s, peak_gib = measure(benchmark, e2e_call(model_cache, budget), batch)
     assert_within(budget, img_s, peak_gib, benchmark)
 
 
 # --- planted defects: the same measurement and check must fail ------------------------------------
+# A gate row, so the planted defects time the model the row built (the defects wrap the call; the
+# model itself is the real one).
 PLANTED = ("vit_b", "nt", 32)
+assert PLANTED in GATE_ROWS
 
 
-@pytest.fixture(scope="module")
-def planted_call():
-    """The PLANTED stage, built and compiled once for both planted defects."""
-    _clean_slate()
-    yield e2e_call(*PLANTED)
-    _clean_slate()
+@pytest.fixture
+def planted_call(model_cache, budget_for):
+    return e2e_call(model_cache, budget_for(*PLANTED))
 
 
 @torch.no_grad()

@@ -1,0 +1,147 @@
+"""The whole gate in one command, timed: `nox -s parity` runs this (python -m parity.gate).
+
+    python -m parity.gate [--require-gpu] [--perf-matrix] [--workers N] [CHECK ARGS ...]
+
+1. the persistent compile cache is validated and switched on (parity.compile_cache) before any
+   child process starts, so pytest and the check both read and fill it;
+2. `pytest tests --ignore=tests/perf` over the other layers: on a machine with N > 1 GPUs and
+   pytest-xdist installed, N workers, one GPU each (tests/conftest.py assigns them), tests that
+   share built models kept on one worker (--dist loadgroup); one process otherwise. Then
+   `pytest tests/perf` alone on one GPU (pytest-benchmark times nothing under xdist);
+3. `python -m parity check` on the embedded default (CHECK ARGS override, e.g. --stages fp32 bf16),
+   in its own process: its models (the trained vit_tiny) are not those of the GPU layers (vit_b and
+   vit_h, seeded), so running it inside pytest would share no build; what it reuses from pytest is the
+   compile cache on disk, and its exit code keeps its meaning (2 = bad input);
+4. reports/gate-time.md and .json: per layer the tests, their seconds and their compile seconds, and
+   the wall time of each step; the cache is sealed when both steps finished.
+
+Exit code: 2 when the check refused its input or pytest its arguments, else 1 when anything failed, else 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from parity import compile_cache, gate_time
+from parity.gate_devices import visible_gpus
+from parity.report import REPORT_FILES
+
+# Everything a gate run leaves in its report folder (the workflow uploads these).
+OUTPUTS = (*REPORT_FILES, "junit-tests.xml", "junit-perf.xml", "gate-time.md", "gate-time.json")
+# The embedded default: the tiny SAM this project trained (samfast/weights) on generated scenes.
+EMBEDDED_CHECK = ["--model", "vit_tiny", "--checkpoint", "trained", "--data", "scenes"]
+
+
+def pytest_commands(args, report_dir: Path, workers: int) -> dict[str, list[str]]:
+    """Two pytest runs: every layer but perf (over `workers` GPUs), then perf alone on one GPU.
+
+    perf is a run of its own because pytest-benchmark switches itself off under xdist, and so that
+    no other test shares the GPU while a row is timed.
+    """
+    common = [sys.executable, "-m", "pytest", *(["--require-gpu"] if args.require_gpu else [])]
+    layers = [*common, "tests", "--ignore=tests/perf", "--gate-time", str(report_dir / "gate-time-tests.json"),
+              "--junitxml", str(report_dir / "junit-tests.xml")]
+    if workers > 1:
+        layers += ["-n", str(workers), "--dist", "loadgroup"]
+    perf = [*common, "tests/perf", "--gate-time", str(report_dir / "gate-time-perf.json"),
+            "--junitxml", str(report_dir / "junit-perf.xml"), *(["--perf-matrix"] if args.perf_matrix else []),
+            *shlex.split(args.perf_args)]
+    return {"pytest": layers, "pytest perf": perf}
+
+
+def choose_workers(requested: int | None, gpus: list[str], have_xdist: bool) -> tuple[int, str]:
+    """(workers, why): one per GPU when xdist is there, never more workers than GPUs."""
+    if requested is not None:
+        if gpus and requested > len(gpus):
+            raise SystemExit(f"error: --workers {requested} but {len(gpus)} GPU(s): at most one worker per GPU")
+        if requested > 1 and not have_xdist:
+            raise SystemExit("error: --workers > 1 needs pytest-xdist (pip install pytest-xdist)")
+        return requested, "asked for"
+    if len(gpus) > 1 and have_xdist:
+        return len(gpus), f"one per GPU ({len(gpus)} GPUs)"
+    if len(gpus) > 1:
+        return 1, f"{len(gpus)} GPUs but pytest-xdist is not installed: one process"
+    return 1, f"{len(gpus)} GPU(s): one process"
+
+
+def run_check_step(check_args: list[str], out_json: Path) -> int:
+    """`python -m parity check` in this process, then its compile seconds to out_json (the driver's child)."""
+    from parity.cli import main
+
+    try:
+        code = main(["check", *check_args])
+    except SystemExit as exit_:  # argparse: bad arguments
+        code = exit_.code if isinstance(exit_.code, int) else 2
+    out_json.write_text(json.dumps({"compile_seconds": round(gate_time.compile_seconds_so_far(), 3)}))
+    return code
+
+
+def _timed(cmd: list[str]) -> tuple[int, float]:
+    print("+ " + " ".join(cmd), flush=True)
+    start = time.perf_counter()
+    code = subprocess.call(cmd)
+    return code, time.perf_counter() - start
+
+
+def verdict(pytest_codes: list[int], check_code: int) -> int:
+    """2: the check refused its input or pytest its arguments (usage/internal error); 1: anything else failed."""
+    if check_code == 2 or any(code in (3, 4) for code in pytest_codes):
+        return 2
+    return 0 if check_code == 0 and not any(pytest_codes) else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m parity.gate", description=__doc__.split("\n")[0])
+    parser.add_argument("--require-gpu", action="store_true", help="GPU tests fail instead of skipping without CUDA")
+    parser.add_argument("--perf-matrix", action="store_true", help="time every budgets.toml row, not only the gating ones")
+    parser.add_argument("--workers", type=int, help="pytest-xdist workers (default: one per GPU when there are several)")
+    parser.add_argument("--report-dir", type=Path, default=Path("reports"))
+    parser.add_argument("--perf-args", default="", help="more pytest options for the perf run, e.g. "
+                        "'--benchmark-compare=0001 --benchmark-compare-fail=mean:15%%'")
+    parser.add_argument("--_check-step", dest="check_step", type=Path, help=argparse.SUPPRESS)
+    args, check_args = parser.parse_known_args(argv)
+    if args.check_step:
+        return run_check_step([*check_args, "--report-dir", str(args.report_dir)], args.check_step)
+
+    args.report_dir.mkdir(parents=True, exist_ok=True)
+    for stale in ("gate-time-tests.json", "gate-time-perf.json", "gate-time-check.json"):
+        (args.report_dir / stale).unlink(missing_ok=True)  # a step that dies must not report an older run
+    cache = compile_cache.activate()
+    gpus = visible_gpus()
+    workers, why = choose_workers(args.workers, gpus, importlib.util.find_spec("xdist") is not None)
+    print(f"compile cache: {cache.path} ({'empty: cold run' if cache.started_empty else 'reused: warm run'}); "
+          f"pytest workers: {workers} ({why})", flush=True)
+
+    codes, wall = {}, {}
+    for step, cmd in pytest_commands(args, args.report_dir, workers).items():
+        codes[step], wall[step] = _timed(cmd)
+    check_json = args.report_dir / "gate-time-check.json"
+    check_code, wall["parity check"] = _timed([sys.executable, "-m", "parity.gate", "--_check-step", str(check_json),
+                                               "--report-dir", str(args.report_dir), *EMBEDDED_CHECK, *check_args])
+    check_compile = json.loads(check_json.read_text())["compile_seconds"] if check_json.exists() else 0.0
+    wall["total"] = round(sum(wall.values()), 1)
+
+    tests = [t for name in ("gate-time-tests.json", "gate-time-perf.json") if (args.report_dir / name).exists()
+             for t in gate_time.read_tests(args.report_dir / name)]
+    check_row = {"layer": "python -m parity check", "tests": 1, "failed": int(check_code != 0),
+                 "seconds": round(wall["parity check"], 1), "compile_seconds": round(check_compile, 1)}
+    rows = gate_time.summarize(tests, [check_row])
+    notes = [f"compile cache {'empty (cold)' if cache.started_empty else 'reused (warm)'}: {cache.path}",
+             f"pytest workers: {workers} ({why}); perf alone on one GPU",
+             "exit codes: " + ", ".join(f"{step} {code}" for step, code in [*codes.items(), ("parity check", check_code)])]
+    wall = {step: round(seconds, 1) for step, seconds in wall.items()}
+    print("\nTime to verdict\n\n" + gate_time.write_table(args.report_dir, rows, wall, notes), flush=True)
+    if all(c in (0, 1, 5) for c in codes.values()) and check_code in (0, 1):
+        compile_cache.seal(cache)
+    return verdict(list(codes.values()), check_code)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

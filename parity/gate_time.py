@@ -1,0 +1,90 @@
+"""Time to verdict: per-test timings of the gate's layers, merged across xdist workers, as a table.
+
+Each pytest process records one row per test (layer, seconds of setup + call + teardown, seconds
+dynamo/inductor spent compiling inside it); xdist workers hand theirs to the controller, which
+writes them all to one JSON file. The gate driver (parity.gate) adds its own steps (the
+`python -m parity check` process) and writes reports/gate-time.md and .json:
+
+| layer | tests | seconds | compile seconds |
+
+"seconds" add up the tests' own times: with N workers a layer's seconds can exceed the wall time,
+which the table gives separately.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+LAYERS = ("unit", "parity", "system", "gpu", "perf")
+
+
+@dataclass
+class TestTime:
+    nodeid: str
+    layer: str
+    seconds: float
+    compile_seconds: float
+    outcome: str
+
+
+def layer_of(nodeid: str) -> str:
+    """tests/<layer>/... -> <layer>; anything else is 'other'."""
+    parts = nodeid.split("::")[0].replace("\\", "/").split("/")
+    return parts[1] if len(parts) > 2 and parts[0] == "tests" and parts[1] in LAYERS else "other"
+
+
+def compile_seconds_so_far() -> float:
+    """Seconds dynamo has spent compiling in this process (0 before torch._dynamo is imported)."""
+    if "torch._dynamo.utils" not in sys.modules:
+        return 0.0
+    metrics = sys.modules["torch._dynamo.utils"].compilation_time_metrics
+    return float(sum(metrics.get("_compile.compile_inner", ())))
+
+
+def summarize(tests: list[TestTime], steps: list[dict] = ()) -> list[dict]:
+    """One row per layer in LAYERS order (layers without tests left out), then one per extra step."""
+    rows = []
+    for layer in (*LAYERS, "other"):
+        mine = [t for t in tests if t.layer == layer]
+        if mine:
+            rows.append({
+                "layer": layer,
+                "tests": len(mine),
+                "failed": sum(t.outcome == "failed" for t in mine),
+                "seconds": round(sum(t.seconds for t in mine), 1),
+                "compile_seconds": round(sum(t.compile_seconds for t in mine), 1),
+            })
+    return rows + [dict(step) for step in steps]
+
+
+def to_markdown(rows: list[dict], wall_seconds: dict[str, float], notes: list[str] = ()) -> str:
+    lines = ["| layer | tests | failed | seconds | compile seconds |", "|---|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['layer']} | {r['tests']} | {r['failed']} | {r['seconds']:.1f} | {r['compile_seconds']:.1f} |")
+    lines.append("")
+    lines += [f"- wall time, {name}: {seconds:.1f} s" for name, seconds in wall_seconds.items()]
+    lines += [f"- {note}" for note in notes]
+    return "\n".join(lines) + "\n"
+
+
+def read_tests(path: Path) -> list[TestTime]:
+    return [TestTime(**t) for t in json.loads(Path(path).read_text())["tests"]]
+
+
+def write_tests(path: Path, tests: list[TestTime]) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"tests": [asdict(t) for t in tests]}, indent=1) + "\n")
+
+
+def write_table(out_dir: Path, rows: list[dict], wall_seconds: dict[str, float], notes: list[str] = ()) -> str:
+    """reports/gate-time.md and .json; returns the markdown."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    markdown = to_markdown(rows, wall_seconds, notes)
+    (out_dir / "gate-time.md").write_text("# Time to verdict\n\n" + markdown)
+    (out_dir / "gate-time.json").write_text(json.dumps({"layers": rows, "wall_seconds": wall_seconds, "notes": list(notes)}, indent=1) + "\n")
+    return markdown

@@ -1,0 +1,233 @@
+"""The GPU gate's plumbing on the CPU: compile-cache trust, xdist GPU assignment, the timing table, the model cache."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from parity import compile_cache, gate_time
+from parity.gate import choose_workers, verdict
+from parity.gate_devices import WorkerAssignmentError, gpu_for_worker, visible_gpus
+from parity.gate_models import ModelCache, SharedModelMutated, make_key
+
+ROOT = Path(__file__).resolve().parents[2]
+KEY = {"torch": "2.11.0", "triton": "3.5.0", "cuda": "12.8", "gpu": "NVIDIA H100 80GB HBM3"}
+
+
+# --- compile cache ------------------------------------------------------------------------------
+def _run_that_compiles(root: Path, key=KEY, seal=True) -> compile_cache.CacheFolder:
+    """activate, write some 'compiled' files as inductor would, seal (or die before sealing)."""
+    env: dict = {}
+    cache = compile_cache.activate(root, key, env)
+    (cache.path / "inductor" / "fxgraph").mkdir(parents=True, exist_ok=True)
+    (cache.path / "inductor" / "fxgraph" / "graph.bin").write_bytes(b"compiled graph" * 100)
+    (cache.path / "triton" ).mkdir(exist_ok=True)
+    (cache.path / "triton" / "kernel.cubin").write_bytes(b"cubin" * 100)
+    if seal:
+        compile_cache.seal(cache)
+    else:
+        compile_cache.release(cache)
+    return cache
+
+
+def test_cache_env_points_inductor_and_triton_into_the_key_folder(tmp_path):
+    env: dict = {}
+    cache = compile_cache.activate(tmp_path, KEY, env)
+    assert cache.owned and cache.started_empty and cache.path.parent == tmp_path
+    assert env["TORCHINDUCTOR_CACHE_DIR"] == str(cache.path / "inductor")
+    assert env["TRITON_CACHE_DIR"] == str(cache.path / "triton")
+    assert env["TORCHINDUCTOR_FX_GRAPH_CACHE"] == env["TORCHINDUCTOR_AUTOGRAD_CACHE"] == "1"
+    compile_cache.release(cache)
+
+
+def test_cache_root_default_and_override():
+    assert compile_cache.cache_root({"SAMFAST_CACHE_DIR": "/x/c"}) == Path("/x/c")
+    assert compile_cache.cache_root({"XDG_CACHE_HOME": "/x/xdg"}) == Path("/x/xdg/samfast")
+    assert compile_cache.cache_root({}) == Path.home() / ".cache" / "samfast"
+
+
+def test_another_key_gets_another_folder():
+    names = {compile_cache.key_folder_name({**KEY, field: "other"}) for field in KEY}
+    assert len(names | {compile_cache.key_folder_name(KEY)}) == len(KEY) + 1
+
+
+def test_a_sealed_cache_is_reused_as_it_is(tmp_path):
+    first = _run_that_compiles(tmp_path)
+    again = compile_cache.activate(tmp_path, KEY, {})
+    assert again.path == first.path and not again.started_empty
+    assert (again.path / "triton" / "kernel.cubin").exists()
+    compile_cache.release(again)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage_stamp", "no_stamp", "foreign_stamp", "extra_file"])
+def test_a_damaged_or_unfinished_cache_is_moved_aside_and_rebuilt(tmp_path, damage, capsys):
+    cache = _run_that_compiles(tmp_path, seal=damage != "no_stamp")
+    stamp = cache.path / compile_cache.STAMP
+    if damage == "truncate":
+        (cache.path / "triton" / "kernel.cubin").write_bytes(b"cub")
+    elif damage == "garbage_stamp":
+        stamp.write_bytes(b"\x00not json")
+    elif damage == "foreign_stamp":
+        stamp.write_text(json.dumps({**json.loads(stamp.read_text()), "key": {**KEY, "torch": "2.10"}}))
+    elif damage == "extra_file":
+        (cache.path / "inductor" / "stray.so").write_bytes(b"?")
+    again = compile_cache.activate(tmp_path, KEY, {})
+    assert again.started_empty, f"{damage}: the cache was trusted"
+    assert not (again.path / "triton" / "kernel.cubin").exists()
+    assert (tmp_path / f"{again.path.name}.stale-0" / "triton" / "kernel.cubin").exists()  # kept for a post-mortem
+    assert "not trusted" in capsys.readouterr().out
+    compile_cache.release(again)
+
+
+def test_a_cache_in_use_by_another_run_is_shared_not_moved(tmp_path):
+    owner = compile_cache.activate(tmp_path, KEY, {})
+    (owner.path / "inductor").mkdir()
+    (owner.path / "inductor" / "being-written").write_bytes(b"x")
+    second = compile_cache.activate(tmp_path, KEY, {})  # unstamped, but the owner holds the lock
+    assert not second.owned and (owner.path / "inductor" / "being-written").exists()
+    compile_cache.seal(second)  # not the owner: no stamp
+    assert not (owner.path / compile_cache.STAMP).exists()
+    compile_cache.seal(owner)
+    assert compile_cache.why_untrusted(owner.path, KEY) is None
+
+
+# --- xdist: one GPU per worker ------------------------------------------------------------------
+def test_each_worker_gets_its_own_gpu():
+    assert [gpu_for_worker(f"gw{k}", ["0", "1"]) for k in range(2)] == ["0", "1"]
+    assert gpu_for_worker("gw1", ["3", "GPU-uuid-7"]) == "GPU-uuid-7"  # the K-th *visible* device
+
+
+def test_more_workers_than_gpus_is_refused():
+    with pytest.raises(WorkerAssignmentError, match="-n 2 or fewer"):
+        gpu_for_worker("gw2", ["0", "1"])
+    with pytest.raises(WorkerAssignmentError, match="worker id"):
+        gpu_for_worker("main", ["0"])
+
+
+def test_without_gpus_workers_share_the_cpu():
+    assert gpu_for_worker("gw5", []) is None
+
+
+def test_visible_gpus_follow_cuda_visible_devices():
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": "2, 3"}) == ["2", "3"]
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": ""}) == []
+
+
+def test_workers_one_per_gpu_and_never_more():
+    assert choose_workers(None, ["0", "1"], have_xdist=True)[0] == 2
+    assert choose_workers(None, ["0", "1"], have_xdist=False)[0] == 1  # the gate runs without xdist
+    assert choose_workers(None, ["0"], have_xdist=True)[0] == 1
+    with pytest.raises(SystemExit, match="one worker per GPU"):
+        choose_workers(4, ["0", "1"], have_xdist=True)
+
+
+def test_verdict_keeps_the_exit_code_meanings():
+    assert verdict([0, 0], 0) == 0
+    assert verdict([1, 0], 0) == verdict([0, 0], 1) == verdict([0, 5], 0) == 1
+    assert verdict([0, 0], 2) == verdict([4, 0], 1) == 2
+
+
+# --- time to verdict --------------------------------------------------------------------------------
+def test_layer_of_a_test():
+    assert gate_time.layer_of("tests/gpu/test_syncs_gpu.py::test_x[nt]") == "gpu"
+    assert gate_time.layer_of("tests/unit/test_data.py::test_y") == "unit"
+    assert gate_time.layer_of("tests/test_top.py::t") == "other"
+
+
+def test_table_merges_workers_and_adds_the_check_step(tmp_path):
+    worker0 = [gate_time.TestTime("tests/gpu/a.py::t", "gpu", 10.0, 8.0, "passed")]
+    worker1 = [gate_time.TestTime("tests/gpu/b.py::t", "gpu", 5.0, 1.0, "failed"),
+               gate_time.TestTime("tests/unit/c.py::t", "unit", 0.5, 0.0, "passed")]
+    for i, part in enumerate((worker0, worker1)):
+        gate_time.write_tests(tmp_path / f"w{i}.json", part)
+    merged = gate_time.read_tests(tmp_path / "w0.json") + gate_time.read_tests(tmp_path / "w1.json")
+    check = {"layer": "python -m parity check", "tests": 1, "failed": 0, "seconds": 30.0, "compile_seconds": 12.0}
+    rows = gate_time.summarize(merged, [check])
+    assert [r["layer"] for r in rows] == ["unit", "gpu", "python -m parity check"]
+    assert rows[1] == {"layer": "gpu", "tests": 2, "failed": 1, "seconds": 15.0, "compile_seconds": 9.0}
+    markdown = gate_time.write_table(tmp_path, rows, {"total": 45.5})
+    assert "| gpu | 2 | 1 | 15.0 | 9.0 |" in markdown and "wall time, total: 45.5 s" in markdown
+    assert json.loads((tmp_path / "gate-time.json").read_text())["layers"] == rows
+
+
+def test_pytest_writes_per_test_times_through_the_plugin(tmp_path):
+    """The conftest's hooks in a real pytest run: every test timed, with its layer."""
+    out = tmp_path / "times.json"
+    env = {**os.environ, "SAMFAST_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT)}
+    env.pop(compile_cache.ENV_ACTIVE, None)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--gate-time", str(out),
+           "tests/unit/test_gate_plumbing.py::test_layer_of_a_test", "tests/unit/test_gate_plumbing.py::test_verdict_keeps_the_exit_code_meanings"]
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    times = gate_time.read_tests(out)
+    assert [t.layer for t in times] == ["unit", "unit"] and all(t.seconds >= 0 and t.outcome == "passed" for t in times)
+    (folder,) = [p for p in (tmp_path / "cache").iterdir() if p.is_dir()]
+    assert compile_cache.why_untrusted(folder, json.loads((folder / "key.json").read_text())) is None  # sealed
+
+
+# --- the model cache: built once, shared read-only --------------------------------------------------
+@pytest.fixture(scope="module")
+def counted():
+    """A cache over vit_tiny on the CPU whose builds are counted."""
+    import samfast
+
+    calls = []
+
+    def build(*args, **kwargs):
+        calls.append((args, kwargs))
+        return samfast.build_sam(*args, **kwargs)
+
+    return ModelCache(build), calls
+
+
+def test_a_stage_is_built_once_across_layers(counted):
+    cache, calls = counted
+    before = len(calls)
+    stage_layer = cache.get("vit_tiny", "fp32", batch=2, compile_mode="default", device="cpu")
+    sync_layer = cache.get("vit_tiny", "fp32", batch=2, compile_mode="max-autotune", device="cpu")  # eager: mode ignored
+    assert sync_layer is stage_layer and len(calls) == before + 1
+    assert not stage_layer.training and not any(p.requires_grad for p in stage_layer.parameters())
+
+
+def test_keys_use_canonical_stage_names_and_mode_only_when_compiled():
+    same = {make_key("vit_b", s, batch=2, compile_mode="default", device="cuda") for s in ("triton", "bf16+compile+sdpa+triton")}
+    assert len(same) == 1
+    assert make_key("vit_b", "nt", batch=2, compile_mode="default", device="cuda") != make_key(
+        "vit_b", "nt", batch=2, compile_mode="max-autotune", device="cuda")
+    assert make_key("vit_b", "nt", batch=2, compile_mode="default", device="cuda") != make_key(
+        "vit_b", "nt", batch=32, compile_mode="default", device="cuda")
+
+
+@pytest.mark.parametrize("mutation", ["switches", "weights_in_place", "weights_replaced", "patched_forward", "train_mode"])
+def test_a_test_that_changes_a_shared_model_fails(counted, mutation):
+    cache, _ = counted
+    model = cache.get("vit_tiny", "fp32+sdpa", batch=1, device="cpu")
+    if mutation == "switches":
+        model.switches = model.switches - {"sdpa"}
+    elif mutation == "weights_in_place":
+        model.mask_decoder.iou_token.weight.add_(1.0)
+    elif mutation == "weights_replaced":
+        model.mask_decoder.iou_token.weight.data = model.mask_decoder.iou_token.weight.data.clone()
+    elif mutation == "patched_forward":
+        model.mask_decoder.forward = lambda *a, **k: None
+    elif mutation == "train_mode":
+        model.train()
+    with pytest.raises(SharedModelMutated, match="fp32\\+sdpa"):
+        cache.get("vit_tiny", "fp32+sdpa", batch=1, device="cpu")
+    cache._entries.clear()  # the next parametrization starts from a fresh build
+
+
+def test_a_shallow_copy_may_change_its_own_switches(counted):
+    cache, _ = counted
+    model = cache.get("vit_tiny", "fp32+sdpa", batch=1, device="cpu")
+    view = copy.copy(model)
+    view.switches = model.switches - {"sdpa"}
+    cache.check_untouched()
+    assert model.switches == {"sdpa"}
