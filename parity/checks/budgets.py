@@ -22,7 +22,8 @@ else:  # pragma: no cover
 DEFAULT_PATH = Path(__file__).resolve().parents[1] / "budgets.toml"
 GPU_KEYS = ("A100", "H100", "H200")
 MODELS = ("vit_tiny", "vit_b", "vit_l", "vit_h")
-_FIELDS = {"min_img_s", "max_peak_gib", "source", "provisional"}
+_FIELDS = {"min_img_s", "max_peak_gib", "source", "provisional", "compile_mode"}
+COMPILE_MODES = ("max-autotune", "default")
 
 
 class BudgetError(ValueError):
@@ -43,6 +44,7 @@ class Budget:
     max_peak_gib: float
     source: str
     provisional: bool = False
+    compile_mode: str = "max-autotune"  # the mode the perf layer compiles the row's stage in
 
     @property
     def row(self) -> str:
@@ -108,7 +110,11 @@ def _budget(gpu, model, stage, batch, fields: dict, fail) -> Budget:
     provisional = fields.get("provisional", False)
     if not isinstance(provisional, bool):
         raise fail(f"provisional must be true or false, got {provisional!r}")
-    return Budget(gpu, model, stage, batch, float(fields["min_img_s"]), float(fields["max_peak_gib"]), source, provisional)
+    compile_mode = fields.get("compile_mode", COMPILE_MODES[0])
+    if compile_mode not in COMPILE_MODES:
+        raise fail(f"compile_mode must be one of {', '.join(COMPILE_MODES)}, got {compile_mode!r}")
+    return Budget(gpu, model, stage, batch, float(fields["min_img_s"]), float(fields["max_peak_gib"]), source,
+                  provisional, compile_mode)
 
 
 def lookup(

@@ -8,8 +8,7 @@
 
 One test per (model, stage, batch) row of any GPU in budgets.toml; by default only GATE_ROWS run
 (the rows that gate PRs), the others skip unless --perf-matrix. A row takes its model from the
-session's model cache, compiled in the mode its budget row was measured in (the row's source says
-`--compile-mode default`, else max-autotune), drops every other cached model (peak memory is the
+session's model cache, compiled in the row's `compile_mode` (max-autotune unless the row says otherwise), drops every other cached model (peak memory is the
 row's own), warms up, times image encoder + prompt encoder + mask decoder + upscaling on
 COCO-like prompts (bench.ladder's e2e, what the published img/s covers) and checks img/s and
 peak GiB against the row of the GPU found (or --budget-gpu). A GPU without that row skips with
@@ -69,15 +68,10 @@ def assert_within(budget: budgets.Budget, img_s: float, peak_gib: float, benchma
     assert not failures, "budget missed:\n  " + "\n  ".join(failures) + f"\n  row source: {budget.source}"
 
 
-def compile_mode_of(budget: budgets.Budget) -> str:
-    """The mode the row's figure was measured in: rows measured with `--compile-mode default` say so."""
-    return "default" if "--compile-mode default" in budget.source else "max-autotune"
-
-
 def e2e_call(model_cache, budget: budgets.Budget):
     """bench.ladder's e2e call (encoder + prompts + decoder + upscaling) on the cached build of the row's stage."""
     device = torch.device("cuda")
-    entry = model_cache.entry(budget.model, budget.stage, batch=budget.batch, compile_mode=compile_mode_of(budget), device=device)
+    entry = model_cache.entry(budget.model, budget.stage, batch=budget.batch, compile_mode=budget.compile_mode, device=device)
     model_cache.keep_only(entry)
     runner = SamfastRunner(budget.model, budget.stage, budget.batch, device, model=entry.model)
     images, prompts = make_inputs(budget.batch, runner.dtype, device)

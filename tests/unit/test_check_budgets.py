@@ -115,6 +115,7 @@ def test_missing_row_on_known_gpu_names_it_and_the_fix(budgets):
         ('[A100.vit_b]\nfp33.8 = { min_img_s = 1.0, max_peak_gib = 1.0, source = "x" }', "unknown stage"),
         ('[A100.vit_q]\nfp32.8 = { min_img_s = 1.0, max_peak_gib = 1.0, source = "x" }', "unknown model"),
         ('[A100.vit_b]\nfp32.b8 = { min_img_s = 1.0, max_peak_gib = 1.0, source = "x" }', "positive batch size"),
+        ('[A100.vit_b]\nfp32.8 = { min_img_s = 1.0, max_peak_gib = 1.0, source = "x", compile_mode = "fast" }', "compile_mode must be one of"),
         ("[A100.vit_b\n", "not valid TOML"),
     ],
 )
