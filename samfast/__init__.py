@@ -6,7 +6,8 @@ from samfast.build import build_sam
 from samfast.checkpoint import CheckpointError, synthetic_state_dict
 from samfast.config import MODEL_TYPES
 from samfast.predictor import Prediction, Prompts, SamPredictor
-from samfast.stages import LADDER, StageError
+from samfast.errors import StageError
+from samfast.stages import LADDER
 
 __all__ = [
     "LADDER",

@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from samfast.stages import StageError
+from samfast.errors import StageError
 
 INT8_INDUCTOR_FLAGS = {"force_fuse_int_mm_with_mul": True, "use_mixed_mm": True}
 SPARSE_BACKENDS = ("cusparselt", "cutlass")

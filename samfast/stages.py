@@ -10,6 +10,9 @@ import os
 
 import torch
 
+from samfast.errors import StageError
+from samfast.quantize import quantize_encoder
+
 LADDER = ("fp32", "bf16", "compile", "sdpa", "triton", "nt", "int8", "sparse")
 # fp8 is a sibling of int8, not a rung above it: both quantize the same encoder linears, so a
 # cumulative ladder would stack one quantization on the other. The name "fp8" alone means the
@@ -20,10 +23,6 @@ LOSSLESS_STACK = "nt"
 # The ladder's `sparse` includes int8, and int8 + 2:4 needs torchao's int8 semi-sparse layout,
 # which torchao 0.18 no longer has: there 2:4 is measured on the lossless stack instead.
 SPARSE_WITHOUT_INT8 = "bf16+compile+sdpa+triton+nt+sparse"
-
-
-class StageError(ValueError):
-    """An unknown stage name or a combination that cannot be built."""
 
 
 def parse_stages(stages: str) -> frozenset[str]:
@@ -74,8 +73,6 @@ def apply_stages(model, switches: frozenset[str]) -> None:
         for block in model.image_encoder.blocks:
             block.attn.attn_impl = "triton"
     if switches & {"int8", "sparse", FP8}:
-        from samfast.quantize import quantize_encoder
-
         quantize_encoder(model.image_encoder, int8="int8" in switches, sparse="sparse" in switches, fp8=FP8 in switches)
     if "compile" in switches:
         model.image_encoder.patch_embed.as_gemm = True  # see PatchEmbed: cuDNN's conv for it is slow

@@ -1,0 +1,133 @@
+"""The package layers: bench -> tinysam -> parity -> samfast, no import upward, no import circle in samfast.
+
+Read from the source with ast (every import, also the ones inside functions), so an import that only
+runs on one code path is checked too. Each checker also gets a planted defect in a throwaway tree.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+# Lowest first: a package may import the ones at or below its own layer, never one above.
+LAYERS = ("samfast", "parity", "tinysam", "bench")
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path, root: Path) -> list[tuple[int, str]]:
+    """(line, absolute module name) for every import in the file; `from a import b` gives a.b when that is a module."""
+    name = module_name(path, root)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            for alias in node.names:
+                submodule = root / Path(*base.split("."), alias.name)
+                is_module = submodule.with_suffix(".py").is_file() or (submodule / "__init__.py").is_file()
+                found.append((node.lineno, f"{base}.{alias.name}" if is_module else base))
+    return found
+
+
+def upward_imports(root: Path) -> list[str]:
+    """'file:line: a imports b' for each import of a package from a layer above the importer's."""
+    problems = []
+    for rank, package in enumerate(LAYERS):
+        for path in sorted((root / package).rglob("*.py")):
+            for line, target in imports_of(path, root):
+                top = target.split(".")[0]
+                if top in LAYERS and LAYERS.index(top) > rank:
+                    problems.append(f"{path.relative_to(root)}:{line}: {package} imports {target} (a layer above it)")
+    return problems
+
+
+def import_cycle(root: Path, package: str) -> list[str]:
+    """One import circle among the package's modules (as [a, b, ..., a]), or [] when there is none."""
+    graph = {}
+    for path in (root / package).rglob("*.py"):
+        targets = {t for _, t in imports_of(path, root) if t.split(".")[0] == package}
+        graph[module_name(path, root)] = targets - {module_name(path, root)}
+    done: set[str] = set()
+
+    def visit(node: str, trail: list[str]) -> list[str]:
+        if node in trail:
+            return trail[trail.index(node) :] + [node]
+        if node in done or node not in graph:
+            return []
+        for target in sorted(graph[node]):
+            if cycle := visit(target, [*trail, node]):
+                return cycle
+        done.add(node)
+        return []
+
+    for start in sorted(graph):
+        if cycle := visit(start, []):
+            return cycle
+    return []
+
+
+def test_no_package_imports_a_layer_above_it():
+    assert upward_imports(REPO) == []
+
+
+def test_samfast_has_no_import_circle():
+    assert import_cycle(REPO, "samfast") == []
+
+
+def test_each_samfast_module_imports_on_its_own():
+    """Each module imported first (samfast forgotten before each), in one subprocess: torch loads once."""
+    names = sorted(module_name(p, REPO) for p in (REPO / "samfast").rglob("*.py"))
+    script = (
+        "import importlib, sys\n"
+        f"for name in {names!r}:\n"
+        "    for loaded in [m for m in sys.modules if m == 'samfast' or m.startswith('samfast.')]:\n"
+        "        del sys.modules[loaded]\n"
+        "    importlib.import_module(name)\n"
+        "    assert not {'parity', 'tinysam', 'bench'} & {m.split('.')[0] for m in sys.modules}, name\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+
+
+def _tree(root: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return root
+
+
+def test_planted_upward_import_is_reported(tmp_path):
+    root = _tree(tmp_path, {
+        "samfast/__init__.py": "",
+        "samfast/model.py": "def f():\n    from parity.report import write\n",
+        "parity/__init__.py": "",
+        "parity/report.py": "import bench.ladder\nfrom samfast import model\n",
+        "bench/__init__.py": "",
+        "bench/ladder.py": "import parity.report\n",
+    })
+    assert upward_imports(root) == [
+        "samfast/model.py:2: samfast imports parity.report (a layer above it)",
+        "parity/report.py:1: parity imports bench.ladder (a layer above it)",
+    ]
+
+
+def test_planted_circle_is_reported(tmp_path):
+    """The circle this test was written for: quantize needs stages' error, stages calls quantize (lazily)."""
+    root = _tree(tmp_path, {
+        "samfast/__init__.py": "from samfast.stages import parse\n",
+        "samfast/quantize.py": "from samfast.stages import StageError\n",
+        "samfast/stages.py": "class StageError(ValueError): ...\ndef apply():\n    from .quantize import q\n",
+    })
+    assert import_cycle(root, "samfast") == ["samfast.stages", "samfast.quantize", "samfast.stages"]
