@@ -72,9 +72,10 @@ def train_tiny(session: nox.Session) -> None:
     """Train the packaged vit_tiny checkpoint from scratch on generated scenes (GPU, 9 minutes on an H100).
 
     Writes samfast/weights/vit_tiny_trained.{pt,json}, training_log.csv and training_curve.png.
-    Arguments after -- go to `python -m parity.train_tiny` (e.g. --minutes 5 --seed 0; --smoke on a CPU).
-    The default is the command that made the committed checkpoint.
+    Arguments after -- go to `python -m tinysam.train` (e.g. --minutes 5 --seed 0; --smoke on a CPU).
+    The default is the command that made the committed checkpoint (its manifest records it as
+    `python -m parity.train_tiny`, the trainer's home before it moved to tinysam/).
     """
     _install(session)
     packaged = ["--minutes", "9.3", "--pool", "6000", "--val-every", "60", "--out", "samfast/weights"]
-    session.run("python", "-m", "parity.train_tiny", *(session.posargs or packaged))
+    session.run("python", "-m", "tinysam.train", *(session.posargs or packaged))

@@ -1,8 +1,8 @@
-"""Where a training step of parity.train_tiny spends its GPU time: encoder, decoder, loss, backward, optimizer.
+"""Where a training step of tinysam.train spends its GPU time: encoder, decoder, loss, backward, optimizer.
 
     python -m bench.train_step_profile [--batch 16] [--prompts 8] [--steps 5] [--pool 64]
 
-Builds the same model, data and step as `python -m parity.train_tiny` (seeded init, bf16 autocast,
+Builds the same model, data and step as `python -m tinysam.train` (seeded init, bf16 autocast,
 SDPA attention, fused AdamW, compiled on the GPU) on a small scene pool, warms up, then profiles `--steps` steps with
 torch.profiler and prints per-phase CUDA milliseconds and the top kernels.
 """
@@ -14,7 +14,7 @@ import argparse
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from parity.train_tiny import (
+from tinysam.train import (
     BatchSampler,
     DeviceData,
     TrainingStep,
@@ -35,7 +35,7 @@ def main(argv=None) -> None:
     p.add_argument("--pool", type=int, default=64)
     p.add_argument("--workers", type=int, default=8)
     p.add_argument("--compile", action=argparse.BooleanOptionalAction,
-                   help="torch.compile the step, as parity.train_tiny does (default: on the GPU)")
+                   help="torch.compile the step, as tinysam.train does (default: on the GPU)")
     args = p.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     pool, _, _ = build_pool(args.pool, 0, args.workers)

@@ -1,4 +1,4 @@
-"""bench.train_step_profile runs a real training step of parity.train_tiny and reports each phase."""
+"""bench.train_step_profile runs a real training step of tinysam.train and reports each phase."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""parity.train_tiny: target geometry, flips, prompts, SAM's loss, the schedule, and one smoke run."""
+"""tinysam.train: target geometry, flips, prompts, SAM's loss, the schedule, and one smoke run."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pycocotools import mask as mask_utils
 
 from parity.metrics import mask_iou
 from parity.scenes import generate_scenes
-from parity.train_tiny import (
+from tinysam.train import (
     BatchSampler,
     DeviceData,
     build_pool,
@@ -183,7 +183,7 @@ def test_learning_rate_warms_up_then_decays_to_one_percent():
 
 @pytest.mark.slow
 def test_smoke_run_writes_a_loadable_checkpoint_and_manifest(tmp_path):
-    from parity.train_tiny import CHECKPOINT_NAME, main
+    from tinysam.train import CHECKPOINT_NAME, main
 
     manifest = main(["--smoke", "--steps", "1", "--device", "cpu", "--out", str(tmp_path)])
     path = tmp_path / CHECKPOINT_NAME

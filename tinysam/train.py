@@ -1,6 +1,6 @@
 """Train the vit_tiny SAM from scratch on generated scenes: the packaged "trained" checkpoint.
 
-    python -m parity.train_tiny [--minutes 5] [--seed 0] [--out samfast/weights] [--device cuda] [--smoke]
+    python -m tinysam.train [--minutes 5] [--seed 0] [--out samfast/weights] [--device cuda] [--smoke]
 
 Random weights make half-image masks, so mask IoU on them means nothing (DESIGN.md). This script
 gives vit_tiny masks worth comparing: it trains samfast's own modules, in the official state-dict
@@ -585,7 +585,7 @@ SCHEDULE_MARGIN = 0.97  # of the measured speed, so the cosine ends before the b
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m parity.train_tiny", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m tinysam.train", description=__doc__.split("\n\n")[0])
     p.add_argument("--minutes", type=float, default=5.0, help="wall budget of the whole run, data and validation included")
     p.add_argument("--steps", type=int, help="fixed step count (replays a run); default: as many as --minutes allows")
     p.add_argument("--seed", type=int, default=0, help="initial weights, data seeds and sampling")
@@ -626,7 +626,7 @@ SMOKE_DEFAULTS = dict(pool=8, steps=3, compile=False, batch=1, prompts=4, warmup
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    command = "python -m parity.train_tiny " + shlex.join(sys.argv[1:] if argv is None else argv)
+    command = "python -m tinysam.train " + shlex.join(sys.argv[1:] if argv is None else argv)
     start = _START if argv is None else time.monotonic()
     deadline = start + 60.0 * args.minutes
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
