@@ -261,7 +261,8 @@ def publish(folder: Path, files: dict[str, bytes], manifest: dict) -> Path:
     return folder
 
 
-def _corrupt(folder: Path, name: str, problem: str, regenerate: str) -> GoldenCorrupt:
+def corrupt(folder: Path, name: str, problem: str, regenerate: str) -> GoldenCorrupt:
+    """The error for one bad file of a golden: which file, what is wrong, the command that rewrites it."""
     return GoldenCorrupt(f"golden file {folder / name} {problem}. Regenerate the golden with:\n  {regenerate}")
 
 
@@ -272,35 +273,35 @@ def _read_verified(folder: Path, regenerate: str) -> tuple[dict, dict[str, bytes
     try:
         raw = (folder / MANIFEST).read_bytes()
     except FileNotFoundError:
-        raise _corrupt(folder, MANIFEST, "is missing", regenerate) from None
+        raise corrupt(folder, MANIFEST, "is missing", regenerate) from None
     except OSError as err:
-        raise _corrupt(folder, MANIFEST, f"cannot be read ({err.strerror})", regenerate) from None
+        raise corrupt(folder, MANIFEST, f"cannot be read ({err.strerror})", regenerate) from None
     try:
         manifest = json.loads(raw)
     except ValueError as err:
-        raise _corrupt(folder, MANIFEST, f"is not valid JSON ({err})", regenerate) from None
+        raise corrupt(folder, MANIFEST, f"is not valid JSON ({err})", regenerate) from None
     listed = manifest.get("files") if isinstance(manifest, dict) else None
     if not isinstance(listed, dict) or not all(
         isinstance(entry, dict) and isinstance(entry.get("sha256"), str) and isinstance(entry.get("bytes"), int)
         for entry in listed.values()
     ):
-        raise _corrupt(folder, MANIFEST, 'is not a golden manifest (a JSON object whose "files" maps each file '
+        raise corrupt(folder, MANIFEST, 'is not a golden manifest (a JSON object whose "files" maps each file '
                        'to its "sha256" and "bytes"; goldens written before the verified store lack it)', regenerate)
     files = {}
     for name, entry in sorted(listed.items()):
         if name == MANIFEST or name.startswith(".") or name != os.path.basename(name):
-            raise _corrupt(folder, MANIFEST, f"lists a file outside the golden: {name!r}", regenerate)
+            raise corrupt(folder, MANIFEST, f"lists a file outside the golden: {name!r}", regenerate)
         try:
             data = (folder / name).read_bytes()
         except FileNotFoundError:
-            raise _corrupt(folder, name, "is missing", regenerate) from None
+            raise corrupt(folder, name, "is missing", regenerate) from None
         except OSError as err:
-            raise _corrupt(folder, name, f"cannot be read ({err.strerror})", regenerate) from None
+            raise corrupt(folder, name, f"cannot be read ({err.strerror})", regenerate) from None
         if len(data) != entry["bytes"]:
-            raise _corrupt(folder, name, f"has {len(data)} bytes, its manifest says {entry['bytes']} (truncated or "
+            raise corrupt(folder, name, f"has {len(data)} bytes, its manifest says {entry['bytes']} (truncated or "
                            "replaced)", regenerate)
         if hashlib.sha256(data).hexdigest() != entry["sha256"]:
-            raise _corrupt(folder, name, "does not match the sha256 in its manifest (edited or damaged)", regenerate)
+            raise corrupt(folder, name, "does not match the sha256 in its manifest (edited or damaged)", regenerate)
         files[name] = data
     return manifest, files
 

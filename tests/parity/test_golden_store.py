@@ -260,3 +260,167 @@ def test_second_writer_is_refused_naming_the_holder(tmp_path, monkeypatch):
     store.publish(folder, *version("new"))  # the lock went with its holder
     assert_holds(folder, "new")
     assert_no_leftovers(folder)
+
+
+# --- point goldens (parity/golden.py) through the gate's command line: bad goldens exit 2 --------
+
+def _gate_golden():
+    """vit_tiny trained on one scene: real masks, a few seconds on the CPU."""
+    from parity.data import load_dataset
+    from parity.runner import ModelSource
+    from samfast.checkpoint import resolve_checkpoint
+
+    return ModelSource("vit_tiny", resolve_checkpoint("trained")), load_dataset("scenes", limit=1)
+
+
+@pytest.fixture(scope="module")
+def small_golden(tmp_path_factory) -> Path:
+    from parity.runner import make_golden
+
+    source, dataset = _gate_golden()
+    return make_golden(source, dataset, device="cpu", root=tmp_path_factory.mktemp("golden"))
+
+
+def parity_cli(argv: list[str], capsys) -> tuple[int, str]:
+    """`python -m parity ARGV` in this process (parity.__main__ runs cli.main): exit code and stderr."""
+    from parity.cli import main
+
+    code = main(argv)
+    return code, capsys.readouterr().err
+
+
+def check_args(golden: Path, tmp_path: Path) -> list[str]:
+    return ["check", "--model", "vit_tiny", "--checkpoint", "trained", "--data", "scenes", "--limit", "1",
+            "--device", "cpu", "--stages", "fp32", "--golden", str(golden), "--report-dir", str(tmp_path / "report")]
+
+
+def _rewrite(folder: Path, change) -> None:
+    """Re-publish the golden's outputs after `change(outputs)`: checksums valid, contents bad."""
+    from parity import golden as golden_io
+
+    manifest, outputs = golden_io.read_golden(folder)
+    change(outputs)
+    manifest = {k: v for k, v in manifest.items() if k != "files"}
+    golden_io.write_golden(folder, outputs, manifest)
+
+
+def _edit_scores(folder: Path) -> None:
+    import gzip
+
+    path = folder / "predictions.json.gz"
+    records = json.loads(gzip.decompress(path.read_bytes()))
+    records[0]["scores"][0] += 0.25
+    path.write_bytes(gzip.compress(json.dumps(records).encode()))
+
+
+def _flip_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def _without_key(folder: Path, key: str) -> None:
+    path = folder / "manifest.json"
+    manifest = json.loads(path.read_text())
+    del manifest[key]
+    path.write_text(json.dumps(manifest))
+
+
+GOLDEN_DAMAGE = {
+    "truncated predictions": (lambda f: (f / "predictions.json.gz").write_bytes((f / "predictions.json.gz").read_bytes()[:99]),
+                              "predictions.json.gz", "has 99 bytes"),
+    "flipped byte in logits": (lambda f: _flip_byte(f / "logits.npz"), "logits.npz", "sha256"),
+    "deleted logits": (lambda f: (f / "logits.npz").unlink(), "logits.npz", "is missing"),
+    "manifest a list": (lambda f: (f / "manifest.json").write_text("[1, 2]"), "manifest.json", "not a golden manifest"),
+    "manifest without model_type": (lambda f: _without_key(f, "model_type"), "manifest.json", "lacks model_type"),
+    "edited scores": (_edit_scores, "predictions.json.gz", "its manifest"),
+    "logits without rows": (lambda f: _rewrite(f, lambda o: o.logits.clear()), "logits.npz", "no rows"),
+    "logits of no record": (lambda f: _rewrite(f, lambda o: o.logits.update({999_999: o.logits.popitem()[1]})),
+                            "logits.npz", "matching no record"),
+}
+
+
+@pytest.mark.parametrize("case", list(GOLDEN_DAMAGE))
+def test_damaged_golden_exits_2_naming_file_and_fix(small_golden, tmp_path, capsys, case):
+    import shutil
+
+    damage, name, problem = GOLDEN_DAMAGE[case]
+    golden = tmp_path / small_golden.name
+    shutil.copytree(small_golden, golden)
+    damage(golden)
+    code, err = parity_cli(check_args(golden, tmp_path), capsys)
+    assert code == 2, err
+    assert str(golden / name) in err and problem in err
+    assert "python -m parity golden --model vit_tiny --checkpoint" in err and "--data scenes --limit 1" in err
+
+
+def test_sound_golden_passes_through_the_same_command(small_golden, tmp_path, capsys):
+    """The control of the damage cases above: the undamaged golden exits 0 with the same arguments."""
+    code, err = parity_cli(check_args(small_golden, tmp_path), capsys)
+    assert code == 0, err
+
+
+def test_exit_2_through_python_m_parity(small_golden, tmp_path):
+    import shutil
+
+    golden = tmp_path / small_golden.name
+    shutil.copytree(small_golden, golden)
+    (golden / "predictions.json.gz").write_bytes(b"\x1f\x8b truncated")
+    done = subprocess.run([sys.executable, "-m", "parity", *check_args(golden, tmp_path)], cwd=REPO,
+                          capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 2, done.stderr
+    assert str(golden / "predictions.json.gz") in done.stderr and "Traceback" not in done.stderr
+
+
+def test_regenerating_gives_identical_bytes_and_normal_modes(small_golden, tmp_path):
+    from parity.runner import make_golden
+
+    source, dataset = _gate_golden()
+    again = make_golden(source, dataset, device="cpu", root=tmp_path)
+    names = sorted(p.name for p in small_golden.iterdir())
+    assert names == ["logits.npz", "manifest.json", "predictions.json.gz"]
+    for name in names:
+        assert (again / name).read_bytes() == (small_golden / name).read_bytes(), name
+        assert (again / name).stat().st_mode & 0o777 == 0o644
+    assert again.stat().st_mode & 0o777 == 0o755
+
+
+def test_batch_size_below_one_is_refused_and_old_golden_untouched(small_golden, capsys):
+    before = {p.name: p.read_bytes() for p in small_golden.iterdir()}
+    code, err = parity_cli(["golden", "--model", "vit_tiny", "--checkpoint", "trained", "--data", "scenes", "--limit", "1",
+                            "--device", "cpu", "--batch-size", "-1", "--golden-root", str(small_golden.parent)], capsys)
+    assert code == 2 and "batch-size must be at least 1, got -1" in err
+    assert {p.name: p.read_bytes() for p in small_golden.iterdir()} == before
+
+
+def test_crowd_only_data_is_refused(tmp_path, capsys):
+    from PIL import Image
+
+    Image.new("RGB", (32, 32)).save(tmp_path / "a.png")
+    crowd = {"id": 1, "image_id": 1, "category_id": 1, "iscrowd": 1, "area": 64.0, "bbox": [0, 0, 8, 8],
+             "segmentation": [[0, 0, 8, 0, 8, 8, 0, 8]]}
+    (tmp_path / "ann.json").write_text(json.dumps({
+        "images": [{"id": 1, "file_name": "a.png", "width": 32, "height": 32}], "annotations": [crowd],
+        "categories": [{"id": 1, "name": "thing"}]}))
+    code, err = parity_cli(["golden", "--model", "vit_tiny", "--coco-root", str(tmp_path), "--ann-file", str(tmp_path / "ann.json"),
+                            "--device", "cpu", "--golden-root", str(tmp_path / "golden")], capsys)
+    assert code == 2 and "no annotations left after filtering (1 crowd" in err, err
+    assert not (tmp_path / "golden").exists() or not any((tmp_path / "golden").iterdir())
+
+
+def test_nan_weights_are_refused_naming_the_first_annotation(tmp_path, capsys):
+    import torch
+
+    import samfast
+
+    state = samfast.synthetic_state_dict("vit_tiny", seed=0)
+    for key in state:
+        if key.startswith("mask_decoder.iou_prediction_head."):
+            state[key] = torch.full_like(state[key], float("nan"))
+    torch.save(state, tmp_path / "nan.pth")
+    _, dataset = _gate_golden()
+    first = dataset.samples[0].annotations[0].ann_id
+    code, err = parity_cli(["golden", "--model", "vit_tiny", "--checkpoint", str(tmp_path / "nan.pth"), "--data", "scenes",
+                            "--limit", "1", "--device", "cpu", "--golden-root", str(tmp_path / "golden")], capsys)
+    assert code == 2 and f"annotation {first} " in err and "non-finite" in err, err
+    assert not (tmp_path / "golden").exists() or not any((tmp_path / "golden").iterdir())
