@@ -217,10 +217,9 @@ def _refuse_non_folder(folder: Path, fix: str) -> None:
         raise GoldenCorrupt(f"golden {folder} is a file, not a folder. Remove it (`rm {folder}`) and {fix}")
 
 
-def _check_file_names(files: dict[str, bytes]) -> None:
-    for name in files:
-        if name == MANIFEST or name.startswith(".") or "/" in name or name != os.path.basename(name) or not name:
-            raise ValueError(f"golden file name {name!r}: plain names only, not hidden, not {MANIFEST}")
+def _is_content_name(name: str) -> bool:
+    """A content file sits in the golden folder itself, is not hidden and is not the manifest."""
+    return bool(name) and name != MANIFEST and not name.startswith(".") and name == os.path.basename(name)
 
 
 def manifest_bytes(manifest: dict, files: dict[str, bytes]) -> bytes:
@@ -236,7 +235,9 @@ def publish(folder: Path, files: dict[str, bytes], manifest: dict) -> Path:
     holder); crash-safe; the same inputs give the same bytes; modes 0644 / 0755. On an error (disk full)
     the staging folder is removed and the previous golden stays as it was."""
     folder = Path(folder)
-    _check_file_names(files)
+    bad = [name for name in files if not _is_content_name(name)]
+    if bad:
+        raise ValueError(f"golden file names {bad}: plain names only, not hidden, not {MANIFEST}")
     contents = {**files, MANIFEST: manifest_bytes(manifest, files)}
     folder.parent.mkdir(parents=True, exist_ok=True)
     new, old = _sibling(folder, "new"), _sibling(folder, "old")
@@ -289,7 +290,7 @@ def _read_verified(folder: Path, regenerate: str) -> tuple[dict, dict[str, bytes
                        'to its "sha256" and "bytes"; goldens written before the verified store lack it)', regenerate)
     files = {}
     for name, entry in sorted(listed.items()):
-        if name == MANIFEST or name.startswith(".") or name != os.path.basename(name):
+        if not _is_content_name(name):
             raise corrupt(folder, MANIFEST, f"lists a file outside the golden: {name!r}", regenerate)
         try:
             data = (folder / name).read_bytes()

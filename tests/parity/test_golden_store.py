@@ -74,6 +74,13 @@ def test_replacing_a_golden_keeps_no_trace_of_the_old(tmp_path):
     assert_no_leftovers(folder)
 
 
+@pytest.mark.parametrize("name", ["manifest.json", ".hidden", "sub/file", "../escape", ""])
+def test_file_names_outside_the_golden_are_refused(tmp_path, name):
+    with pytest.raises(ValueError, match="plain names only"):
+        store.publish(tmp_path / "g", {name: b"x"}, {})
+    assert not (tmp_path / "g").exists()
+
+
 def test_missing_golden(tmp_path):
     with pytest.raises(store.GoldenMissing, match=REGENERATE) as err:
         store.read(tmp_path / "nothing", REGENERATE)
@@ -98,8 +105,14 @@ def _damage_cases():
         manifest["files"]["a.bin"]["sha256"] = "0" * 64
         (folder / "manifest.json").write_text(json.dumps(manifest))
 
+    def list_outside(folder):
+        manifest = json.loads((folder / "manifest.json").read_text())
+        manifest["files"]["../escape"] = manifest["files"]["a.bin"]
+        (folder / "manifest.json").write_text(json.dumps(manifest))
+
     return {
         "truncated": (truncate, "a.bin", "has 100 bytes"),
+        "listing outside the folder": (list_outside, "manifest.json", "lists a file outside the golden: '../escape'"),
         "flipped byte": (flip, "a.bin", "sha256"),
         "deleted file": (lambda f: (f / "b.json").unlink(), "b.json", "is missing"),
         "deleted manifest": (lambda f: (f / "manifest.json").unlink(), "manifest.json", "is missing"),
