@@ -42,8 +42,9 @@ def _dataset(args):
         if not (args.coco_root and args.ann_file):
             raise SystemExit("error: --coco-root and --ann-file go together")
         return load_coco(args.coco_root, args.ann_file, limit=args.limit), (
-            f"--coco-root {shlex.quote(str(args.coco_root))} --ann-file {shlex.quote(str(args.ann_file))}")
-    return load_dataset(args.data, limit=args.limit), f"--data {shlex.quote(str(args.data))}"
+            f"--coco-root {shlex.quote(str(args.coco_root))} --ann-file {shlex.quote(str(args.ann_file))}"
+            + (f" --limit {args.limit}" if args.limit else ""))
+    return load_dataset(args.data, limit=args.limit), f"--data {shlex.quote(str(args.data))}" + (f" --limit {args.limit}" if args.limit else "")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("--report-dir", type=Path, default=Path("reports"))
     args = parser.parse_args(argv)
 
-    from parity.golden import GoldenMismatch, GoldenMissing
+    from parity.store import GoldenError
     from parity.runner import ModelSource, make_golden, run_check
     from parity.settings import DataNotFoundError
     from samfast import CheckpointError, StageError
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         results, paths = run_check(source, dataset, stages, data_args=data_args, prompt=args.prompt,
                                    device=args.device, batch_size=args.batch_size, golden=args.golden,
                                    report_dir=args.report_dir)
-    except (GoldenMismatch, GoldenMissing, DataNotFoundError, CheckpointError, StageError, ValueError) as err:
+    except (GoldenError, DataNotFoundError, CheckpointError, StageError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(paths["report.md"].read_text())

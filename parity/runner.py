@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import torch
 
 import samfast
@@ -18,7 +19,7 @@ from samfast import kernels
 from parity import golden as golden_io
 from parity.check import StageResult, compare, load_thresholds, thresholds_for
 from parity.data import Dataset
-from parity.evaluate import evaluate
+from parity.evaluate import StageOutputs, evaluate
 from parity.report import write_reports
 from samfast.checkpoint import synthetic_state_dict
 from samfast.stages import canonical_name, parse_stages
@@ -65,14 +66,34 @@ def golden_folder(source: ModelSource, sha: str, dataset: Dataset, prompt: str, 
 
 def make_golden(source: ModelSource, dataset: Dataset, *, prompt: str = "point", device=None,
                 batch_size: int = 8, root: Path | None = None) -> Path:
+    """Evaluate fp32 and publish the golden; refuse (exit 2, the old golden untouched) one that would check nothing."""
+    if batch_size < 1:
+        raise ValueError(f"--batch-size must be at least 1, got {batch_size}")
+    if not dataset.num_annotations:
+        raise golden_io.UselessGolden(
+            f"dataset {dataset.name} has no annotations left after filtering ({dataset.crowd_skipped} crowd, "
+            f"{dataset.empty_skipped} empty skipped): a golden of it would check nothing; no golden written")
     device = torch.device(device) if device else default_device()
     settings = golden_io.fp32_settings()
     sha = source.sha256()
     model = source.build("fp32", device, batch_size)
     outputs = evaluate(model, dataset, prompt=prompt, batch_size=batch_size, desc=f"golden {source.model_type} fp32")
+    refuse_useless(outputs, source)
     manifest = golden_io.base_manifest(source.model_type, source.label, sha, dataset, prompt, device)
     manifest.update(fp32_settings=settings, masks_meaningful=source.masks_meaningful, batch_size=batch_size)
     return golden_io.write_golden(golden_folder(source, sha, dataset, prompt, root), outputs, manifest)
+
+
+def refuse_useless(outputs: StageOutputs, source: ModelSource) -> None:
+    """No golden of zero annotations or of non-finite scores or logits (NaN weights): name the first bad one."""
+    if not outputs.annotations:
+        raise golden_io.UselessGolden("the fp32 run produced no annotations: a golden of it would check nothing; no golden written")
+    for ann in outputs.annotations:
+        logits = outputs.logits.get(ann.ann_id)
+        if not np.isfinite(ann.scores).all() or (logits is not None and not np.isfinite(logits).all()):
+            raise golden_io.UselessGolden(
+                f"annotation {ann.ann_id} (image {ann.image_id}) has non-finite predicted IoUs or logits with "
+                f"{source.label}: the weights or the input are broken; no golden written")
 
 
 def regenerate_command(source: ModelSource, data_args: str, prompt: str) -> str:
@@ -96,14 +117,15 @@ def run_check(
     device = torch.device(device) if device else default_device()
     sha = source.sha256()
     folder = Path(golden) if golden else golden_folder(source, sha, dataset, prompt)
-    manifest, golden_outputs = golden_io.read_golden(folder)
+    regenerate = regenerate_command(source, data_args, prompt)
+    manifest, golden_outputs = golden_io.read_golden(folder, regenerate)
     expected = {
         "model_type": source.model_type,
         "checkpoint_sha256": sha,
         "dataset_fingerprint": dataset.fingerprint,
         "prompt_policy": dataset.manifest()["prompt_policy" if prompt == "point" else "box_policy"],
     }
-    golden_io.verify_matches(manifest, expected, folder, regenerate_command(source, data_args, prompt))
+    golden_io.verify_matches(manifest, expected, folder, regenerate)
     thresholds = load_thresholds()
     build = build or (lambda stages: source.build(stages, device, batch_size))
     results = []

@@ -128,7 +128,7 @@ def test_failed_regeneration_keeps_the_old_golden(synthetic_golden, scenes, monk
     def broken(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(golden_io.np, "savez_compressed", broken)
+    monkeypatch.setattr(golden_io.store._fs, "write", broken)
     with pytest.raises(OSError, match="disk full"):
         make_golden(ModelSource("vit_tiny"), scenes, device="cpu", root=synthetic_golden.parent)
     assert (synthetic_golden / "predictions.json.gz").read_bytes() == before
