@@ -7,9 +7,9 @@ import shlex
 import sys
 from pathlib import Path
 
-import torch
 
 from parity.data import load_coco, load_dataset
+from parity.distributed import DEFAULT_TIMEOUT_S, RankFailure, start, stop
 from samfast.stages import LADDER
 
 # bf16 matmuls and convolutions crawl on CPUs without bf16 units (~60 s per vit_tiny image on
@@ -35,6 +35,9 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt", choices=("point", "box"), default="point")
     parser.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--collective-timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
+                        help="under torchrun: how long a rank waits for the others at a batch boundary "
+                        f"(default {DEFAULT_TIMEOUT_S:g}; longer than the slowest first batch, compile included)")
 
 
 def _dataset(args):
@@ -61,27 +64,44 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from parity.golden import GoldenMismatch, GoldenMissing
-    from parity.runner import ModelSource, make_golden, run_check
+    from parity.runner import ModelSource
     from parity.settings import DataNotFoundError
     from samfast import CheckpointError, StageError
     from samfast.checkpoint import resolve_checkpoint
 
     source = ModelSource(args.model, resolve_checkpoint(args.checkpoint) if args.checkpoint else None, args.seed)
+    # Under torchrun every rank runs this; rank 0 alone writes the golden or the reports.
+    ranks, device = start(args.device, args.collective_timeout)
     try:
-        dataset, data_args = _dataset(args)
-        if args.command == "golden":
-            folder = make_golden(source, dataset, prompt=args.prompt, device=args.device,
-                                 batch_size=args.batch_size, root=args.golden_root)
-            print(f"golden written: {folder} ({dataset.num_annotations} annotations)")
-            return 0
-        on_gpu = (args.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
-        stages = args.stages or (DEFAULT_GPU_STAGES if on_gpu else DEFAULT_CPU_STAGES)
-        results, paths = run_check(source, dataset, stages, data_args=data_args, prompt=args.prompt,
-                                   device=args.device, batch_size=args.batch_size, golden=args.golden,
-                                   report_dir=args.report_dir)
+        return _run(args, source, ranks, device)
+    except RankFailure as err:  # every rank raises it alike; rank 0 speaks for them
+        if ranks.is_main:
+            print(f"error: {err}", file=sys.stderr)
+        return 2 if err.bad_input else 1
     except (GoldenMismatch, GoldenMissing, DataNotFoundError, CheckpointError, StageError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error{f' (rank {ranks.rank})' if ranks.world_size > 1 else ''}: {err}", file=sys.stderr)
         return 2
-    print(paths["report.md"].read_text())
-    print("reports: " + ", ".join(str(p) for p in paths.values()))
-    return 0 if all(r.passed for r in results) else 1
+    finally:
+        stop(ranks)
+
+
+def _run(args, source, ranks, device) -> int:
+    from parity.runner import make_golden, run_check
+
+    dataset, data_args = _dataset(args)
+    if args.command == "golden":
+        folder = make_golden(source, dataset, prompt=args.prompt, device=device,
+                             batch_size=args.batch_size, root=args.golden_root, ranks=ranks)
+        if ranks.is_main:
+            print(f"golden written: {folder} ({dataset.num_annotations} annotations)")
+        return 0
+    stages = args.stages or (DEFAULT_GPU_STAGES if device.type == "cuda" else DEFAULT_CPU_STAGES)
+    outcome = run_check(source, dataset, stages, data_args=data_args, prompt=args.prompt, device=device,
+                        batch_size=args.batch_size, golden=args.golden, report_dir=args.report_dir, ranks=ranks)
+    verdict = None
+    if outcome:
+        results, paths = outcome
+        print(paths["report.md"].read_text())
+        print("reports: " + ", ".join(str(p) for p in paths.values()))
+        verdict = 0 if all(r.passed for r in results) else 1
+    return ranks.from_main(verdict)  # every rank exits with rank 0's verdict
