@@ -74,8 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     ranks, device = start(args.device, args.collective_timeout)
     try:
         return _run(args, source, ranks, device)
-    except RankFailure as err:  # every rank raises it alike; rank 0 speaks for them
-        if ranks.is_main:
+    except RankFailure as err:
+        if ranks.is_main or not err.agreed:  # an agreed failure is said once, by rank 0
             print(f"error: {err}", file=sys.stderr)
         return 2 if err.bad_input else 1
     except (GoldenMismatch, GoldenMissing, DataNotFoundError, CheckpointError, StageError, ValueError) as err:

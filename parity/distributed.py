@@ -57,7 +57,13 @@ class Ranks:
         if self.world_size == 1:
             return [obj]
         gathered = [None] * self.world_size
-        dist.all_gather_object(gathered, obj)
+        try:
+            dist.all_gather_object(gathered, obj)
+        except RuntimeError as err:  # gloo: connection closed by a dead peer; any backend: the timeout
+            raise RankFailure(
+                f"rank {self.rank} of {self.world_size} lost the other ranks at a batch boundary "
+                f"({type(err).__name__}: {err}); one was killed or did not answer within --collective-timeout",
+                bad_input=False, agreed=False) from err
         return gathered
 
     def from_main(self, obj):
@@ -99,11 +105,13 @@ class RankFailure(RuntimeError):
     """A rank could not finish its batch; raised on every rank, with the failing rank's words.
 
     bad_input: the data was at fault (an unreadable image): exit 2 rather than a failed stage's 1.
+    agreed: every rank raised this same message (so rank 0 alone need say it), rather than this
+    rank alone finding its peers gone.
     """
 
-    def __init__(self, message: str, bad_input: bool):
+    def __init__(self, message: str, bad_input: bool, agreed: bool = True):
         super().__init__(message)
-        self.bad_input = bad_input
+        self.bad_input, self.agreed = bad_input, agreed
 
 
 def failure(ranks: Ranks, what: str, bad_input: bool) -> dict:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+import sys
 import time
 from dataclasses import asdict, dataclass
 
@@ -165,7 +166,8 @@ def evaluate(model, dataset: Dataset, *, prompt: str = "point", batch_size: int 
         done = {k: BatchOutputs.from_bytes(p) for k, p in finished.items()}
         print(f"{desc or 'evaluate'}: {ranks.world_size} rank{'s share' if ranks.world_size > 1 else ' runs'} "
               f"{len(batches)} batches of {batch_size} image(s)"
-              + (f"; {len(finished)} batches already done in {work.path}, resuming" if finished else ""), flush=True)
+              + (f"; {len(finished)} batches already done in {work.path}, resuming" if finished else ""),
+              file=sys.stderr, flush=True)
     start = time.perf_counter()
     first_round_images, first_round_seconds = 0, 0.0
     with tqdm(total=len(dataset.samples), initial=sum(len(batches[k]) for k in finished), desc=desc or "evaluate",
