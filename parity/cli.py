@@ -77,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     except RankFailure as err:
         if ranks.is_main or not err.agreed:  # an agreed failure is said once, by rank 0
             print(f"error: {err}", file=sys.stderr)
+        if err.agreed:
+            ranks.barrier()  # no rank exits (and gets rank 0 stopped by torchrun) before rank 0 has spoken
         return 2 if err.bad_input else 1
     except (GoldenMismatch, GoldenMissing, DataNotFoundError, CheckpointError, StageError, ValueError) as err:
         print(f"error{f' (rank {ranks.rank})' if ranks.world_size > 1 else ''}: {err}", file=sys.stderr)
