@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
+import subprocess
 import sys
 from pathlib import Path
-
 
 from parity.data import load_coco, load_dataset
 from parity.distributed import DEFAULT_TIMEOUT_S, RankFailure, start, stop
@@ -35,6 +36,9 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt", choices=("point", "box"), default="point")
     parser.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--nproc", type=int, metavar="N",
+                        help="share the work among N processes, one per GPU (gloo ranks on a CPU): runs this "
+                        "command under `torchrun --standalone --nproc-per-node N`; same golden, same figures")
     parser.add_argument("--collective-timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
                         help="under torchrun: how long a rank waits for the others at a batch boundary "
                         f"(default {DEFAULT_TIMEOUT_S:g}; longer than the slowest first batch, compile included)")
@@ -62,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("--golden", type=Path, help="golden folder (default: derived from model, checkpoint, data)")
     check.add_argument("--report-dir", type=Path, default=Path("reports"))
     args = parser.parse_args(argv)
+    if args.nproc is not None and args.nproc != 1:
+        return _under_torchrun(args.nproc, sys.argv[1:] if argv is None else list(argv))
 
     from parity.golden import GoldenMismatch, GoldenMissing
     from parity.runner import ModelSource
@@ -85,6 +91,29 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     finally:
         stop(ranks)
+
+
+def _under_torchrun(nproc: int, argv: list[str]) -> int:
+    """This command again, without --nproc, as torchrun's N ranks; torchrun's exit code (1 when any
+    rank failed: each rank's own code, 2 for bad input, is in torchrun's failure summary)."""
+    if nproc < 1:
+        print(f"error: --nproc {nproc}: the number of processes must be at least 1", file=sys.stderr)
+        return 2
+    if "WORLD_SIZE" in os.environ:
+        print("error: --nproc under torchrun: torchrun has already started the ranks; drop --nproc", file=sys.stderr)
+        return 2
+    rest, skip = [], False
+    for token in argv:
+        if skip or token.startswith("--nproc="):
+            skip = False
+        elif token == "--nproc":
+            skip = True
+        else:
+            rest.append(token)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
+               "-m", "parity", *rest]
+    print("+ " + shlex.join(command), file=sys.stderr, flush=True)
+    return subprocess.call(command)
 
 
 def _run(args, source, ranks, device) -> int:

@@ -24,9 +24,10 @@ IMAGES, ANNOTATIONS_PER_IMAGE = 3, 2  # 3 batches of 1 image: rank 0 takes batch
 TIMEOUT_S = 300  # a hang fails the test instead of the suite
 
 
-def _torchrun(args: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-               "-m", "parity", *args]
+def _torchrun(args: list[str], env: dict | None = None, *, through_nproc: bool = False) -> subprocess.CompletedProcess:
+    """2 ranks: torchrun itself, or `python -m parity ... --nproc 2` (which starts torchrun; nox's way)."""
+    command = ([sys.executable, "-m", "parity", *args, "--nproc", "2"] if through_nproc else
+               [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "parity", *args])
     # One thread per process, as in the single-process golden below: CPU GEMMs may sum in another
     # order with another thread count, and this test is about ranks, not threads.
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), **(env or {})}
@@ -84,8 +85,9 @@ def one_process_golden(scenes_folder, tmp_path_factory):
 
 
 def test_two_ranks_write_the_golden_of_one_process(scenes_folder, one_process_golden, tmp_path):
-    run = _torchrun(_args(scenes_folder, tmp_path))
+    run = _torchrun(_args(scenes_folder, tmp_path), through_nproc=True)
     assert run.returncode == 0, run.stderr[-3000:]
+    assert "torch.distributed.run --standalone --nproc-per-node 2" in run.stderr
     assert "2 ranks share 3 batches" in run.stderr
     assert _contents(_golden_in(tmp_path)) == _contents(one_process_golden)
     assert [p.name for p in tmp_path.iterdir()] == [one_process_golden.name]  # the work folder is gone
