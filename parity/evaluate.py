@@ -176,16 +176,8 @@ def evaluate(model, dataset: Dataset, *, prompt: str = "point", batch_size: int 
             batch = first + ranks.rank
             payload = problem = None
             if batch < len(batches) and batch not in finished:
-                try:
-                    keep = max(0, LOGITS_SUBSET - int(before[batch]))
-                    payload = evaluate_batch(predictor, dataset, batch, batches[batch], prompt, keep).to_bytes()
-                    if work:
-                        work.append(payload)
-                except BadSample as err:
-                    problem = failure(ranks, str(err), bad_input=True)
-                except Exception as err:  # out of memory, a kernel that cannot run: the stage failed
-                    ids = ", ".join(str(dataset.samples.image_ids[i]) for i in batches[batch])
-                    problem = failure(ranks, f"batch {batch} (image ids {ids}): {type(err).__name__}: {err}", bad_input=False)
+                keep = max(0, LOGITS_SUBSET - int(before[batch]))
+                payload, problem = _own_batch(predictor, dataset, batch, batches[batch], prompt, keep, ranks, work)
             exchanged = ranks.all_gather((payload, problem))
             raise_first_failure([p for _, p in exchanged])
             if not ranks.is_main:
@@ -198,8 +190,28 @@ def evaluate(model, dataset: Dataset, *, prompt: str = "point", batch_size: int 
                 first_round_seconds = time.perf_counter() - start
     if not ranks.is_main:
         return None
+    seconds = time.perf_counter() - start
+    images_run = sum(len(batches[k]) for k in range(len(batches)) if k not in finished)
+    # The tqdm line goes away with the bar: this one stays, for scaling measurements (docs/scale.md).
+    print(f"{desc or 'evaluate'}: {images_run} images in {seconds:.1f} s ({images_run / seconds:.2f} img/s) "
+          f"on {ranks.world_size} rank(s)", file=sys.stderr, flush=True)
     ordered = [done[k] for k in range(len(batches))]
     logits = {ann_id: l for b in ordered for ann_id, l in b.logits.items()}
     return StageOutputs([a for b in ordered for a in b.annotations], logits,
-                        sum(b.images for b in ordered if b.batch not in finished), time.perf_counter() - start,
+                        sum(b.images for b in ordered if b.batch not in finished), seconds,
                         first_round_images, first_round_seconds)
+
+
+def _own_batch(predictor, dataset: Dataset, batch: int, images: range, prompt: str, keep_logits: int,
+               ranks: Ranks, work: WorkFolder | None) -> tuple[bytes | None, dict | None]:
+    """This rank's batch as (record bytes, None), kept in `work` first; or (None, what went wrong)."""
+    try:
+        payload = evaluate_batch(predictor, dataset, batch, images, prompt, keep_logits).to_bytes()
+    except BadSample as err:
+        return None, failure(ranks, str(err), bad_input=True)
+    except Exception as err:  # out of memory, a kernel that cannot run: the stage failed
+        ids = ", ".join(str(dataset.samples.image_ids[i]) for i in images)
+        return None, failure(ranks, f"batch {batch} (image ids {ids}): {type(err).__name__}: {err}", bad_input=False)
+    if work:
+        work.append(payload)
+    return payload, None
