@@ -92,7 +92,8 @@ def start(device: str | None, timeout_s: float = DEFAULT_TIMEOUT_S) -> tuple[Ran
     if wanted.type == "cuda":
         wanted = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
         torch.cuda.set_device(wanted)
-    dist.init_process_group("nccl" if wanted.type == "cuda" else "gloo", timeout=timedelta(seconds=timeout_s))
+    dist.init_process_group("nccl" if wanted.type == "cuda" else "gloo", timeout=timedelta(seconds=timeout_s),
+                            device_id=wanted if wanted.type == "cuda" else None)
     return Ranks(dist.get_rank(), world_size), wanted
 
 
