@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 
-import torch
-
 from parity.data import load_coco, load_dataset
+from parity.distributed import DEFAULT_TIMEOUT_S, RankFailure, start, stop
 from samfast.stages import LADDER
 
 # bf16 matmuls and convolutions crawl on CPUs without bf16 units (~60 s per vit_tiny image on
@@ -35,6 +36,12 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt", choices=("point", "box"), default="point")
     parser.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--nproc", type=int, metavar="N",
+                        help="share the work among N processes, one per GPU (gloo ranks on a CPU): runs this "
+                        "command under `torchrun --standalone --nproc-per-node N`; same golden, same figures")
+    parser.add_argument("--collective-timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
+                        help="under torchrun: how long a rank waits for the others at a batch boundary "
+                        f"(default {DEFAULT_TIMEOUT_S:g}; longer than the slowest first batch, compile included)")
 
 
 def _dataset(args):
@@ -60,29 +67,73 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("--golden", type=Path, help="golden folder (default: derived from model, checkpoint, data)")
     check.add_argument("--report-dir", type=Path, default=Path("reports"))
     args = parser.parse_args(argv)
+    if args.nproc is not None and args.nproc != 1:
+        return _under_torchrun(args.nproc, sys.argv[1:] if argv is None else list(argv))
 
+    from parity.runner import ModelSource
     from parity.store import GoldenError
-    from parity.runner import ModelSource, make_golden, run_check
     from parity.settings import DataNotFoundError
     from samfast import CheckpointError, StageError
     from samfast.checkpoint import resolve_checkpoint
 
     source = ModelSource(args.model, resolve_checkpoint(args.checkpoint) if args.checkpoint else None, args.seed)
+    # Under torchrun every rank runs this; rank 0 alone writes the golden or the reports.
+    ranks, device = start(args.device, args.collective_timeout)
     try:
-        dataset, data_args = _dataset(args)
-        if args.command == "golden":
-            folder = make_golden(source, dataset, prompt=args.prompt, device=args.device,
-                                 batch_size=args.batch_size, root=args.golden_root)
-            print(f"golden written: {folder} ({dataset.num_annotations} annotations)")
-            return 0
-        on_gpu = (args.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
-        stages = args.stages or (DEFAULT_GPU_STAGES if on_gpu else DEFAULT_CPU_STAGES)
-        results, paths = run_check(source, dataset, stages, data_args=data_args, prompt=args.prompt,
-                                   device=args.device, batch_size=args.batch_size, golden=args.golden,
-                                   report_dir=args.report_dir)
+        return _run(args, source, ranks, device)
+    except RankFailure as err:
+        if ranks.is_main or not err.agreed:  # an agreed failure is said once, by rank 0
+            print(f"error: {err}", file=sys.stderr)
+        if err.agreed:
+            ranks.barrier()  # no rank exits (and gets rank 0 stopped by torchrun) before rank 0 has spoken
+        return 2 if err.bad_input else 1
     except (GoldenError, DataNotFoundError, CheckpointError, StageError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error{f' (rank {ranks.rank})' if ranks.world_size > 1 else ''}: {err}", file=sys.stderr)
         return 2
-    print(paths["report.md"].read_text())
-    print("reports: " + ", ".join(str(p) for p in paths.values()))
-    return 0 if all(r.passed for r in results) else 1
+    finally:
+        stop(ranks)
+
+
+def _under_torchrun(nproc: int, argv: list[str]) -> int:
+    """This command again, without --nproc, as torchrun's N ranks; torchrun's exit code (1 when any
+    rank failed: each rank's own code, 2 for bad input, is in torchrun's failure summary)."""
+    if nproc < 1:
+        print(f"error: --nproc {nproc}: the number of processes must be at least 1", file=sys.stderr)
+        return 2
+    if "WORLD_SIZE" in os.environ:
+        print("error: --nproc under torchrun: torchrun has already started the ranks; drop --nproc", file=sys.stderr)
+        return 2
+    rest, skip = [], False
+    for token in argv:
+        if skip or token.startswith("--nproc="):
+            skip = False
+        elif token == "--nproc":
+            skip = True
+        else:
+            rest.append(token)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
+               "-m", "parity", *rest]
+    print("+ " + shlex.join(command), file=sys.stderr, flush=True)
+    return subprocess.call(command)
+
+
+def _run(args, source, ranks, device) -> int:
+    from parity.runner import make_golden, run_check
+
+    dataset, data_args = _dataset(args)
+    if args.command == "golden":
+        folder = make_golden(source, dataset, prompt=args.prompt, device=device,
+                             batch_size=args.batch_size, root=args.golden_root, ranks=ranks)
+        if ranks.is_main:
+            print(f"golden written: {folder} ({dataset.num_annotations} annotations)")
+        return 0
+    stages = args.stages or (DEFAULT_GPU_STAGES if device.type == "cuda" else DEFAULT_CPU_STAGES)
+    outcome = run_check(source, dataset, stages, data_args=data_args, prompt=args.prompt, device=device,
+                        batch_size=args.batch_size, golden=args.golden, report_dir=args.report_dir, ranks=ranks)
+    verdict = None
+    if outcome:
+        results, paths = outcome
+        print(paths["report.md"].read_text())
+        print("reports: " + ", ".join(str(p) for p in paths.values()))
+        verdict = 0 if all(r.passed for r in results) else 1
+    return ranks.from_main(verdict)  # every rank exits with rank 0's verdict

@@ -70,6 +70,15 @@ class SampleList(Sequence):
     def file_names(self) -> list[str]:
         return [self._coco.imgs[i]["file_name"] for i in self._image_ids]
 
+    @property
+    def image_ids(self) -> list[int]:
+        return list(self._image_ids)
+
+    @property
+    def annotation_counts(self) -> list[int]:
+        """Annotations each image will carry, known from the index without reading an image."""
+        return [len(self._ann_ids[i]) for i in self._image_ids]
+
     def __getitem__(self, index):
         if isinstance(index, slice):
             return [self[i] for i in range(len(self))[index]]
@@ -118,12 +127,14 @@ class Dataset:
 
 
 def load_dataset(name_or_path: str | Path, *, limit: int | None = None) -> Dataset:
-    """A dataset by name ("coco-mini" under the data folder, "scenes" generated in memory) or a
-    folder laid out like coco-mini: annotations/<one .json> and images/."""
-    if name_or_path == "scenes":
-        coco_dict, images = generate_scenes(SCENES_IMAGES, seed=0)
+    """A dataset by name ("coco-mini" under the data folder, "scenes" generated in memory, "scenes:N"
+    N generated scenes, e.g. scenes:1000 to measure scaling) or a folder laid out like coco-mini:
+    annotations/<one .json> and images/."""
+    if str(name_or_path) == "scenes" or str(name_or_path).startswith("scenes:"):
+        name, count = _scenes_count(str(name_or_path))
+        coco_dict, images = generate_scenes(count, seed=0)
         # The images dict is the only copy: hand out copies so a caller cannot alter later reads.
-        return _index("scenes", json.dumps(coco_dict, sort_keys=True).encode(), lambda f: images[f].copy(), limit)
+        return _index(name, json.dumps(coco_dict, sort_keys=True).encode(), lambda f: images[f].copy(), limit)
     folder = dataset_dir("coco-mini") if name_or_path == "coco-mini" else Path(name_or_path)
     if not folder.is_dir():
         raise DataNotFoundError(f"{name_or_path!r} is neither a known dataset (coco-mini, scenes) nor a folder")
@@ -133,6 +144,17 @@ def load_dataset(name_or_path: str | Path, *, limit: int | None = None) -> Datas
             f"expected exactly one annotation json in {folder / 'annotations'}, found {len(ann_files)}; {_FIX}"
         )
     return load_coco(folder / "images", ann_files[0], limit=limit, name=folder.name)
+
+
+def _scenes_count(spec: str) -> tuple[str, int]:
+    """("scenes", 16) for the embedded set, ("scenes<N>", N) for "scenes:N"; the first images of
+    scenes:N are the embedded set's (one random stream, drawn in image order)."""
+    if spec == "scenes":
+        return "scenes", SCENES_IMAGES
+    count = spec.removeprefix("scenes:")
+    if not count.isdigit() or int(count) < 1:
+        raise ValueError(f"--data {spec}: the number of generated scenes must be a positive integer, e.g. scenes:1000")
+    return f"scenes{int(count)}", int(count)
 
 
 def load_coco(coco_root: str | Path, ann_file: str | Path, *, limit: int | None = None,

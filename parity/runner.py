@@ -19,6 +19,7 @@ from samfast import kernels
 from parity import golden as golden_io
 from parity.check import StageResult, compare, load_thresholds, thresholds_for
 from parity.data import Dataset
+from parity.distributed import SINGLE_PROCESS, RankFailure, Ranks, WorkFolder, failure, raise_first_failure
 from parity.evaluate import StageOutputs, evaluate
 from parity.report import write_reports
 from samfast.checkpoint import synthetic_state_dict
@@ -64,9 +65,20 @@ def golden_folder(source: ModelSource, sha: str, dataset: Dataset, prompt: str, 
     return (root or golden_io.GOLDEN_ROOT) / golden_io.golden_dir_name(source.model_type, source.dir_id(sha), dataset.name, dataset.limit, prompt)
 
 
+def run_identity(task: str, source: ModelSource, sha: str, dataset: Dataset, prompt: str, batch_size: int,
+                 stage: str, device: torch.device) -> dict:
+    """What a resumed run must share with the one that left its batches (parity.distributed.WorkFolder)."""
+    return {"task": task, "model_type": source.model_type, "checkpoint_sha256": sha,
+            "dataset_fingerprint": dataset.fingerprint, "prompt": prompt, "batch_size": batch_size, "stage": stage,
+            "samfast_version": samfast.__version__, "torch_version": torch.__version__,
+            "device": golden_io.device_description(device)}
+
+
 def make_golden(source: ModelSource, dataset: Dataset, *, prompt: str = "point", device=None,
-                batch_size: int = 8, root: Path | None = None) -> Path:
-    """Evaluate fp32 and publish the golden; refuse (exit 2, the old golden untouched) one that would check nothing."""
+                batch_size: int = 8, root: Path | None = None, ranks: Ranks = SINGLE_PROCESS) -> Path | None:
+    """Evaluate fp32 and publish the golden (rank 0 alone; other ranks return None); refuse (exit 2, the
+    old golden untouched) one that would check nothing. Finished batches are kept in
+    golden/.<name>.work/ until the golden is published, so a re-run after a kill resumes."""
     if batch_size < 1:
         raise ValueError(f"--batch-size must be at least 1, got {batch_size}")
     if not dataset.num_annotations:
@@ -76,12 +88,20 @@ def make_golden(source: ModelSource, dataset: Dataset, *, prompt: str = "point",
     device = torch.device(device) if device else default_device()
     settings = golden_io.fp32_settings()
     sha = source.sha256()
+    folder = golden_folder(source, sha, dataset, prompt, root)
+    work = WorkFolder(folder.with_name(f".{folder.name}.work"),
+                      run_identity("golden", source, sha, dataset, prompt, batch_size, "fp32", device), ranks)
     model = source.build("fp32", device, batch_size)
-    outputs = evaluate(model, dataset, prompt=prompt, batch_size=batch_size, desc=f"golden {source.model_type} fp32")
+    outputs = evaluate(model, dataset, prompt=prompt, batch_size=batch_size, desc=f"golden {source.model_type} fp32",
+                       ranks=ranks, work=work)
+    if not ranks.is_main:
+        return None
     refuse_useless(outputs, source)
     manifest = golden_io.base_manifest(source.model_type, source.label, sha, dataset, prompt, device)
     manifest.update(fp32_settings=settings, masks_meaningful=source.masks_meaningful, batch_size=batch_size)
-    return golden_io.write_golden(golden_folder(source, sha, dataset, prompt, root), outputs, manifest)
+    written = golden_io.write_golden(folder, outputs, manifest)
+    work.remove()
+    return written
 
 
 def refuse_useless(outputs: StageOutputs, source: ModelSource) -> None:
@@ -112,8 +132,12 @@ def run_check(
     golden: Path | None = None,
     report_dir: Path = Path("reports"),
     build: Callable[[str], torch.nn.Module] | None = None,
-) -> tuple[list[StageResult], dict[str, Path]]:
-    """Check each stage against the golden; write report.md/json, junit.xml and a plot."""
+    ranks: Ranks = SINGLE_PROCESS,
+) -> tuple[list[StageResult], dict[str, Path]] | None:
+    """Check each stage against the golden; write report.md/json, junit.xml and a plot (rank 0; the
+    other ranks return None). Each stage's finished batches wait in report_dir/.<stage>.work/ until
+    the reports are written, so a re-run after a kill resumes; a custom `build` is not resumable
+    (nothing identifies it)."""
     device = torch.device(device) if device else default_device()
     sha = source.sha256()
     folder = Path(golden) if golden else golden_folder(source, sha, dataset, prompt)
@@ -127,15 +151,26 @@ def run_check(
     }
     golden_io.verify_matches(manifest, expected, folder, regenerate)
     thresholds = load_thresholds()
+    resumable = build is None
     build = build or (lambda stages: source.build(stages, device, batch_size))
-    results = []
+    results, works = [], []
     for stage in stages:
         name = canonical_name(parse_stages(stage))
         kernels.reset_fallback_counts()
+        work = None
+        if resumable:
+            work = WorkFolder(Path(report_dir) / f".{name}.work",
+                              run_identity("check", source, sha, dataset, prompt, batch_size, name, device), ranks)
+            works.append(work)
         try:
-            outputs = evaluate(build(stage), dataset, prompt=prompt, batch_size=batch_size, desc=f"check {name}")
-        except Exception as err:  # a stage that cannot run here is a failed stage, reported with its reason
-            results.append(StageResult(name, [], {}, error=f"{type(err).__name__}: {err}"))
+            outputs = evaluate(_build_on_every_rank(build, stage, ranks), dataset, prompt=prompt,
+                               batch_size=batch_size, desc=f"check {name}", ranks=ranks, work=work)
+        except RankFailure as err:  # a stage that cannot run here is a failed stage, reported with its reason
+            if err.bad_input:
+                raise
+            results.append(StageResult(name, [], {}, error=str(err)))
+            continue
+        if not ranks.is_main:
             continue
         result = compare(name, outputs, golden_outputs, thresholds_for(stage, thresholds), source.masks_meaningful)
         # Visible, not silent: calls the fused kernel could not serve and sent to the slow path.
@@ -154,4 +189,20 @@ def run_check(
         "torch": torch.__version__,
         "masks_meaningful": source.masks_meaningful,
     }
-    return results, write_reports(Path(report_dir), header, results)
+    if not ranks.is_main:
+        return None
+    paths = write_reports(Path(report_dir), header, results)
+    for work in works:
+        work.remove()
+    return results, paths
+
+
+def _build_on_every_rank(build: Callable[[str], torch.nn.Module], stage: str, ranks: Ranks) -> torch.nn.Module:
+    """The stage's model; when any rank cannot build it, every rank raises RankFailure alike."""
+    model = problem = None
+    try:
+        model = build(stage)
+    except Exception as err:
+        problem = failure(ranks, f"building the model: {type(err).__name__}: {err}", bad_input=False)
+    raise_first_failure(ranks.all_gather(problem))
+    return model
