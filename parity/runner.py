@@ -96,7 +96,11 @@ def make_golden(source: ModelSource, dataset: Dataset, *, prompt: str = "point",
                        ranks=ranks, work=work)
     if not ranks.is_main:
         return None
-    refuse_useless(outputs, source)
+    try:
+        refuse_useless(outputs, source)
+    except golden_io.UselessGolden:
+        work.remove()  # nothing in it is worth resuming from
+        raise
     manifest = golden_io.base_manifest(source.model_type, source.label, sha, dataset, prompt, device)
     manifest.update(fp32_settings=settings, masks_meaningful=source.masks_meaningful, batch_size=batch_size)
     written = golden_io.write_golden(folder, outputs, manifest)
