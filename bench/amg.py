@@ -17,7 +17,9 @@ amg.json under --out and prints the table. A failing configuration is recorded a
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import os
 import shlex
 import statistics
 import sys
@@ -64,24 +66,27 @@ def load_image() -> tuple[np.ndarray, str]:
         return rng.integers(0, 256, (*IMAGE_SIZE, 3), dtype=np.uint8), f"generated {IMAGE_SIZE[1]}x{IMAGE_SIZE[0]} noise"
 
 
-def reference_generator(model_type: str, device: torch.device, settings: dict):
-    from segment_anything import SamAutomaticMaskGenerator
+def build(model_type: str, impl: str, stage: str, device: torch.device):
+    """settings -> generator, with the model built once (a compiled stage compiles once for both
+    threshold settings); None where segment-anything-fast is not installed."""
+    if impl == "reference":
+        from segment_anything import SamAutomaticMaskGenerator
 
-    from tests.reference import reference_sam
+        from tests.reference import reference_sam
 
-    sam = reference_sam(model_type, samfast.synthetic_state_dict(model_type, seed=0)).to(device)
-    return SamAutomaticMaskGenerator(sam, points_per_batch=64, **settings)
-
-
-def sam_fast_generator(model_type: str, device: torch.device, settings: dict):
-    """segment-anything-fast's generator on the same weights, or None where it is not installed."""
-    try:
-        from segment_anything_fast import SamAutomaticMaskGenerator, sam_model_registry
-    except ImportError:
-        return None
-    sam = sam_model_registry[model_type]()
-    sam.load_state_dict(samfast.synthetic_state_dict(model_type, seed=0))
-    return SamAutomaticMaskGenerator(sam.to(device).eval(), **settings)
+        sam = reference_sam(model_type, samfast.synthetic_state_dict(model_type, seed=0)).to(device)
+        return lambda settings: SamAutomaticMaskGenerator(sam, points_per_batch=64, **settings)
+    if impl == "segment-anything-fast":
+        try:
+            from segment_anything_fast import SamAutomaticMaskGenerator, sam_model_registry
+        except ImportError:
+            return None
+        sam = sam_model_registry[model_type]()
+        sam.load_state_dict(samfast.synthetic_state_dict(model_type, seed=0))
+        sam = sam.to(device).eval()
+        return lambda settings: SamAutomaticMaskGenerator(sam, **settings)
+    model = samfast.build_sam(model_type, device=device, stages=stage, batch_size=1)
+    return lambda settings: samfast.SamAutomaticMaskGenerator(model, points_per_batch=None, **settings)
 
 
 def time_generate(generator, image: np.ndarray, device: torch.device, repeats: int) -> tuple[float, int, float | None]:
@@ -100,30 +105,34 @@ def time_generate(generator, image: np.ndarray, device: torch.device, repeats: i
 
 
 def plan(args) -> list[Row]:
+    """Rows grouped by (model, implementation, stage), the two threshold settings inside each group."""
     rows = []
     for model in args.models:
-        for thresholds in THRESHOLDS:
-            rows.append(Row(model, "reference", "fp32", thresholds))
-            rows.append(Row(model, "segment-anything-fast", "as shipped", thresholds))
-            rows += [Row(model, "samfast", stage, thresholds) for stage in args.stages]
+        rows += [Row(model, "reference", "fp32", t) for t in args.reference_thresholds]
+        rows += [Row(model, "segment-anything-fast", "as shipped", t) for t in THRESHOLDS]
+        rows += [Row(model, "samfast", stage, t) for stage in args.stages for t in THRESHOLDS]
     return rows
 
 
 @torch.no_grad()
-def run(row: Row, args, image: np.ndarray, device: torch.device) -> None:
-    pred_iou, stability = THRESHOLDS[row.thresholds]
-    settings = dict(points_per_side=args.points_per_side, pred_iou_thresh=pred_iou, stability_score_thresh=stability)
-    if row.impl == "reference":
-        generator = reference_generator(row.model, device, settings)
-    elif row.impl == "segment-anything-fast":
-        generator = sam_fast_generator(row.model, device, settings)
-        if generator is None:
-            row.error = "not installed (pip install segment-anything-fast)"
-            return
-    else:
-        model = samfast.build_sam(row.model, device=device, stages=row.stage, batch_size=1)
-        generator = samfast.SamAutomaticMaskGenerator(model, points_per_batch=None, **settings)
-    row.ms_per_image, row.masks, row.peak_gib = time_generate(generator, image, device, args.repeats)
+def run_group(rows: list[Row], args, image: np.ndarray, device: torch.device) -> None:
+    """Time every row of one (model, implementation, stage); a failure is recorded on the rows left."""
+    first = rows[0]
+    try:
+        make_generator = build(first.model, first.impl, first.stage, device)
+        for row in rows:
+            if make_generator is None:
+                row.error = "not installed (pip install segment-anything-fast)"
+                continue
+            pred_iou, stability = THRESHOLDS[row.thresholds]
+            generator = make_generator(dict(points_per_side=args.points_per_side, pred_iou_thresh=pred_iou,
+                                            stability_score_thresh=stability))
+            row.ms_per_image, row.masks, row.peak_gib = time_generate(generator, image, device, args.repeats)
+    except Exception as err:  # noqa: BLE001 - record and go on: one configuration must not end the run
+        for row in rows:
+            if row.ms_per_image is None:
+                row.error = f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"
+                row.notes["traceback"] = traceback.format_exc(limit=-3)
 
 
 def markdown(env: dict, rows: list[Row]) -> str:
@@ -133,7 +142,7 @@ def markdown(env: dict, rows: list[Row]) -> str:
         f"- device: {env['device']}; torch {env['torch']}",
         f"- command: `{env['command']}`",
         f"- image: {env['image']}; points_per_side {env['points_per_side']}; seeded synthetic weights (masks meaningless)",
-        f"- timing: one warm-up generate, median of {env['repeats']}; peak GiB: torch.cuda.max_memory_allocated over the timed calls",
+        f"- timing: one warm-up generate, median of {env['repeats']}; compile mode {env['compile_mode']}; peak GiB: torch.cuda.max_memory_allocated over the timed calls",
         "- thresholds: default = pred_iou 0.88 / stability 0.95; zero = both 0 (every mask reaches RLE and NMS)",
         "",
         "| model | thresholds | implementation | stage | ms per image | vs reference | masks | peak GiB | note |",
@@ -161,6 +170,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.amg", description=__doc__.split("\n\n")[0])
     p.add_argument("--models", nargs="+", default=["vit_b", "vit_h"], choices=samfast.MODEL_TYPES)
     p.add_argument("--stages", nargs="+", default=LOSSLESS_STAGES, help="samfast stages (default: fp32 .. nt)")
+    p.add_argument("--reference-thresholds", nargs="*", default=list(THRESHOLDS), choices=list(THRESHOLDS),
+                   help="threshold settings to time the reference at (its 'zero' takes ~50 s per image on an H100: "
+                        "ANCHORS.md has those numbers; pass 'default' to skip it)")
+    p.add_argument("--compile-mode", help="sets SAMFAST_COMPILE_MODE (default: max-autotune on the GPU)")
     p.add_argument("--points-per-side", type=int, default=32)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", default="reports/bench")
@@ -175,28 +188,30 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
+    if args.compile_mode:
+        os.environ["SAMFAST_COMPILE_MODE"] = args.compile_mode
     image, source = load_image()
     env = {
         "device": device_name(device),
         "torch": torch.__version__,
         "command": "python -m bench.amg " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)),
         "image": source,
+        "compile_mode": os.environ.get("SAMFAST_COMPILE_MODE") or ("max-autotune" if device.type == "cuda" else "default"),
         "points_per_side": args.points_per_side,
         "repeats": args.repeats,
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = plan(args)
-    for i, row in enumerate(rows):
+    for key, group in itertools.groupby(rows, key=lambda r: (r.model, r.impl, r.stage)):
+        group = list(group)
         try:
-            run(row, args, image, device)
-        except Exception as err:  # noqa: BLE001 - record and go on: one configuration must not end the run
-            row.error = f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"
-            row.notes["traceback"] = traceback.format_exc(limit=-3)
+            run_group(group, args, image, device)
         finally:
             _free(device)
-        print(f"[{i + 1}/{len(rows)}] {row.model} {row.thresholds} {row.impl} {row.stage}: "
-              f"{_fmt(row.ms_per_image, 1)} ms {row.error or ''}", file=sys.stderr, flush=True)
+        for row in group:
+            print(f"{row.model} {row.thresholds} {row.impl} {row.stage}: {_fmt(row.ms_per_image, 1)} ms {row.error or ''}",
+                  file=sys.stderr, flush=True)
         write_outputs(out, env, rows)  # after every configuration: a killed run keeps what it has
     print(write_outputs(out, env, rows))
     return 0

@@ -11,7 +11,7 @@ def test_quick_cpu_run_writes_markdown_and_json(tmp_path):
     assert ladder.main(["--amg", "--quick", "--cpu", "--models", "vit_tiny", "--stages", "fp32", "--out", str(tmp_path)]) == 0
     results = json.loads((tmp_path / "amg.json").read_text())["results"]
     assert [(r["impl"], r["thresholds"]) for r in results] == [
-        (impl, t) for t in ("default", "zero") for impl in ("reference", "segment-anything-fast", "samfast")
+        (impl, t) for impl in ("reference", "segment-anything-fast", "samfast") for t in ("default", "zero")
     ]
     for r in results:
         if r["impl"] == "segment-anything-fast" and r["error"]:
