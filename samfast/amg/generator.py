@@ -34,6 +34,7 @@ from samfast.predictor import SamPredictor
 from samfast.transforms import preprocess_shape, scale_coords, to_rgb_uint8
 
 OUTPUT_MODES = ("binary_mask", "uncompressed_rle", "coco_rle")
+MASKS_PER_POINT = 3  # multimask output: every point prompt gives 3 masks, flattened point-major
 ENCODER_BATCH = 8  # crops per encoder call when the model has no static (compiled) batch size
 UPSAMPLE_CHUNK = 64  # masks upsampled to full size at once to score them (~64 full-size fp32 logit maps)
 CPU_POINTS_PER_BATCH = 64  # points_per_batch=None on the CPU, where memory is not the limit
@@ -61,7 +62,7 @@ class _Kept:
     """A crop's masks after its own filters and NMS, on the device, in the reference's order."""
 
     crop: int
-    index: torch.Tensor  # (k,) into the crop's flattened outputs: point * 3 + multimask output
+    index: torch.Tensor  # (k,) into the crop's flattened outputs: point * MASKS_PER_POINT + output
     boxes: torch.Tensor  # (k, 4) int64 x0, y0, x1, y1 in the image
     iou: torch.Tensor  # (k,) float32
     stability: torch.Tensor  # (k,) float32
@@ -161,7 +162,7 @@ class SamAutomaticMaskGenerator:
         return torch.cat([self.model.embed_images(batch[s : s + step]) for s in range(0, len(batch), step)])
 
     def _decode(self, features: torch.Tensor, crops: list[_Crop]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """Per crop: low-res logits (P * 3, 256, 256) and predicted IoUs (P * 3,), point-major like the reference."""
+        """Per crop: low-res logits (P * 3, 256, 256) and predicted IoUs (P * 3,), point-major as the reference flattens them."""
         long_side = self.predictor.long_side
         coords = np.concatenate([scale_coords(c.points, c.size, long_side) for c in crops])
         crop_index = np.concatenate([np.full(len(c.points), i) for i, c in enumerate(crops)])
@@ -184,7 +185,7 @@ class SamAutomaticMaskGenerator:
             )
             logits.append(batch_logits)
             iou.append(batch_iou)
-        per_crop = [3 * len(c.points) for c in crops]
+        per_crop = [MASKS_PER_POINT * len(c.points) for c in crops]
         logits = torch.cat(logits).flatten(0, 1).split(per_crop)
         iou = torch.cat(iou).flatten(0, 1).float().split(per_crop)
         return list(logits), list(iou)
@@ -237,8 +238,8 @@ class SamAutomaticMaskGenerator:
         if len(kept) == 1:
             return torch.arange(len(boxes), device=boxes.device)
         # the reference's 1 / box_area(crop_boxes): an int64 area divided into 1 in float32
-        areas = [(crops[k.crop].box[2] - crops[k.crop].box[0]) * (crops[k.crop].box[3] - crops[k.crop].box[1]) for k in kept]
-        scores = torch.cat([torch.full((len(k.index),), a, dtype=torch.int64, device=boxes.device) for k, a in zip(kept, areas)])
+        areas = [np.prod(crops[k.crop].size) for k in kept]
+        scores = torch.cat([torch.full((len(k.index),), int(a), dtype=torch.int64, device=boxes.device) for k, a in zip(kept, areas)])
         return batched_nms(boxes.float(), 1 / scores, torch.zeros_like(scores), self.crop_nms_thresh)
 
     # --- output --------------------------------------------------------------------------------
@@ -264,7 +265,7 @@ class SamAutomaticMaskGenerator:
         for i, rle in enumerate(rles):
             crop = crops[kept[crop_of[i]].crop]
             x0, y0, x1, y1 = crop.box
-            px, py = crop.points[index[i] // 3]
+            px, py = crop.points[index[i] // MASKS_PER_POINT]
             bx0, by0, bx1, by1 = boxes[i].tolist()
             records.append({
                 "segmentation": self._segmentation(rle),
