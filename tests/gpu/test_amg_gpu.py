@@ -21,7 +21,8 @@ MIN_MATCHED_IOU = 0.95  # mean, over fp32's masks, of the best IoU with a mask o
 
 @pytest.fixture(autouse=True)
 def _fast_compile(monkeypatch):
-    monkeypatch.setenv("SAMFAST_COMPILE_MODE", os.environ.get("SAMFAST_COMPILE_MODE", "max-autotune-no-cudagraphs"))
+    # compiled graphs are what is checked, not the best autotuned kernels (and no CUDA graphs)
+    monkeypatch.setenv("SAMFAST_COMPILE_MODE", os.environ.get("SAMFAST_COMPILE_MODE", "default"))
 
 
 @pytest.fixture(scope="module")
