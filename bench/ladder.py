@@ -334,6 +334,11 @@ def environment(device: torch.device, args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--amg" in argv:  # `nox -s bench -- --amg`: the segment-everything bench instead
+        from bench import amg
+
+        return amg.main([a for a in argv if a != "--amg"])
     args = parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
     if args.compile_mode:

@@ -2,6 +2,7 @@
 
 __version__ = "0.1.0"
 
+from samfast.amg import SamAutomaticMaskGenerator
 from samfast.build import build_sam
 from samfast.checkpoint import CheckpointError, synthetic_state_dict
 from samfast.config import MODEL_TYPES
@@ -15,6 +16,7 @@ __all__ = [
     "CheckpointError",
     "Prediction",
     "Prompts",
+    "SamAutomaticMaskGenerator",
     "SamPredictor",
     "StageError",
     "build_sam",

@@ -1,0 +1,221 @@
+"""Segment everything on the GPU: ms per image for the reference generator, segment-anything-fast's and samfast's.
+
+    python -m bench.amg [--models vit_b vit_h] [--stages fp32 bf16 ...] [--out reports/bench]
+                        [--repeats 3] [--points-per-side 32] [--quick] [--cpu]
+    (or: nox -s bench -- --amg ...)
+
+For every model: segment_anything's SamAutomaticMaskGenerator in fp32 as shipped (points_per_batch
+64), segment-anything-fast's where it is installed (its own defaults), and samfast's at every
+stage (points_per_batch None: as many points per decoder call as fit), each with the default
+thresholds (0.88 / 0.95) and with pred_iou_thresh and stability_score_thresh at 0 (every mask
+reaches RLE encoding and NMS). One process, seeded weights, the sam-demo dog.jpg (800x534) or a
+generated image of that size without SAMFAST_DATA. One generate call to warm up, then the median
+of --repeats; peak memory (torch.cuda.max_memory_allocated) beside each. Writes amg.md and
+amg.json under --out and prints the table. A failing configuration is recorded and the run goes on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import shlex
+import statistics
+import sys
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import samfast
+from bench.ladder import _fmt, _free, _peak_gib, _reset_peak, _sync, device_name
+from samfast.stages import LADDER
+
+LOSSLESS_STAGES = list(LADDER[:6])  # fp32 .. nt; int8 and sparse trade accuracy (add them with --stages)
+THRESHOLDS = {"default": (0.88, 0.95), "zero": (0.0, 0.0)}
+IMAGE_SIZE = (534, 800)  # sam-demo dog.jpg
+
+
+@dataclass
+class Row:
+    model: str
+    impl: str  # "reference", "segment-anything-fast" or "samfast"
+    stage: str
+    thresholds: str
+    ms_per_image: float | None = None
+    masks: int | None = None
+    peak_gib: float | None = None
+    error: str | None = None
+    notes: dict = field(default_factory=dict)
+
+
+def load_image() -> tuple[np.ndarray, str]:
+    from parity.settings import DataNotFoundError, data_root
+
+    try:
+        path = data_root() / "sam-demo" / "dog.jpg"
+        from PIL import Image
+
+        return np.array(Image.open(path).convert("RGB")), str(path)
+    except (DataNotFoundError, FileNotFoundError):
+        rng = np.random.default_rng(0)
+        return rng.integers(0, 256, (*IMAGE_SIZE, 3), dtype=np.uint8), f"generated {IMAGE_SIZE[1]}x{IMAGE_SIZE[0]} noise"
+
+
+def build(model_type: str, impl: str, stage: str, device: torch.device):
+    """settings -> generator, with the model built once (a compiled stage compiles once for both
+    threshold settings); None where segment-anything-fast is not installed."""
+    if impl == "reference":
+        from segment_anything import SamAutomaticMaskGenerator
+
+        from tests.reference import reference_sam
+
+        sam = reference_sam(model_type, samfast.synthetic_state_dict(model_type, seed=0)).to(device)
+        return lambda settings: SamAutomaticMaskGenerator(sam, points_per_batch=64, **settings)
+    if impl == "segment-anything-fast":
+        try:
+            from segment_anything_fast import SamAutomaticMaskGenerator, sam_model_registry
+        except ImportError:
+            return None
+        sam = sam_model_registry[model_type]()
+        sam.load_state_dict(samfast.synthetic_state_dict(model_type, seed=0))
+        sam = sam.to(device).eval()
+        return lambda settings: SamAutomaticMaskGenerator(sam, **settings)
+    model = samfast.build_sam(model_type, device=device, stages=stage, batch_size=1)
+    return lambda settings: samfast.SamAutomaticMaskGenerator(model, points_per_batch=None, **settings)
+
+
+def time_generate(generator, image: np.ndarray, device: torch.device, repeats: int) -> tuple[float, int, float | None]:
+    """(median ms per image, masks out, peak GiB) after one warm-up call."""
+    records = generator.generate(image)
+    _sync(device)
+    _reset_peak(device)
+    runs = []
+    for _ in range(repeats):
+        _sync(device)
+        start = time.perf_counter()
+        records = generator.generate(image)  # returns host records: the call ends synchronized
+        _sync(device)
+        runs.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(runs), len(records), _peak_gib(device)
+
+
+def plan(args) -> list[Row]:
+    """Rows grouped by (model, implementation, stage), the two threshold settings inside each group."""
+    rows = []
+    for model in args.models:
+        rows += [Row(model, "reference", "fp32", t) for t in args.reference_thresholds]
+        rows += [Row(model, "segment-anything-fast", "as shipped", t) for t in THRESHOLDS]
+        rows += [Row(model, "samfast", stage, t) for stage in args.stages for t in THRESHOLDS]
+    return rows
+
+
+@torch.no_grad()
+def run_group(rows: list[Row], args, image: np.ndarray, device: torch.device) -> None:
+    """Time every row of one (model, implementation, stage); a failure is recorded on the rows left."""
+    first = rows[0]
+    try:
+        make_generator = build(first.model, first.impl, first.stage, device)
+        for row in rows:
+            if make_generator is None:
+                row.error = "not installed (pip install segment-anything-fast)"
+                continue
+            pred_iou, stability = THRESHOLDS[row.thresholds]
+            generator = make_generator(dict(points_per_side=args.points_per_side, pred_iou_thresh=pred_iou,
+                                            stability_score_thresh=stability))
+            row.ms_per_image, row.masks, row.peak_gib = time_generate(generator, image, device, args.repeats)
+    except Exception as err:  # noqa: BLE001 - record and go on: one configuration must not end the run
+        for row in rows:
+            if row.ms_per_image is None:
+                row.error = f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"
+                row.notes["traceback"] = traceback.format_exc(limit=-3)
+
+
+def markdown(env: dict, rows: list[Row]) -> str:
+    lines = [
+        "# segment everything (automatic mask generation) benchmark",
+        "",
+        f"- device: {env['device']}; torch {env['torch']}",
+        f"- command: `{env['command']}`",
+        f"- image: {env['image']}; points_per_side {env['points_per_side']}; seeded synthetic weights (masks meaningless)",
+        f"- timing: one warm-up generate, median of {env['repeats']}; compile mode {env['compile_mode']}; peak GiB: torch.cuda.max_memory_allocated over the timed calls",
+        "- thresholds: default = pred_iou 0.88 / stability 0.95; zero = both 0 (every mask reaches RLE and NMS)",
+        "",
+        "| model | thresholds | implementation | stage | ms per image | vs reference | masks | peak GiB | note |",
+        "|---|---|---|---|---:|---:|---:|---:|---|",
+    ]
+    ref = {(r.model, r.thresholds): r.ms_per_image for r in rows if r.impl == "reference"}
+    for r in rows:
+        base = ref.get((r.model, r.thresholds))
+        speedup = f"{base / r.ms_per_image:.1f}x" if r.ms_per_image and base else "-"
+        lines.append(
+            f"| {r.model} | {r.thresholds} | {r.impl} | {r.stage} | {_fmt(r.ms_per_image, 1)} | {speedup} | "
+            f"{'-' if r.masks is None else r.masks} | {_fmt(r.peak_gib)} | {(r.error or '').replace('|', '/')} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def write_outputs(out: Path, env: dict, rows: list[Row]) -> str:
+    table = markdown(env, rows)
+    (out / "amg.md").write_text(table)
+    (out / "amg.json").write_text(json.dumps({"environment": env, "results": [asdict(r) for r in rows]}, indent=2, default=str))
+    return table
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.amg", description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", nargs="+", default=["vit_b", "vit_h"], choices=samfast.MODEL_TYPES)
+    p.add_argument("--stages", nargs="+", default=LOSSLESS_STAGES, help="samfast stages (default: fp32 .. nt)")
+    p.add_argument("--reference-thresholds", nargs="*", default=list(THRESHOLDS), choices=list(THRESHOLDS),
+                   help="threshold settings to time the reference at (its 'zero' takes ~50 s per image on an H100: "
+                        "ANCHORS.md has those numbers; pass 'default' to skip it)")
+    p.add_argument("--compile-mode", help="sets SAMFAST_COMPILE_MODE (default: max-autotune on the GPU)")
+    p.add_argument("--points-per-side", type=int, default=32)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--out", default="reports/bench")
+    p.add_argument("--quick", action="store_true", help="points_per_side 2 and one repetition: a smoke test")
+    p.add_argument("--cpu", action="store_true", help="run on the CPU even when CUDA is available")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.points_per_side, args.repeats = 2, 1
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
+    if args.compile_mode:
+        os.environ["SAMFAST_COMPILE_MODE"] = args.compile_mode
+    image, source = load_image()
+    env = {
+        "device": device_name(device),
+        "torch": torch.__version__,
+        "command": "python -m bench.amg " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)),
+        "image": source,
+        "compile_mode": os.environ.get("SAMFAST_COMPILE_MODE") or ("max-autotune" if device.type == "cuda" else "default"),
+        "points_per_side": args.points_per_side,
+        "repeats": args.repeats,
+    }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = plan(args)
+    for key, group in itertools.groupby(rows, key=lambda r: (r.model, r.impl, r.stage)):
+        group = list(group)
+        try:
+            run_group(group, args, image, device)
+        finally:
+            _free(device)
+        for row in group:
+            print(f"{row.model} {row.thresholds} {row.impl} {row.stage}: {_fmt(row.ms_per_image, 1)} ms {row.error or ''}",
+                  file=sys.stderr, flush=True)
+        write_outputs(out, env, rows)  # after every configuration: a killed run keeps what it has
+    print(write_outputs(out, env, rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
