@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+from dataclasses import fields
 from pathlib import Path
 
 import torch
 
+from parity.amg.generate import AmgParams
 from parity.data import load_coco, load_dataset
 from samfast.stages import LADDER
 
@@ -35,6 +37,19 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt", choices=("point", "box"), default="point")
     parser.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--task", choices=("point", "amg"), default="point",
+                        help="point: one prompt per annotation (default); amg: segment everything (parity.amg)")
+    amg = parser.add_argument_group("segment everything (--task amg only; defaults: the reference generator's)")
+    for f in fields(AmgParams):
+        amg.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), metavar=type(f.default).__name__.upper())
+    amg.add_argument("--points-per-batch", type=int, help="points per decoder call (splits work; masks do not change)")
+
+
+def _amg_params(args) -> AmgParams:
+    given = {f.name: getattr(args, f.name) for f in fields(AmgParams) if getattr(args, f.name) is not None}
+    if args.task != "amg" and (given or args.points_per_batch is not None):
+        raise SystemExit("error: generator parameters (--points-per-side etc.) go with --task amg")
+    return AmgParams(**given)
 
 
 def _dataset(args):
@@ -67,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     from samfast import CheckpointError, StageError
     from samfast.checkpoint import resolve_checkpoint
 
+    params = _amg_params(args)
+    if args.task == "amg":
+        return _main_amg(args, params)
     source = ModelSource(args.model, resolve_checkpoint(args.checkpoint) if args.checkpoint else None, args.seed)
     try:
         dataset, data_args = _dataset(args)
@@ -81,6 +99,36 @@ def main(argv: list[str] | None = None) -> int:
                                    device=args.device, batch_size=args.batch_size, golden=args.golden,
                                    report_dir=args.report_dir)
     except (GoldenError, DataNotFoundError, CheckpointError, StageError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(paths["report.md"].read_text())
+    print("reports: " + ", ".join(str(p) for p in paths.values()))
+    return 0 if all(r.passed for r in results) else 1
+
+
+def _main_amg(args, params: AmgParams) -> int:
+    """--task amg: the same commands for segment everything (parity.amg), kept apart from the point task."""
+    from parity.amg import runner as amg_runner
+    from parity.amg.store_shim import GoldenError
+    from parity.golden import GoldenMismatch
+    from parity.runner import ModelSource
+    from parity.settings import DataNotFoundError
+    from samfast import CheckpointError, StageError
+    from samfast.checkpoint import resolve_checkpoint
+
+    batch = {"points_per_batch": args.points_per_batch} if args.points_per_batch else {}
+    try:
+        source = ModelSource(args.model, resolve_checkpoint(args.checkpoint) if args.checkpoint else None, args.seed)
+        dataset, data_args = _dataset(args)
+        if args.command == "golden":
+            folder = amg_runner.make_golden(source, dataset, params, device=args.device, root=args.golden_root, **batch)
+            print(f"AMG golden written: {folder} ({len(dataset.samples)} images)")
+            return 0
+        on_gpu = (args.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
+        stages = args.stages or (DEFAULT_GPU_STAGES if on_gpu else DEFAULT_CPU_STAGES)
+        results, paths = amg_runner.run_check(source, dataset, stages, params, data_args=data_args, device=args.device,
+                                              golden=args.golden, report_dir=args.report_dir / "amg", **batch)
+    except (GoldenError, GoldenMismatch, DataNotFoundError, CheckpointError, StageError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(paths["report.md"].read_text())
