@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from parity import compile_cache, gate_time
-from parity.amg.runner import EMBEDDED as EMBEDDED_AMG
+from parity.amg.embedded import EMBEDDED as EMBEDDED_AMG
 from parity.gate_devices import visible_gpus
 from parity.report import REPORT_FILES
 

@@ -21,10 +21,6 @@ from parity.data import Dataset
 from parity.runner import ModelSource, default_device
 from samfast.stages import canonical_name, parse_stages
 
-# The embedded default of `nox -s parity` (parity.gate) and of its GPU test: the trained vit_tiny on
-# generated scenes. A small grid keeps the CPU gate under a minute on 2 cores (docs/amg-gate.md).
-EMBEDDED = ["--task", "amg", "--model", "vit_tiny", "--checkpoint", "trained", "--data", "scenes",
-            "--limit", "2", "--points-per-side", "4"]
 POINTS_PER_BATCH = 64  # the reference's default; it splits work into decoder calls, never changes masks
 
 

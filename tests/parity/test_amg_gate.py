@@ -12,7 +12,8 @@ import torch
 from parity.amg import golden as amg_golden
 from parity.amg import runner as amg_runner
 from parity.amg.generate import AmgParams, Generated
-from parity.cli import main
+from parity.amg.embedded import EMBEDDED_GOLDEN
+from parity.cli import DEFAULT_GPU_STAGES, main
 from parity.data import load_dataset
 from parity.runner import ModelSource
 from samfast.checkpoint import NAMED_CHECKPOINTS
@@ -116,6 +117,6 @@ def test_a_golden_of_nothing_is_refused():
 @pytest.mark.gpu
 def test_embedded_amg_golden_passes_every_stage_on_the_gpu(tmp_path):
     """The GPU layer: every ladder stage through the generator vs the committed CPU fp32 golden."""
-    code = main(["check", *amg_runner.EMBEDDED, "--report-dir", str(tmp_path)])
+    code = main(["check", *EMBEDDED_GOLDEN, "--device", "cuda", "--stages", *DEFAULT_GPU_STAGES, "--report-dir", str(tmp_path)])
     print((tmp_path / "amg" / "report.md").read_text())
     assert code == 0
