@@ -120,6 +120,7 @@ def _main_amg(args, params: AmgParams) -> int:
     try:
         source = ModelSource(args.model, resolve_checkpoint(args.checkpoint) if args.checkpoint else None, args.seed)
         dataset, data_args = _dataset(args)
+        data_args += f" --limit {args.limit}" if args.limit else ""  # the golden's folder and fingerprint hold it
         if args.command == "golden":
             folder = amg_runner.make_golden(source, dataset, params, device=args.device, root=args.golden_root, **batch)
             print(f"AMG golden written: {folder} ({len(dataset.samples)} images)")

@@ -92,7 +92,7 @@ def test_golden_of_other_parameters_is_refused_with_exit_2(golden, capsys):
     code, err = _cli(capsys, "--data", "scenes", "--limit", "1", "--points-per-side", "4", "--golden", str(golden))
     assert code == 2
     assert "points_per_side: golden 3, this run 4" in err
-    assert "python -m parity golden --task amg" in err and "--points-per-side 4" in err
+    assert "python -m parity golden --task amg" in err and "--limit 1 --points-per-side 4" in err
 
 
 def test_golden_of_other_data_or_missing_is_refused_with_exit_2(golden, tmp_path, capsys):
