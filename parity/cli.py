@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
 def _main_amg(args, params: AmgParams) -> int:
     """--task amg: the same commands for segment everything (parity.amg), kept apart from the point task."""
     from parity.amg import runner as amg_runner
-    from parity.amg.store_shim import GoldenError
+    from parity.store import GoldenError
     from parity.golden import GoldenMismatch
     from parity.runner import ModelSource
     from parity.settings import DataNotFoundError

@@ -14,7 +14,7 @@ import math
 from pathlib import Path
 
 from parity import golden as golden_io
-from parity.amg import store_shim as store
+from parity import store
 from parity.amg.generate import RECORD_KEYS, AmgParams, Generated
 from parity.data import Dataset
 
