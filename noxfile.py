@@ -55,9 +55,15 @@ def parity(session: nox.Session) -> None:
 
 @nox.session(python=False)
 def golden(session: nox.Session) -> None:
-    """Regenerate golden fp32 outputs (default: the embedded vit_tiny goldens; arguments after -- override)."""
+    """Regenerate golden fp32 outputs (default: the embedded vit_tiny goldens, point and AMG; arguments after -- override)."""
     _install(session)
-    session.run("python", "-m", "parity", "golden", *(session.posargs or EMBEDDED))
+    if session.posargs:
+        session.run("python", "-m", "parity", "golden", *session.posargs)
+        return
+    from parity.amg.embedded import EMBEDDED_GOLDEN as EMBEDDED_AMG
+
+    session.run("python", "-m", "parity", "golden", *EMBEDDED)
+    session.run("python", "-m", "parity", "golden", *EMBEDDED_AMG, "--device", "cpu")
 
 
 @nox.session(python=False)

@@ -68,15 +68,16 @@ class StageResult:
 PRECISIONS = ("fp32", "bf16", "fp8", "int8", "sparse")
 
 
-def load_thresholds(path=None) -> dict[str, dict]:
+def load_thresholds(path=None, table: str = "accuracy") -> dict[str, dict]:
+    """The [<table>.<precision>] thresholds: "accuracy" for point prompts, "amg" for segment-everything."""
     with open(path or BUDGETS_PATH, "rb") as f:
-        accuracy = tomllib.load(f).get("accuracy")
-    if not accuracy:
-        raise ValueError(f"{path or BUDGETS_PATH} has no [accuracy.<precision>] thresholds")
-    missing = [s for s in PRECISIONS if s not in accuracy]
+        thresholds = tomllib.load(f).get(table)
+    if not thresholds:
+        raise ValueError(f"{path or BUDGETS_PATH} has no [{table}.<precision>] thresholds")
+    missing = [s for s in PRECISIONS if s not in thresholds]
     if missing:
-        raise ValueError(f"{path or BUDGETS_PATH}: no [accuracy] thresholds for {missing}; one table per {PRECISIONS}")
-    return accuracy
+        raise ValueError(f"{path or BUDGETS_PATH}: no [{table}] thresholds for {missing}; one table per {PRECISIONS}")
+    return thresholds
 
 
 def thresholds_for(stages: str, thresholds: dict[str, dict]) -> dict:

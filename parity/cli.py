@@ -7,8 +7,10 @@ import os
 import shlex
 import subprocess
 import sys
+from dataclasses import fields
 from pathlib import Path
 
+from parity.amg.generate import AmgParams
 from parity.data import load_coco, load_dataset
 from parity.distributed import DEFAULT_TIMEOUT_S, RankFailure, start, stop
 from samfast.stages import LADDER
@@ -42,6 +44,19 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--collective-timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
                         help="under torchrun: how long a rank waits for the others at a batch boundary "
                         f"(default {DEFAULT_TIMEOUT_S:g}; longer than the slowest first batch, compile included)")
+    parser.add_argument("--task", choices=("point", "amg"), default="point",
+                        help="point: one prompt per annotation (default); amg: segment everything (parity.amg)")
+    amg = parser.add_argument_group("segment everything (--task amg only; defaults: the reference generator's)")
+    for f in fields(AmgParams):
+        amg.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), metavar=type(f.default).__name__.upper())
+    amg.add_argument("--points-per-batch", type=int, help="points per decoder call (splits work; masks do not change)")
+
+
+def _amg_params(args) -> AmgParams:
+    given = {f.name: getattr(args, f.name) for f in fields(AmgParams) if getattr(args, f.name) is not None}
+    if args.task != "amg" and (given or args.points_per_batch is not None):
+        raise SystemExit("error: generator parameters (--points-per-side etc.) go with --task amg")
+    return AmgParams(**given)
 
 
 def _dataset(args):
@@ -76,6 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     from samfast import CheckpointError, StageError
     from samfast.checkpoint import resolve_checkpoint
 
+    params = _amg_params(args)
+    if args.task == "amg":
+        return _main_amg(args, params)
     source = ModelSource(args.model, resolve_checkpoint(args.checkpoint) if args.checkpoint else None, args.seed)
     # Under torchrun every rank runs this; rank 0 alone writes the golden or the reports.
     ranks, device = start(args.device, args.collective_timeout)
@@ -137,3 +155,38 @@ def _run(args, source, ranks, device) -> int:
         print("reports: " + ", ".join(str(p) for p in paths.values()))
         verdict = 0 if all(r.passed for r in results) else 1
     return ranks.from_main(verdict)  # every rank exits with rank 0's verdict
+    print(paths["report.md"].read_text())
+    print("reports: " + ", ".join(str(p) for p in paths.values()))
+    return 0 if all(r.passed for r in results) else 1
+
+
+def _main_amg(args, params: AmgParams) -> int:
+    """--task amg: the same commands for segment everything (parity.amg), kept apart from the point task."""
+    import torch
+
+    from parity.amg import runner as amg_runner
+    from parity.store import GoldenError
+    from parity.golden import GoldenMismatch
+    from parity.runner import ModelSource
+    from parity.settings import DataNotFoundError
+    from samfast import CheckpointError, StageError
+    from samfast.checkpoint import resolve_checkpoint
+
+    batch = {"points_per_batch": args.points_per_batch} if args.points_per_batch else {}
+    try:
+        source = ModelSource(args.model, resolve_checkpoint(args.checkpoint) if args.checkpoint else None, args.seed)
+        dataset, data_args = _dataset(args)
+        if args.command == "golden":
+            folder = amg_runner.make_golden(source, dataset, params, device=args.device, root=args.golden_root, **batch)
+            print(f"AMG golden written: {folder} ({len(dataset.samples)} images)")
+            return 0
+        on_gpu = (args.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
+        stages = args.stages or (DEFAULT_GPU_STAGES if on_gpu else DEFAULT_CPU_STAGES)
+        results, paths = amg_runner.run_check(source, dataset, stages, params, data_args=data_args, device=args.device,
+                                              golden=args.golden, report_dir=args.report_dir / "amg", **batch)
+    except (GoldenError, GoldenMismatch, DataNotFoundError, CheckpointError, StageError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(paths["report.md"].read_text())
+    print("reports: " + ", ".join(str(p) for p in paths.values()))
+    return 0 if all(r.passed for r in results) else 1

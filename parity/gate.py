@@ -9,6 +9,7 @@
    share built models kept on one worker (--dist loadgroup); one process otherwise. Then
    `pytest tests/perf` alone on one GPU (pytest-benchmark times nothing under xdist);
 3. `python -m parity check` on the embedded default (CHECK ARGS override, e.g. --stages fp32 bf16),
+   then the same with --task amg (segment everything, parity.amg) on its embedded default,
    in its own process: its models (the trained vit_tiny) are not those of the GPU layers (vit_b and
    vit_h, seeded), so running it inside pytest would share no build; what it reuses from pytest is the
    compile cache on disk, and its exit code keeps its meaning (2 = bad input);
@@ -30,6 +31,7 @@ import time
 from pathlib import Path
 
 from parity import compile_cache, gate_time
+from parity.amg.embedded import EMBEDDED as EMBEDDED_AMG
 from parity.gate_devices import visible_gpus
 from parity.report import REPORT_FILES
 
@@ -37,6 +39,9 @@ from parity.report import REPORT_FILES
 OUTPUTS = (*REPORT_FILES, "junit-tests.xml", "junit-perf.xml", "gate-time.md", "gate-time.json")
 # The embedded default: the tiny SAM this project trained (samfast/weights) on generated scenes.
 EMBEDDED_CHECK = ["--model", "vit_tiny", "--checkpoint", "trained", "--data", "scenes"]
+# The checks step 3 runs, each in its own process: point prompts, then segment everything.
+EMBEDDED_CHECKS = {"check": ("python -m parity check", EMBEDDED_CHECK),
+                   "check-amg": ("python -m parity check --task amg", EMBEDDED_AMG)}
 
 
 def pytest_commands(args, report_dir: Path, workers: int) -> dict[str, list[str]]:
@@ -111,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         return run_check_step([*check_args, "--report-dir", str(args.report_dir)], args.check_step)
 
     args.report_dir.mkdir(parents=True, exist_ok=True)
-    for stale in ("gate-time-tests.json", "gate-time-perf.json", "gate-time-check.json"):
+    for stale in ("gate-time-tests.json", "gate-time-perf.json", *(f"gate-time-{k}.json" for k in EMBEDDED_CHECKS)):
         (args.report_dir / stale).unlink(missing_ok=True)  # a step that dies must not report an older run
     cache = compile_cache.activate()
     gpus = visible_gpus()
@@ -122,20 +127,24 @@ def main(argv: list[str] | None = None) -> int:
     codes, wall = {}, {}
     for step, cmd in pytest_commands(args, args.report_dir, workers).items():
         codes[step], wall[step] = _timed(cmd)
-    check_json = args.report_dir / "gate-time-check.json"
-    check_code, wall["parity check"] = _timed([sys.executable, "-m", "parity.gate", "--_check-step", str(check_json),
-                                               "--report-dir", str(args.report_dir), *EMBEDDED_CHECK, *check_args])
-    check_compile = json.loads(check_json.read_text())["compile_seconds"] if check_json.exists() else 0.0
+    check_codes, check_rows = {}, []
+    for key, (layer, embedded) in EMBEDDED_CHECKS.items():
+        check_json = args.report_dir / f"gate-time-{key}.json"
+        check_codes[layer], wall[layer] = _timed([sys.executable, "-m", "parity.gate", "--_check-step", str(check_json),
+                                                  "--report-dir", str(args.report_dir), *embedded, *check_args])
+        check_compile = json.loads(check_json.read_text())["compile_seconds"] if check_json.exists() else 0.0
+        check_rows.append({"layer": layer, "tests": 1, "failed": int(check_codes[layer] != 0),
+                           "seconds": round(wall[layer], 1), "compile_seconds": round(check_compile, 1)})
+    # one code for both checks: 2 (a refused input) outranks any other failure (1, or a signal's negative code)
+    check_code = 2 if 2 in check_codes.values() else int(any(check_codes.values()))
     wall["total"] = round(sum(wall.values()), 1)
 
     tests = [t for name in ("gate-time-tests.json", "gate-time-perf.json") if (args.report_dir / name).exists()
              for t in gate_time.read_tests(args.report_dir / name)]
-    check_row = {"layer": "python -m parity check", "tests": 1, "failed": int(check_code != 0),
-                 "seconds": round(wall["parity check"], 1), "compile_seconds": round(check_compile, 1)}
-    rows = gate_time.summarize(tests, [check_row])
+    rows = gate_time.summarize(tests, check_rows)
     notes = [f"compile cache {'empty (cold)' if cache.started_empty else 'reused (warm)'}: {cache.path}",
              f"pytest workers: {workers} ({why}); perf alone on one GPU",
-             "exit codes: " + ", ".join(f"{step} {code}" for step, code in [*codes.items(), ("parity check", check_code)])]
+             "exit codes: " + ", ".join(f"{step} {code}" for step, code in [*codes.items(), *check_codes.items()])]
     wall = {step: round(seconds, 1) for step, seconds in wall.items()}
     print("\nTime to verdict\n\n" + gate_time.write_table(args.report_dir, rows, wall, notes), flush=True)
     if all(c in (0, 1, 5) for c in codes.values()) and check_code in (0, 1):

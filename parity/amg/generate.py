@@ -1,0 +1,91 @@
+"""Run a mask generator over a dataset: the generator's parameters, and its records made JSON-ready."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, fields
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from parity.data import Dataset
+
+# What the golden keeps of each record: every key of the reference generator's records.
+RECORD_KEYS = ("segmentation", "area", "bbox", "predicted_iou", "stability_score", "point_coords", "crop_box")
+
+
+@dataclass(frozen=True)
+class AmgParams:
+    """The generator parameters that decide which masks come out (the reference's defaults).
+
+    A golden records them and is refused for a check run with others. points_per_batch is not
+    here: it only splits the same work into decoder calls, so it must not change the answer.
+    """
+
+    points_per_side: int = 32
+    pred_iou_thresh: float = 0.88
+    stability_score_thresh: float = 0.95
+    stability_score_offset: float = 1.0
+    box_nms_thresh: float = 0.7
+    crop_n_layers: int = 0
+    crop_nms_thresh: float = 0.7
+    crop_overlap_ratio: float = 512 / 1500
+    crop_n_points_downscale_factor: int = 1
+    min_mask_region_area: int = 0
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def cli_args(self) -> str:
+        """The flags that give these parameters (only those that differ from the defaults)."""
+        default = AmgParams()
+        return " ".join(f"--{f.name.replace('_', '-')} {getattr(self, f.name)}" for f in fields(self)
+                        if getattr(self, f.name) != getattr(default, f.name))
+
+
+def make_generator(model: torch.nn.Module, params: AmgParams, points_per_batch: int):
+    """samfast's generator for `model`, with COCO RLE output (what the golden stores and matching reads)."""
+    from samfast import SamAutomaticMaskGenerator
+
+    return SamAutomaticMaskGenerator(model, points_per_batch=points_per_batch, output_mode="coco_rle", **params.as_dict())
+
+
+def plain_record(record: dict) -> dict:
+    """The record's RECORD_KEYS as plain JSON values (numpy and tensor scalars become floats and ints)."""
+    rle = record["segmentation"]
+    counts = rle["counts"].decode("ascii") if isinstance(rle["counts"], bytes) else rle["counts"]
+    return {
+        "segmentation": {"size": [int(v) for v in rle["size"]], "counts": counts},
+        "area": int(record["area"]),
+        "bbox": [float(v) for v in np.asarray(record["bbox"]).ravel()],
+        "predicted_iou": float(record["predicted_iou"]),
+        "stability_score": float(record["stability_score"]),
+        "point_coords": [[float(v) for v in point] for point in np.asarray(record["point_coords"]).reshape(-1, 2)],
+        "crop_box": [int(v) for v in np.asarray(record["crop_box"]).ravel()],
+    }
+
+
+@dataclass(frozen=True)
+class Generated:
+    images: dict[int, list[dict]]  # image id -> plain records
+    described: dict[int, dict]  # image id -> file_name, height, width
+    seconds: float
+
+    @property
+    def ms_per_image(self) -> float:
+        return 1000.0 * self.seconds / max(len(self.images), 1)
+
+
+def generate(generator: Callable, dataset: Dataset, desc: str) -> Generated:
+    """Every image of `dataset` through `generator.generate`, no image skipped."""
+    images, described, seconds = {}, {}, 0.0
+    for sample in tqdm(dataset.samples, desc=desc, unit="img"):
+        start = time.perf_counter()
+        records = generator.generate(sample.image)
+        seconds += time.perf_counter() - start
+        images[sample.image_id] = [plain_record(r) for r in records]
+        height, width = sample.image.shape[:2]
+        described[sample.image_id] = {"file_name": sample.file_name, "height": height, "width": width}
+    return Generated(images, described, seconds)

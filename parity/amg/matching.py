@@ -1,0 +1,144 @@
+"""One-to-one matching of a stage's generated masks to the golden's, and the figures built on it.
+
+Per image, the masks are paired by a linear assignment that maximizes the summed mask IoU over
+pairs above MATCH_IOU (scipy.optimize.linear_sum_assignment); a golden mask left without a pair
+is *lost*, a stage mask left without one is *new*. Matching looks at masks only, never at scores
+or order, so a stage that reorders its output is not penalized and one that permutes scores is
+caught by the score error of matched pairs instead.
+
+The headline figure is the mean IoU over the *union* of both sets: every matched pair counts
+once with its IoU, every lost or new mask counts with IoU 0. A mean over matched pairs alone (as
+torchao's AMG parity script reports, after dropping every image whose mask count changed) cannot
+see a lost mask at all and cannot see a split beyond the larger half; the union mean sees both,
+and no image is ever left out of it. The matched mean is reported beside it, because it says how
+close the masks that do correspond are.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from pycocotools import mask as mask_utils
+from scipy.optimize import linear_sum_assignment
+
+# Above 0.5 a pair is unambiguous: two disjoint masks cannot both overlap a third by more than half
+# of their union, so a mask split in two matches its larger half only. Pairs at or below it are unmatched.
+MATCH_IOU = 0.5
+WORST_IMAGES = 5
+
+
+@dataclass(frozen=True)
+class Pair:
+    golden: int  # index into the golden's masks of the image
+    stage: int  # index into the stage's masks of the image
+    iou: float
+    predicted_iou_err: float  # |stage predicted_iou - golden predicted_iou|
+    stability_err: float  # |stage stability_score - golden stability_score|
+
+
+@dataclass(frozen=True)
+class ImageMatch:
+    image_id: int
+    golden_count: int
+    stage_count: int
+    pairs: tuple[Pair, ...]
+
+    @property
+    def lost(self) -> int:
+        return self.golden_count - len(self.pairs)
+
+    @property
+    def new(self) -> int:
+        return self.stage_count - len(self.pairs)
+
+    @property
+    def union(self) -> int:
+        return len(self.pairs) + self.lost + self.new
+
+    @property
+    def union_iou_mean(self) -> float:
+        # Both sides found nothing: they agree (as parity.metrics.mask_iou says of two empty masks).
+        return sum(p.iou for p in self.pairs) / self.union if self.union else 1.0
+
+
+def _rles(records: Sequence[dict], image_id: int, side: str) -> list[dict]:
+    rles = []
+    for i, record in enumerate(records):
+        segmentation = record["segmentation"]
+        if not (isinstance(segmentation, dict) and "counts" in segmentation):
+            raise TypeError(f"image {image_id}: {side} mask {i} is not COCO RLE; run the generator with output_mode='coco_rle'")
+        rles.append(segmentation)
+    return rles
+
+
+def match_image(image_id: int, golden: Sequence[dict], stage: Sequence[dict]) -> ImageMatch:
+    """Match one image's stage records to its golden records (generator records, COCO RLE masks)."""
+    golden_rles, stage_rles = _rles(golden, image_id, "golden"), _rles(stage, image_id, "stage")
+    sizes = {tuple(r["size"]) for r in golden_rles + stage_rles}
+    if len(sizes) > 1:
+        raise ValueError(f"image {image_id}: masks of different sizes {sorted(sizes)}; golden and stage ran on other images")
+    pairs = []
+    if golden_rles and stage_rles:
+        # iou[s, g]; crowd flags off: plain intersection over union
+        iou = np.asarray(mask_utils.iou(stage_rles, golden_rles, [0] * len(golden_rles)), dtype=np.float64)
+        eligible = np.where(iou > MATCH_IOU, iou, 0.0)
+        for s, g in zip(*linear_sum_assignment(eligible, maximize=True)):
+            if eligible[s, g] > 0.0:
+                pairs.append(Pair(
+                    golden=int(g), stage=int(s), iou=float(iou[s, g]),
+                    predicted_iou_err=abs(float(stage[s]["predicted_iou"]) - float(golden[g]["predicted_iou"])),
+                    stability_err=abs(float(stage[s]["stability_score"]) - float(golden[g]["stability_score"]))))
+    return ImageMatch(image_id, len(golden_rles), len(stage_rles), tuple(sorted(pairs, key=lambda p: p.golden)))
+
+
+@dataclass(frozen=True)
+class MatchSummary:
+    """A stage's figures over all images; no image is left out of any of them."""
+
+    images: int
+    golden_masks: int
+    stage_masks: int
+    matched: int
+    lost: int
+    new: int
+    count_changed_images: int  # images whose number of masks differs from the golden's
+    union_iou_mean: float  # matched IoUs over matched + lost + new (unmatched count as 0)
+    matched_iou_mean: float  # over matched pairs only; NaN when nothing matched (fails any gate)
+    matched_iou_p5: float
+    predicted_iou_max_err: float  # over matched pairs; NaN when nothing matched
+    stability_max_err: float
+    worst: list[dict]  # the WORST_IMAGES images of lowest union mean
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def summarize(matches: Sequence[ImageMatch]) -> MatchSummary:
+    union = sum(m.union for m in matches)
+    if union == 0:
+        # A gate that compared nothing must not pass.
+        raise ValueError("neither the golden nor the stage has a single mask: there is nothing to compare")
+    pairs = [p for m in matches for p in m.pairs]
+    ious = np.array([p.iou for p in pairs], dtype=np.float64)
+    nan = math.nan
+    worst = sorted(matches, key=lambda m: (m.union_iou_mean, -m.union, m.image_id))[:WORST_IMAGES]
+    return MatchSummary(
+        images=len(matches),
+        golden_masks=sum(m.golden_count for m in matches),
+        stage_masks=sum(m.stage_count for m in matches),
+        matched=len(pairs),
+        lost=sum(m.lost for m in matches),
+        new=sum(m.new for m in matches),
+        count_changed_images=sum(m.golden_count != m.stage_count for m in matches),
+        union_iou_mean=float(ious.sum()) / union,
+        matched_iou_mean=float(ious.mean()) if pairs else nan,
+        matched_iou_p5=float(np.percentile(ious, 5)) if pairs else nan,
+        predicted_iou_max_err=max((p.predicted_iou_err for p in pairs), default=nan),
+        stability_max_err=max((p.stability_err for p in pairs), default=nan),
+        worst=[{"image_id": m.image_id, "union_iou_mean": m.union_iou_mean, "golden_masks": m.golden_count,
+                "stage_masks": m.stage_count, "lost": m.lost, "new": m.new,
+                "pairs": [[p.golden, p.stage, p.iou] for p in m.pairs]} for m in worst],
+    )

@@ -1,0 +1,105 @@
+"""The AMG check's report: the same four files as the point gate (markdown, JSON, JUnit XML, plot).
+
+Every figure is over all images; the worst images of a failed stage are listed with their counts.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from parity.check import StageResult
+from parity.report import _fmt, _overshoot, _verdict, render_junit
+
+COLUMNS = ("union IoU mean", "matched IoU mean", "matched p5", "golden / stage masks", "matched", "lost", "new",
+           "images with another count", "score err", "stability err (not gated)", "ms/img")
+
+
+def _row(r: StageResult) -> str:
+    if r.error:
+        return f"| {r.stage} | ERROR |" + " - |" * len(COLUMNS)
+    s = r.summary
+    cells = [_fmt(s["union_iou_mean"]), _fmt(s["matched_iou_mean"]), _fmt(s["matched_iou_p5"]),
+             f"{s['golden_masks']} / {s['stage_masks']}", s["matched"], s["lost"], s["new"],
+             f"{s['count_changed_images']} of {s['images']}", _fmt(s["predicted_iou_max_err"]),
+             _fmt(s["stability_max_err"]), _fmt(s.get("ms_per_image"), 1)]
+    return f"| {r.stage} | {_verdict(r)} | " + " | ".join(str(c) for c in cells) + " |"
+
+
+def render_markdown(header: dict, results: list[StageResult]) -> str:
+    failed = [r for r in results if not r.passed]
+    params = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in header["amg_params"].items())
+    lines = [
+        f"# AMG parity report: {header['model_type']} ({header['checkpoint']}) on {header['dataset']}",
+        "",
+        f"**{'FAIL' if failed else 'PASS'}**: {len(results) - len(failed)} of {len(results)} stages pass."
+        + (" Failed: " + ", ".join(r.stage for r in failed) + "." if failed else ""),
+        "",
+        f"- golden: `{header['golden']}`, {header['golden_masks']} masks (made on {header['golden_device']}, "
+        f"torch {header['golden_torch']})",
+        f"- this run: {header['device']}, torch {header['torch']}; points_per_batch {header['points_per_batch']}",
+        f"- generator: {params}",
+        "- masks matched one to one per image by mask IoU (pairs at IoU <= 0.5 unmatched); the union mean counts "
+        "every lost and new mask as IoU 0; no image is left out of any figure",
+        "",
+        "| stage | verdict | " + " | ".join(COLUMNS) + " |",
+        "|---|---|" + "---|" * len(COLUMNS),
+    ]
+    lines += [_row(r) for r in results]
+    for r in failed:
+        lines += ["", f"## {r.stage}: what failed", ""]
+        if r.error:
+            lines.append(f"- could not run: {r.error}")
+            continue
+        lines += [f"- {g.describe()} ({_overshoot(g):.2f}x the limit)" for g in r.failures]
+        lines += ["", "Worst images (union IoU mean; pairs as golden index, stage index, IoU):", "",
+                  "| image id | union IoU mean | golden / stage masks | lost | new | pairs |", "|---|---|---|---|---|---|"]
+        lines += [f"| {w['image_id']} | {w['union_iou_mean']:.4f} | {w['golden_masks']} / {w['stage_masks']} | "
+                  f"{w['lost']} | {w['new']} | " + " ".join(f"({g},{s},{iou:.3f})" for g, s, iou in w["pairs"]) + " |"
+                  for w in r.worst]
+    lines += ["", "All gates per stage:", ""]
+    lines += [f"- **{r.stage}**: " + ("; ".join(g.describe() for g in r.gates) if not r.error else r.error) for r in results]
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: list[StageResult], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in results if not r.error]
+    names = [r.stage for r in ok]
+    colors = ["tab:green" if r.passed else "tab:red" for r in ok]
+    fig, (ax_iou, ax_count) = plt.subplots(1, 2, figsize=(10, 3.5))
+    ax_iou.bar(names, [r.summary["union_iou_mean"] for r in ok], color=colors)
+    ax_iou.set_title("union mean mask IoU vs golden (lost/new = 0)")
+    ax_iou.set_ylim(0, 1.02)
+    x = range(len(ok))
+    ax_count.bar([i - 0.2 for i in x], [r.summary["lost"] for r in ok], width=0.4, label="lost")
+    ax_count.bar([i + 0.2 for i in x], [r.summary["new"] for r in ok], width=0.4, label="new")
+    ax_count.set_xticks(list(x), names)
+    ax_count.set_title("unmatched masks")
+    ax_count.legend()
+    for ax in (ax_iou, ax_count):
+        ax.tick_params(axis="x", rotation=30)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_reports(folder: Path, header: dict, results: list[StageResult]) -> dict[str, Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = {name: folder / name for name in ("report.md", "report.json", "junit.xml", "report.png")}
+    paths["report.md"].write_text(render_markdown(header, results))
+    payload = {
+        "task": "amg",
+        "header": header,
+        "passed": all(r.passed for r in results),
+        "stages": [{"stage": r.stage, "passed": r.passed, "error": r.error, "summary": r.summary, "worst": r.worst,
+                    "gates": [{**g.__dict__, "passed": g.passed} for g in r.gates]} for r in results],
+    }
+    paths["report.json"].write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    paths["junit.xml"].write_text(render_junit(results))
+    plot(results, paths["report.png"])
+    return paths

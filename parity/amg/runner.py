@@ -1,0 +1,103 @@
+"""The gate's two jobs for segment-everything: make an AMG golden, check stages against it.
+
+Mirrors parity.runner (the point-prompt task) and shares its ModelSource; the CLI reaches these
+with `--task amg`. Images go through the generator one at a time, so models are built for batch 1.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from parity import golden as golden_io
+from parity.amg import golden as amg_golden
+from parity.amg.check import compare
+from parity.amg.generate import AmgParams, Generated, generate, make_generator
+from parity.amg.report import write_reports
+from parity.check import StageResult, load_thresholds, thresholds_for
+from parity.data import Dataset
+from parity.runner import ModelSource, default_device
+from samfast.stages import canonical_name, parse_stages
+
+POINTS_PER_BATCH = 64  # the reference's default; it splits work into decoder calls, never changes masks
+
+
+def golden_folder(source: ModelSource, sha: str, dataset: Dataset, root: Path | None = None) -> Path:
+    return (root or golden_io.GOLDEN_ROOT) / amg_golden.folder_name(source.model_type, source.dir_id(sha), dataset)
+
+
+def regenerate_command(source: ModelSource, data_args: str, params: AmgParams) -> str:
+    return " ".join(filter(None, ["python -m parity golden --task amg", source.cli_args(), data_args, params.cli_args()]))
+
+
+def _run(source: ModelSource, stages: str, device: torch.device, params: AmgParams, points_per_batch: int,
+         dataset: Dataset, desc: str, build: Callable[[str], torch.nn.Module] | None = None) -> Generated:
+    model = build(stages) if build else source.build(stages, device, 1)
+    return generate(make_generator(model, params, points_per_batch), dataset, desc)
+
+
+def make_golden(source: ModelSource, dataset: Dataset, params: AmgParams, *, device=None,
+                points_per_batch: int = POINTS_PER_BATCH, root: Path | None = None) -> Path:
+    device = torch.device(device) if device else default_device()
+    settings = golden_io.fp32_settings()
+    sha = source.sha256()
+    generated = _run(source, "fp32", device, params, points_per_batch, dataset, f"AMG golden {source.model_type} fp32")
+    amg_golden.refuse_useless(generated.images, "lower --pred-iou-thresh / --stability-score-thresh")
+    manifest = golden_io.base_manifest(source.model_type, source.label, sha, dataset, "point", device)
+    manifest.update(fp32_settings=settings, masks_meaningful=source.masks_meaningful, amg_params=params.as_dict(),
+                    points_per_batch=points_per_batch)
+    return amg_golden.publish(golden_folder(source, sha, dataset, root), generated, manifest)
+
+
+def run_check(
+    source: ModelSource,
+    dataset: Dataset,
+    stages: list[str],
+    params: AmgParams,
+    *,
+    data_args: str,
+    device=None,
+    points_per_batch: int = POINTS_PER_BATCH,
+    golden: Path | None = None,
+    report_dir: Path = Path("reports/amg"),
+    build: Callable[[str], torch.nn.Module] | None = None,
+) -> tuple[list[StageResult], dict[str, Path]]:
+    """Check each stage's generated masks against the AMG golden; write report.md/json, junit.xml and a plot."""
+    device = torch.device(device) if device else default_device()
+    sha = source.sha256()
+    folder = Path(golden) if golden else golden_folder(source, sha, dataset)
+    regenerate = regenerate_command(source, data_args, params)
+    manifest, golden_images = amg_golden.read(folder, regenerate)
+    expected = {"model_type": source.model_type, "checkpoint_sha256": sha,
+                "dataset_fingerprint": dataset.fingerprint, "prompt_policy": amg_golden.GRID_POLICY}
+    golden_io.verify_matches(manifest, expected, folder, regenerate)
+    amg_golden.verify_params(manifest, params, folder, regenerate)
+    thresholds = load_thresholds(table="amg")
+    results = []
+    for stage in stages:
+        name = canonical_name(parse_stages(stage))
+        try:
+            generated = _run(source, stage, device, params, points_per_batch, dataset, f"AMG check {name}", build)
+        except Exception as err:  # a stage that cannot run here is a failed stage, reported with its reason
+            results.append(StageResult(name, [], {}, error=f"{type(err).__name__}: {err}"))
+            continue
+        result = compare(name, generated.images, golden_images, thresholds_for(stage, thresholds))
+        if result.summary:
+            result.summary.update(seconds=generated.seconds, ms_per_image=generated.ms_per_image)
+        results.append(result)
+    header = {
+        "model_type": source.model_type,
+        "checkpoint": source.label,
+        "dataset": f"{dataset.name} ({len(dataset.samples)} images)",
+        "amg_params": params.as_dict(),
+        "points_per_batch": points_per_batch,
+        "golden": str(folder),
+        "golden_masks": manifest.get("masks"),
+        "golden_device": manifest.get("device"),
+        "golden_torch": manifest.get("torch_version"),
+        "device": golden_io.device_description(device),
+        "torch": torch.__version__,
+    }
+    return results, write_reports(Path(report_dir), header, results)

@@ -1,0 +1,150 @@
+"""The AMG matching figure and its gates on synthetic mask sets (no model): each planted defect fails."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from pycocotools import mask as mask_utils
+
+from parity.amg.check import compare
+from parity.amg.matching import match_image, summarize
+from parity.check import load_thresholds
+
+HEIGHT, WIDTH = 96, 128
+# Five disjoint rectangles (y0, y1, x0, x1) of varied sizes, like one image's generated masks.
+BOXES = [(4, 30, 4, 40), (4, 24, 50, 70), (40, 90, 8, 60), (36, 60, 80, 124), (70, 92, 90, 120)]
+
+
+def _record(mask: np.ndarray, predicted_iou: float, stability: float) -> dict:
+    rle = mask_utils.encode(np.asfortranarray(mask.astype(np.uint8)))
+    return {"segmentation": {"size": rle["size"], "counts": rle["counts"].decode("ascii")},
+            "area": int(mask.sum()), "predicted_iou": predicted_iou, "stability_score": stability}
+
+
+def _box_mask(y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
+    mask = np.zeros((HEIGHT, WIDTH), bool)
+    mask[y0:y1, x0:x1] = True
+    return mask
+
+
+def _golden_image() -> list[dict]:
+    # distinct scores, so a permutation moves every one of them
+    return [_record(_box_mask(*box), 0.90 + 0.02 * i, 0.96 + 0.005 * i) for i, box in enumerate(BOXES)]
+
+
+@pytest.fixture(scope="module")
+def golden() -> dict[int, list[dict]]:
+    return {1: _golden_image(), 2: _golden_image()}
+
+
+@pytest.fixture(scope="module", params=["fp32", "bf16"])
+def limits(request):
+    return load_thresholds(table="amg")[request.param]
+
+
+def _with_image_1(golden: dict, records: list[dict]) -> dict:
+    """The golden with image 1 replaced: a defect on one image of two must still fail."""
+    return {**golden, 1: records}
+
+
+def test_identical_sets_pass_with_iou_one(golden, limits):
+    result = compare("fp32", {k: list(v) for k, v in golden.items()}, golden, limits)
+    assert result.passed, [g.describe() for g in result.failures]
+    s = result.summary
+    assert s["union_iou_mean"] == s["matched_iou_mean"] == s["matched_iou_p5"] == 1.0
+    assert (s["matched"], s["lost"], s["new"], s["count_changed_images"]) == (10, 0, 0, 0)
+    assert s["predicted_iou_max_err"] == s["stability_max_err"] == 0.0
+
+
+def test_matching_ignores_order(golden, limits):
+    """A stage that returns the same masks and scores in another order is the same answer."""
+    result = compare("fp32", _with_image_1(golden, golden[1][::-1]), golden, limits)
+    assert result.passed and result.summary["union_iou_mean"] == 1.0
+
+
+def test_mask_split_in_two_fails(golden, limits):
+    y0, y1, x0, x1 = BOXES[2]
+    cut = x0 + (x1 - x0) * 7 // 10  # unequal halves: the larger keeps IoU 0.7 with the golden, well clear of 0.5
+    left, right = _box_mask(y0, y1, x0, cut), _box_mask(y0, y1, cut, x1)
+    records = golden[1][:2] + [_record(left, 0.94, 0.97), _record(right, 0.93, 0.97)] + golden[1][3:]
+    result = compare("bf16", _with_image_1(golden, records), golden, limits)
+    assert not result.passed
+    s = result.summary
+    assert (s["matched"], s["lost"], s["new"], s["count_changed_images"]) == (10, 0, 1, 1)
+    assert {"union_iou_mean", "matched_iou_mean", "matched_iou_p5"} <= {g.metric for g in result.failures}
+    assert result.worst[0]["image_id"] == 1 and result.worst[0]["new"] == 1
+
+
+def test_mask_lost_fails_through_the_union_mean(golden, limits):
+    """The matched mean cannot see a lost mask (it stays 1.0): the union mean is the gate that does."""
+    result = compare("bf16", _with_image_1(golden, golden[1][:4]), golden, limits)
+    s = result.summary
+    assert (s["lost"], s["new"], s["count_changed_images"]) == (1, 0, 1)
+    assert s["matched_iou_mean"] == 1.0
+    assert [g.metric for g in result.failures] == ["union_iou_mean"]
+    assert s["union_iou_mean"] == pytest.approx(9 / 10)
+
+
+def test_mask_shifted_by_a_few_pixels_fails(golden, limits):
+    y0, y1, x0, x1 = BOXES[1]  # 20 x 20
+    shifted = _box_mask(y0 + 3, y1 + 3, x0 + 3, x1 + 3)  # IoU 289 / 511 = 0.57: still matched, to the same mask
+    records = golden[1][:1] + [_record(shifted, 0.92, 0.965)] + golden[1][2:]
+    result = compare("bf16", _with_image_1(golden, records), golden, limits)
+    s = result.summary
+    assert (s["matched"], s["lost"], s["new"], s["count_changed_images"]) == (10, 0, 0, 0)
+    assert s["matched_iou_p5"] < 0.9
+    assert {"union_iou_mean", "matched_iou_mean", "matched_iou_p5"} <= {g.metric for g in result.failures}
+
+
+def test_permuted_scores_fail_through_the_score_error(golden, limits):
+    """Matching uses masks only, so every IoU stays 1: the score error of matched pairs catches it."""
+    permuted = [dict(r) for r in golden[1]]
+    scores = [r["predicted_iou"] for r in permuted]
+    for record, score in zip(permuted, scores[1:] + scores[:1]):
+        record["predicted_iou"] = score
+    result = compare("bf16", _with_image_1(golden, permuted), golden, limits)
+    assert result.summary["union_iou_mean"] == 1.0
+    assert [g.metric for g in result.failures] == ["score_max_abs_err"]
+    assert result.summary["predicted_iou_max_err"] == pytest.approx(0.08)
+
+
+def test_split_mask_matches_its_larger_part_one_to_one():
+    """Linear assignment: one golden mask, two stage candidates over 0.5 IoU with it -> one pair, the better."""
+    big = _box_mask(0, 40, 0, 40)
+    near = _box_mask(0, 40, 0, 36)  # IoU 0.9
+    nearer = _box_mask(0, 40, 0, 38)  # IoU 0.95
+    match = match_image(7, [_record(big, 0.9, 0.9)], [_record(near, 0.9, 0.9), _record(nearer, 0.9, 0.9)])
+    assert [(p.golden, p.stage) for p in match.pairs] == [(0, 1)]
+    assert match.pairs[0].iou == pytest.approx(0.95)
+    assert (match.lost, match.new, match.union) == (0, 1, 2)
+
+
+def test_no_image_is_dropped_and_empty_images_agree():
+    """An image where both sides found nothing agrees (1.0) and adds nothing to the union; an image
+    where the stage found nothing counts every golden mask as lost."""
+    golden = {1: [], 2: _golden_image()}
+    summary = summarize([match_image(i, golden[i], []) for i in (1, 2)])
+    assert summary.images == 2 and summary.lost == 5 and summary.union_iou_mean == 0.0
+    assert math.isnan(summary.matched_iou_mean)  # nothing matched: NaN, which fails any min gate
+    result = compare("fp32", {1: [], 2: []}, golden, load_thresholds(table="amg")["fp32"])
+    assert not result.passed and "matched_iou_mean" in {g.metric for g in result.failures}
+
+
+def test_nothing_to_compare_is_an_error():
+    with pytest.raises(ValueError, match="nothing to compare"):
+        summarize([match_image(1, [], [])])
+
+
+def test_another_image_set_is_an_error_not_a_pass(golden, limits):
+    result = compare("fp32", {1: golden[1]}, golden, limits)
+    assert not result.passed and "regenerate the golden" in result.error
+
+
+def test_masks_of_another_size_or_format_are_refused(golden):
+    other = [_record(np.ones((HEIGHT, WIDTH + 1), bool), 0.9, 0.9)]
+    with pytest.raises(ValueError, match="different sizes"):
+        match_image(1, golden[1], other)
+    with pytest.raises(TypeError, match="coco_rle"):
+        match_image(1, golden[1], [{"segmentation": np.ones((HEIGHT, WIDTH), bool)}])
