@@ -9,11 +9,13 @@ from samfast.config import MODEL_TYPES
 from samfast.predictor import Prediction, Prompts, SamPredictor
 from samfast.errors import StageError
 from samfast.stages import LADDER
+from samfast.transforms import InputError
 
 __all__ = [
     "LADDER",
     "MODEL_TYPES",
     "CheckpointError",
+    "InputError",
     "Prediction",
     "Prompts",
     "SamAutomaticMaskGenerator",

@@ -73,26 +73,32 @@ NAMED_CHECKPOINTS = {"trained": WEIGHTS_DIR / "vit_tiny_trained.pt"}
 
 
 def resolve_checkpoint(checkpoint: str | Path) -> Path:
-    """A path for a checkpoint argument: a named packaged checkpoint or a file path."""
+    """The file of a checkpoint argument (a named packaged checkpoint or a path), checked to be a
+    non-empty file before anything reads or hashes it: CheckpointError otherwise."""
     if isinstance(checkpoint, str) and checkpoint in NAMED_CHECKPOINTS:
-        return NAMED_CHECKPOINTS[checkpoint]
-    return Path(checkpoint)
+        path = NAMED_CHECKPOINTS[checkpoint]
+    else:
+        path = Path(checkpoint)
+    fix = "Pass the path of an official sam_vit_*.pth file, or leave checkpoint=None for seeded synthetic weights."
+    if path.is_dir():
+        raise CheckpointError(f"checkpoint {path} is a directory, not a file. {fix}")
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint not found: {path}. {fix}")
+    if path.stat().st_size == 0:
+        raise CheckpointError(f"checkpoint {path} is empty (0 bytes): an interrupted download or copy? {fix}")
+    return path
 
 
 def read_checkpoint(path: str | Path) -> dict[str, torch.Tensor]:
     """Load a state dict with weights_only=True, turning every failure into a message with a fix."""
     path = resolve_checkpoint(path)
-    if not path.is_file():
-        raise CheckpointError(
-            f"checkpoint not found: {path}. Pass the path of an official sam_vit_*.pth file, or "
-            "leave checkpoint=None for seeded synthetic weights."
-        )
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # the weights-only unpickler raises many kinds on a damaged file
         size = path.stat().st_size
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__  # some have no message
         raise CheckpointError(
-            f"{path} ({size:,} bytes) is not a readable PyTorch checkpoint: {str(err).splitlines()[0]}. "
+            f"{path} ({size:,} bytes) is not a readable PyTorch checkpoint: {reason}. "
             "The file is probably truncated or not a checkpoint; download it again "
             "(official sizes: vit_b 375 MB, vit_l 1.25 GB, vit_h 2.56 GB) and check its sha256."
         ) from err

@@ -7,19 +7,33 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from samfast.transforms import check_inside, resize_longest_side, scale_coords, to_rgb_uint8
+from samfast.transforms import (
+    InputError,
+    as_numbers,
+    check_inside,
+    check_labels,
+    resize_longest_side,
+    scale_coords,
+    to_rgb_uint8,
+)
 
 
 @dataclass
 class Prompts:
-    """Prompts for one image in original-image pixels: N prompts of k points each, and/or N boxes."""
+    """Prompts for one image in original-image pixels: N prompts of k points each, and/or N boxes.
+
+    Points are (N, k, 2). An (N, 2) array is refused rather than guessed: it could mean N prompts
+    of one point or one prompt of N points; write (N, 1, 2) or (1, N, 2). No points and no boxes,
+    or arrays of length 0, mean no prompts: that image's Prediction is empty.
+    """
 
     point_coords: np.ndarray | None = None  # (N, k, 2) as (x, y)
     point_labels: np.ndarray | None = None  # (N, k): 1 foreground, 0 background
     boxes: np.ndarray | None = None  # (N, 4) as x0, y0, x1, y1
 
     def __len__(self) -> int:
-        return len(self.point_coords if self.point_coords is not None else self.boxes)
+        given = self.point_coords if self.point_coords is not None else self.boxes
+        return 0 if given is None else len(given)
 
 
 @dataclass
@@ -43,7 +57,7 @@ class SamPredictor:
     def set_image(self, image: np.ndarray, image_format: str = "RGB") -> None:
         """Embed an HxWxC uint8 image (grayscale and RGBA are converted) for later predict calls."""
         if image_format not in ("RGB", "BGR"):
-            raise ValueError(f"image_format must be 'RGB' or 'BGR', got {image_format!r}")
+            raise InputError(f"image_format must be 'RGB' or 'BGR', got {image_format!r}")
         image = to_rgb_uint8(image)
         if image_format == "BGR":
             image = image[..., ::-1]
@@ -53,7 +67,7 @@ class SamPredictor:
     def set_torch_image(self, transformed_image: torch.Tensor, original_image_size: tuple[int, ...]) -> None:
         """Embed a 1x3xHxW image already resized so that its longest side is the encoder's size."""
         if transformed_image.ndim != 4 or transformed_image.shape[1] != 3 or max(transformed_image.shape[2:]) != self.long_side:
-            raise ValueError(
+            raise InputError(
                 f"set_torch_image expects 1x3xHxW with longest side {self.long_side}, "
                 f"got {tuple(transformed_image.shape)}; use set_image for raw images"
             )
@@ -75,14 +89,30 @@ class SamPredictor:
         """Masks (C, H, W), IoU predictions (C,) and low-res logits (C, 256, 256) for one prompt."""
         self._require_image()
         coords_t = labels_t = box_t = mask_t = None
-        if point_coords is not None:
-            if point_labels is None:
-                raise ValueError("point_labels must be given with point_coords (1 foreground, 0 background)")
-            coords_t, labels_t = self._points_to_torch(np.asarray(point_coords)[None], np.asarray(point_labels)[None], self.original_size)
+        if point_coords is not None or point_labels is not None:
+            if point_coords is None or point_labels is None:
+                raise InputError("point_coords and point_labels go together: one label (1 foreground, 0 background) per point")
+            coords = as_numbers(point_coords, "point_coords")
+            if coords.ndim != 2 or coords.shape[1] != 2:
+                raise InputError(
+                    f"point_coords must be (k, 2), the k points of one prompt, got shape {coords.shape}; "
+                    "for many prompts use predict_batch with Prompts"
+                )
+            labels = as_numbers(point_labels, "point_labels")
+            coords_t, labels_t = self._points_to_torch(coords[None], labels[None], self.original_size, "point")
         if box is not None:
-            box_t = self._boxes_to_torch(np.asarray(box).reshape(1, 4), self.original_size)
+            box = as_numbers(box, "box")
+            if box.size != 4:
+                raise InputError(f"box must be 4 numbers x0, y0, x1, y1, got shape {box.shape}")
+            box_t = self._boxes_to_torch(box.reshape(1, 4), self.original_size, "box")
         if mask_input is not None:
-            mask_t = self._to_device(mask_input, torch.float)[None]
+            mask = as_numbers(mask_input, "mask_input")
+            expected = (1, *self.model.prompt_encoder.mask_input_size)
+            if mask.shape != expected:
+                raise InputError(
+                    f"mask_input must be {expected}, e.g. low_res_logits[i][None] of an earlier predict, got {mask.shape}"
+                )
+            mask_t = self._to_device(mask, torch.float)[None]
         masks, iou, low_res = self.predict_torch(coords_t, labels_t, box_t, mask_t, multimask_output, return_logits)
         return masks[0].cpu().numpy(), iou[0].float().cpu().numpy(), low_res[0].float().cpu().numpy()
 
@@ -123,36 +153,45 @@ class SamPredictor:
         the prompt encoder and the mask decoder; otherwise each image's prompts are one call.
         """
         if len(images) != len(prompts):
-            raise ValueError(f"{len(images)} images but {len(prompts)} prompt sets: give one Prompts per image")
-        rgb = [to_rgb_uint8(im) for im in images]
+            raise InputError(f"{len(images)} images but {len(prompts)} prompt sets: give one Prompts per image")
+        rgb = [to_rgb_uint8(im, f"images[{i}]") for i, im in enumerate(images)]
         sizes = [im.shape[:2] for im in rgb]
-        inputs = [self._to_input(im) for im in rgb]
-        input_sizes = [tuple(x.shape[-2:]) for x in inputs]
+        # Every prompt is checked before the encoder runs: a bad one costs no encoder time.
+        torch_prompts = [self._prompts_to_torch(p, size, f"prompts[{i}]") for i, (p, size) in enumerate(zip(prompts, sizes))]
+        results = [self._empty_prediction(size, multimask_output) for size in sizes]
+        active = [i for i, tp in enumerate(torch_prompts) if tp is not None]  # images with prompts
+        if not active:
+            return results
+        active_prompts = [torch_prompts[i] for i in active]
+        nested = "nt" in getattr(self.model, "switches", ())
+        if nested:
+            _check_one_kind(active_prompts)
+        inputs = [self._to_input(rgb[i]) for i in active]
         batch = torch.cat([self.model.preprocess(x[None]) for x in inputs])
         features = self.model.embed_images(batch)
-        torch_prompts = [self._prompts_to_torch(p, size) for p, size in zip(prompts, sizes)]
-        if "nt" in getattr(self.model, "switches", ()):
-            decoded = self._decode_nested(features, torch_prompts, multimask_output)
+        if nested:
+            decoded = self._decode_nested(features, active_prompts, multimask_output)
         else:
             decoded = [
-                self._decode(features[i : i + 1], *tp, None, multimask_output) for i, tp in enumerate(torch_prompts)
+                self._decode(features[j : j + 1], *tp, None, multimask_output) for j, tp in enumerate(active_prompts)
             ]
-        results = []
-        for (low_res, iou), input_size, size in zip(decoded, input_sizes, sizes):
-            masks = self.model.postprocess_masks(low_res, input_size, size) > self.model.mask_threshold
-            results.append(Prediction(masks, iou, low_res))
+        for i, x, (low_res, iou) in zip(active, inputs, decoded):
+            masks = self.model.postprocess_masks(low_res, tuple(x.shape[-2:]), sizes[i]) > self.model.mask_threshold
+            results[i] = Prediction(masks, iou, low_res)
         return results
+
+    def _empty_prediction(self, size: tuple[int, int], multimask_output: bool) -> Prediction:
+        """The Prediction of an image without prompts: every field with 0 rows and the usual other axes."""
+        outputs = 3 if multimask_output else 1
+        empty = dict(device=self.device, dtype=self.model.dtype)
+        return Prediction(
+            masks=torch.zeros((0, outputs, *size), dtype=torch.bool, device=self.device),
+            iou_predictions=torch.zeros((0, outputs), **empty),
+            low_res_logits=torch.zeros((0, outputs, *self.model.prompt_encoder.mask_input_size), **empty),
+        )
 
     def _decode_nested(self, features, torch_prompts, multimask_output):
         """One prompt-encoder + mask-decoder pass for the prompts of all images (jagged on prompt count)."""
-        kinds = {tuple(t is not None for t in tp) for tp in torch_prompts}
-        shapes = {tp[0].shape[1:] for tp in torch_prompts if tp[0] is not None}
-        if len(kinds) > 1 or len(shapes) > 1:
-            raise ValueError(
-                "nt batching needs the same kind of prompt for every image (all points with the same "
-                "number of points per prompt, or all boxes); decode mixed prompts without the nt switch"
-            )
-
         counts = [len(tp[0] if tp[0] is not None else tp[2]) for tp in torch_prompts]
         # Offsets from the host-side counts through a pinned copy: as_nested_tensor would build them
         # on the host and copy them from pageable memory (a cudaStreamSynchronize per tensor).
@@ -200,34 +239,87 @@ class SamPredictor:
         resized = resize_longest_side(rgb, self.long_side)
         return self._to_device(resized, torch.uint8).permute(2, 0, 1).contiguous()
 
-    def _points_to_torch(self, coords, labels, original_size):
-        if coords.shape[:-1] != labels.shape or coords.shape[-1] != 2:
-            raise ValueError(f"point_coords {coords.shape} must be (..., 2) and point_labels {labels.shape} match its leading shape")
-        check_inside(coords, original_size, "point")
+    def _points_to_torch(self, coords: np.ndarray, labels: np.ndarray, original_size, what: str):
+        """Checked (N, k, 2) coordinates and (N, k) labels -> device tensors in the resized frame."""
+        if labels.shape != coords.shape[:-1]:
+            raise InputError(
+                f"{what} labels of shape {labels.shape} do not match coordinates {coords.shape}: one label per point"
+            )
+        if coords.shape[1] == 0:
+            raise InputError(f"{what} prompts hold no point (shape {coords.shape}); each prompt needs at least one")
+        check_labels(labels, what)
+        check_inside(coords, original_size, what)
         coords = scale_coords(coords, original_size, self.long_side)
-        return (
-            self._to_device(coords, torch.float),
-            self._to_device(labels, torch.int),
-        )
+        return self._to_device(coords, torch.float), self._to_device(labels, torch.int)
 
-    def _boxes_to_torch(self, boxes, original_size):
-        boxes = np.asarray(boxes, dtype=float).reshape(-1, 2, 2)
-        check_inside(boxes, original_size, "box corner")
-        if (boxes[:, 1] < boxes[:, 0]).any():
-            raise ValueError("boxes must be x0, y0, x1, y1 with x1 >= x0 and y1 >= y0")
-        scaled = scale_coords(boxes, original_size, self.long_side).reshape(-1, 4)
+    def _boxes_to_torch(self, boxes: np.ndarray, original_size, what: str):
+        """Checked (N, 4) boxes -> a device tensor in the resized frame."""
+        corners = boxes.reshape(-1, 2, 2)
+        check_inside(corners, original_size, f"{what} corner")
+        inverted = (corners[:, 1] < corners[:, 0]).any(axis=1)
+        if inverted.any():
+            raise InputError(
+                f"{what} {boxes[np.argmax(inverted)].tolist()} is inverted: boxes are x0, y0, x1, y1 "
+                "with x1 >= x0 and y1 >= y0"
+            )
+        scaled = scale_coords(corners, original_size, self.long_side).reshape(-1, 4)
         return self._to_device(scaled, torch.float)
 
-    def _prompts_to_torch(self, prompts: Prompts, original_size):
+    def _prompts_to_torch(self, prompts: Prompts, original_size, where: str):
+        """(coords, labels, boxes) device tensors of one image's checked prompts; None when it has none."""
+        if not isinstance(prompts, Prompts):
+            raise InputError(f"{where} must be a samfast.Prompts, got {type(prompts).__name__}")
         coords = labels = boxes = None
-        if prompts.point_coords is not None:
-            coords, labels = self._points_to_torch(np.asarray(prompts.point_coords), np.asarray(prompts.point_labels), original_size)
+        counts = {}
+        if prompts.point_coords is not None or prompts.point_labels is not None:
+            if prompts.point_coords is None or prompts.point_labels is None:
+                raise InputError(f"{where}: point_coords and point_labels go together (one label per point)")
+            coords = as_numbers(prompts.point_coords, f"{where}.point_coords")
+            labels = as_numbers(prompts.point_labels, f"{where}.point_labels")
+            counts["point prompts"] = _count(coords, (None, None, 2), f"{where}.point_coords")
+            counts["point labels"] = _count(labels, (None, None), f"{where}.point_labels")
         if prompts.boxes is not None:
-            boxes = self._boxes_to_torch(prompts.boxes, original_size)
-        if coords is None and boxes is None:
-            raise ValueError("each Prompts needs point_coords/point_labels or boxes")
+            boxes = as_numbers(prompts.boxes, f"{where}.boxes")
+            counts["boxes"] = _count(boxes, (None, 4), f"{where}.boxes")
+        if len(set(counts.values())) > 1:
+            raise InputError(f"{where}: " + ", ".join(f"{n} {what}" for what, n in counts.items()) + "; give one of each per prompt")
+        if not counts or 0 in counts.values():
+            return None
+        if coords is not None:
+            coords, labels = self._points_to_torch(coords, labels, original_size, f"{where} point")
+        if boxes is not None:
+            boxes = self._boxes_to_torch(boxes, original_size, f"{where} box")
         return coords, labels, boxes
 
     def _require_image(self) -> None:
         if not self.is_image_set:
             raise RuntimeError("An image must be set with .set_image(...) before mask prediction.")
+
+
+def _check_one_kind(torch_prompts) -> None:
+    """The nt switch decodes all images' prompts as one jagged batch: they must be of one kind."""
+    kinds = {tuple(t is not None for t in tp) for tp in torch_prompts}
+    shapes = {tp[0].shape[1:] for tp in torch_prompts if tp[0] is not None}
+    if len(kinds) > 1 or len(shapes) > 1:
+        raise InputError(
+            "nt batching needs the same kind of prompt for every image (all points with the same "
+            "number of points per prompt, or all boxes); decode mixed prompts without the nt switch"
+        )
+
+
+def _count(array: np.ndarray, shape: tuple, name: str) -> int:
+    """The number of prompts in `array` (its first axis) after checking it has `shape` (None: any
+    length); an empty first axis means no prompts, whatever the rest."""
+    if array.ndim and array.shape[0] == 0:
+        return 0
+    fits = array.ndim == len(shape) and all(want in (None, got) for want, got in zip(shape, array.shape))
+    if fits:
+        return array.shape[0]
+    wanted = "(" + ", ".join("N" if i == 0 else ("k" if want is None else str(want)) for i, want in enumerate(shape)) + ")"
+    if shape == (None, None, 2) and array.shape[1:] == (2,):
+        n = array.shape[0]
+        raise InputError(
+            f"{name} has shape {array.shape}, which could be {n} prompts of one point or one prompt of {n} "
+            f"points: pass ({n}, 1, 2) for the first, (1, {n}, 2) for the second"
+        )
+    raise InputError(f"{name} must be {wanted}, got shape {array.shape}")
