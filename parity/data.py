@@ -4,6 +4,11 @@ Real COCO files (coco-mini, val2017) and the generated scenes go through one pat
 dict is handed to a pycocotools COCO object, and images come from a reader by file name (a
 folder on disk, or the scenes held in memory). Masks and images are decoded only when a sample
 is read, so pointing at val2017 (36k annotations) costs an index, not gigabytes of masks.
+
+Bad data is a DataError naming the file and the item, never a traceback from pycocotools or PIL:
+the whole annotation file is checked up front (parity.coco_format), image paths are confined to
+the image folder, and each image is checked as it is read (decodable, of a known value range,
+of the size its annotations say).
 """
 
 from __future__ import annotations
@@ -21,8 +26,11 @@ from PIL import Image
 from pycocotools import mask as mask_utils
 from pycocotools.coco import COCO
 
+from parity.coco_format import DataError, check_coco
 from parity.scenes import generate_scenes
 from parity.settings import DATA_ENV, DataNotFoundError, dataset_dir
+
+__all__ = ["DataError", "DataNotFoundError", "Dataset", "Sample", "load_coco", "load_dataset"]
 
 # Recorded in fingerprints and manifests: changing how prompts are made changes what a golden means.
 PROMPT_POLICY = "centre-point-v1"  # centre of mass if inside the mask, else the point farthest from its edge
@@ -83,11 +91,14 @@ class SampleList(Sequence):
         if isinstance(index, slice):
             return [self[i] for i in range(len(self))[index]]
         info = self._coco.imgs[self._image_ids[index]]
-        image = self._read_image(info["file_name"])
+        try:
+            image = self._read_image(info["file_name"])
+        except DataError as err:
+            raise DataError(f"image id {info['id']}: {err}") from None
         if image.shape[:2] != (info["height"], info["width"]):
-            raise ValueError(
-                f"image {info['file_name']} is {image.shape[1]}x{image.shape[0]} but its annotations "
-                f"say {info['width']}x{info['height']}: the annotation file does not match the images"
+            raise DataError(
+                f"image id {info['id']}: {info['file_name']} is {image.shape[1]}x{image.shape[0]} but its "
+                f"annotations say {info['width']}x{info['height']}: the annotation file does not match the images"
             )
         annotations = []
         for ann_id in self._ann_ids[info["id"]]:
@@ -166,9 +177,14 @@ def load_coco(coco_root: str | Path, ann_file: str | Path, *, limit: int | None 
     if not coco_root.is_dir():
         raise DataNotFoundError(f"image folder {coco_root} does not exist; {_FIX}")
     if not ann_file.is_file():
-        raise DataNotFoundError(f"annotation file {ann_file} does not exist; {_FIX}")
-    dataset = _index(name or ann_file.stem, ann_file.read_bytes(), lambda f: _read_rgb(coco_root / f), limit)
-    missing = [f for f in dataset.samples.file_names if not (coco_root / f).is_file()]
+        raise DataNotFoundError(f"annotation file {ann_file} does not exist or is not a file; {_FIX}")
+    try:
+        json_bytes = ann_file.read_bytes()
+    except OSError as err:
+        raise DataError(f"annotation file {ann_file} cannot be read: {err.strerror}") from None
+    dataset = _index(name or ann_file.stem, str(ann_file), json_bytes,
+                     lambda f: _read_rgb(_image_path(coco_root, f, ann_file)), limit)
+    missing = [f for f in dataset.samples.file_names if not _image_path(coco_root, f, ann_file).is_file()]
     if missing:
         raise DataNotFoundError(
             f"{len(missing)} image file(s) named in {ann_file} are not in {coco_root}, "
@@ -177,19 +193,61 @@ def load_coco(coco_root: str | Path, ann_file: str | Path, *, limit: int | None 
     return dataset
 
 
+def _image_path(coco_root: Path, file_name: str, ann_file: Path) -> Path:
+    """The image file of `file_name`, which must resolve inside the image folder: `../x.jpg`, an
+    absolute path or a symlink out of the folder would read files the user never pointed us at."""
+    path = (coco_root / file_name).resolve()
+    if not path.is_relative_to(coco_root.resolve()):
+        raise DataError(
+            f"{ann_file}: file_name {file_name!r} resolves to {path}, outside the image folder {coco_root}; "
+            "file names must be paths inside --coco-root (no '..', no absolute paths, no links out)"
+        )
+    return path
+
+
+# 16 bits per sample: PNG keeps at most 16, so a PNG that older Pillow opens as 32-bit "I" is 16-bit too.
+_SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N")
+
+
 def _read_rgb(path: Path) -> np.ndarray:
-    # No EXIF rotation: COCO annotations are in the stored pixel orientation. np.array, not
-    # np.asarray, because PIL's buffer is read-only and torch.from_numpy warns on such arrays.
-    with Image.open(path) as image:
-        return np.array(image.convert("RGB"))
+    """HxWx3 uint8 RGB of an image file, each mode converted by its real range, never clipped.
+
+    8-bit modes (L, P, RGB, RGBA, CMYK, ...) through PIL's convert. 16-bit grayscale: value / 257
+    rounded (65535 -> 255; PIL's own convert would clip everything above 255 to white). 32-bit
+    integer and float images have no defined range: refused.
+    """
+    try:
+        with Image.open(path) as image:
+            # No EXIF rotation: COCO annotations are in the stored pixel orientation. np.array, not
+            # np.asarray, because PIL's buffer is read-only and torch.from_numpy warns on such arrays.
+            if image.mode in _SIXTEEN_BIT_MODES or (image.mode == "I" and image.format == "PNG"):
+                gray = np.rint(np.array(image, dtype=np.float64) / 257).astype(np.uint8)
+                return np.repeat(gray[:, :, None], 3, axis=2)
+            if image.mode in ("I", "F"):
+                kind = "32-bit integer" if image.mode == "I" else "floating-point"
+                raise DataError(
+                    f"{path} is a {kind} image (PIL mode {image.mode}) whose value range is not defined; "
+                    "save it as an 8-bit or 16-bit image"
+                )
+            return np.array(image.convert("RGB"))
+    except DataError:
+        raise
+    except Exception as err:  # PIL's decoders raise many kinds (OSError, SyntaxError, ValueError, ...)
+        raise DataError(f"{path} is not a readable image ({type(err).__name__}: {err}); replace the file") from None
 
 
-def _index(name: str, json_bytes: bytes, read_image: Callable[[str], np.ndarray], limit: int | None) -> Dataset:
-    """The one loading path: index the annotations, select images, skip crowd and empty masks."""
+def _index(name: str, source: str, json_bytes: bytes, read_image: Callable[[str], np.ndarray],
+           limit: int | None) -> Dataset:
+    """The one loading path: check and index the annotations, select images, skip crowd and empty masks."""
     if limit is not None and limit < 1:
-        raise ValueError(f"limit must be a positive number of images or None, got {limit}")
+        raise DataError(f"limit must be a positive number of images or None, got {limit}")
+    try:
+        coco_dict = json.loads(json_bytes)
+    except ValueError as err:  # JSONDecodeError, or bytes that are not UTF-8
+        raise DataError(f"{source} is not valid JSON: {err}") from None
+    check_coco(coco_dict, source)
     coco = COCO()
-    coco.dataset = json.loads(json_bytes)
+    coco.dataset = coco_dict
     with contextlib.redirect_stdout(io.StringIO()):  # createIndex prints progress lines
         coco.createIndex()
     image_ids = sorted(coco.imgs)[:limit]
