@@ -1,4 +1,10 @@
-"""python -m parity golden | check: the command line of the gate."""
+"""python -m parity golden | check: the command line of the gate.
+
+Exit codes: 0 every stage passed, 1 a stage failed, 2 bad input (arguments, data, checkpoint,
+golden, an output folder that cannot be written). Bad input is one line on stderr naming the
+problem and the fix, never a traceback, and is found before the long evaluation starts where it
+can be (docs/errors.md).
+"""
 
 from __future__ import annotations
 
@@ -7,13 +13,22 @@ import os
 import shlex
 import subprocess
 import sys
+import tempfile
 from dataclasses import fields
 from pathlib import Path
 
+import torch
+
+from parity import golden as golden_io
 from parity.amg.generate import AmgParams
-from parity.data import load_coco, load_dataset
+from parity.data import DataError, load_coco, load_dataset
 from parity.distributed import DEFAULT_TIMEOUT_S, RankFailure, start, stop
-from samfast.stages import LADDER
+from parity.settings import DataNotFoundError
+from parity.store import GoldenError
+from samfast import CheckpointError, InputError, StageError
+from samfast.checkpoint import resolve_checkpoint
+from samfast.config import MODEL_TYPES
+from samfast.stages import LADDER, parse_stages
 
 # bf16 matmuls and convolutions crawl on CPUs without bf16 units (~60 s per vit_tiny image on
 # the 2-core CI machine), so the CPU gate runs the fp32-exact switches; bf16 and compile are
@@ -26,18 +41,91 @@ DEFAULT_CPU_STAGES = ["fp32", "fp32+sdpa", "fp32+triton", "fp32+nt"]
 # that is always red would teach people to ignore it.
 DEFAULT_GPU_STAGES = list(LADDER[:-1])
 
+PROBE_BYTES = 1 << 20  # an output folder must take this much before the evaluation starts
+
+
+class OutputFolderError(ValueError):
+    """A folder the run must write into (--report-dir, --golden-root) cannot be written."""
+
+
+# The one place where bad input becomes exit 2: every error of the project that means "the input
+# is wrong" (not "a stage failed", not "parity has a bug": those keep their traceback).
+BAD_INPUT_ERRORS = (
+    GoldenError,
+    DataNotFoundError,
+    DataError,
+    CheckpointError,
+    StageError,
+    InputError,
+    OutputFolderError,
+    # Still raised as plain ValueError on some user input (a dataset that yields no annotation
+    # reaches parity.metrics); to be narrowed to the project's own errors.
+    ValueError,
+)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a mistake reported in one line (exit 2) instead of the usage block."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value < 2**32:
+        raise argparse.ArgumentTypeError(f"expected a whole number from 0 to 2**32 - 1, got {text!r}")
+    return value
+
+
+def _device(text: str) -> str:
+    """cpu, cuda or cuda:N, refused now when this machine cannot run it."""
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a device the gate runs on; use cpu, cuda or cuda:N")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise argparse.ArgumentTypeError(
+            f"{text} asked for, but this machine has no usable CUDA GPU; use --device cpu or leave --device out")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise argparse.ArgumentTypeError(f"{text} asked for, but this machine has {torch.cuda.device_count()} GPU(s)")
+    return text
+
+
+def _stages(text: str) -> str:
+    try:
+        parse_stages(text)
+    except StageError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text
+
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="vit_tiny", help="vit_tiny, vit_b, vit_l or vit_h (default vit_tiny)")
+    parser.add_argument("--model", default="vit_tiny", choices=MODEL_TYPES, help="model type (default vit_tiny)")
     parser.add_argument("--checkpoint", help="official sam_vit_*.pth, a state dict in that layout, or 'trained'")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the synthetic weights when no --checkpoint")
+    parser.add_argument("--seed", type=_seed, default=0, help="seed of the synthetic weights when no --checkpoint")
     parser.add_argument("--data", default="scenes", help="coco-mini, scenes (embedded, the default) or a folder")
     parser.add_argument("--coco-root", type=Path, help="folder of COCO images (e.g. coco/val2017); with --ann-file")
     parser.add_argument("--ann-file", type=Path, help="COCO instances json (e.g. instances_val2017.json)")
-    parser.add_argument("--limit", type=int, help="first N images by image id")
+    parser.add_argument("--limit", type=_positive_int, help="first N images by image id")
     parser.add_argument("--prompt", choices=("point", "box"), default="point")
-    parser.add_argument("--device", help="cpu or cuda (default: cuda when available)")
-    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--device", type=_device, help="cpu, cuda or cuda:N (default: cuda when available)")
+    parser.add_argument("--batch-size", type=_positive_int, default=8)
     parser.add_argument("--nproc", type=int, metavar="N",
                         help="share the work among N processes, one per GPU (gloo ranks on a CPU): runs this "
                         "command under `torchrun --standalone --nproc-per-node N`; same golden, same figures")
@@ -59,10 +147,26 @@ def _amg_params(args) -> AmgParams:
     return AmgParams(**given)
 
 
+def check_writable(folder: Path, flag: str) -> None:
+    """Refuse now, not after the evaluation, a folder that cannot take the run's files (read-only,
+    full, a file): create it and write PROBE_BYTES to an unnamed temporary file in it, which
+    leaves nothing behind even when the process is killed."""
+    if folder.exists() and not folder.is_dir():
+        raise OutputFolderError(f"{flag} {folder} is a file, not a folder; pass a folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder) as probe:
+            probe.write(bytes(PROBE_BYTES))
+            probe.flush()
+            os.fsync(probe.fileno())
+    except OSError as err:
+        raise OutputFolderError(
+            f"{flag} {folder} cannot be written ({err.strerror or err}); pass a writable folder with free space"
+        ) from None
+
+
 def _dataset(args):
     if args.coco_root or args.ann_file:
-        if not (args.coco_root and args.ann_file):
-            raise SystemExit("error: --coco-root and --ann-file go together")
         return load_coco(args.coco_root, args.ann_file, limit=args.limit), (
             f"--coco-root {shlex.quote(str(args.coco_root))} --ann-file {shlex.quote(str(args.ann_file))}"
             + (f" --limit {args.limit}" if args.limit else ""))
@@ -70,31 +174,37 @@ def _dataset(args):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m parity", description=__doc__)
+    parser = _Parser(prog="python -m parity", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     golden = sub.add_parser("golden", help="write fp32 golden outputs (to a temporary folder, swapped in whole)")
     _add_common(golden)
     golden.add_argument("--golden-root", type=Path, help="where golden folders live (default: golden/)")
     check = sub.add_parser("check", help="run stages and compare them with the golden; exit 1 on any failure")
     _add_common(check)
-    check.add_argument("--stages", nargs="+", help="ladder names or '+' combinations (default on a GPU: "
+    check.add_argument("--stages", nargs="+", type=_stages, help="ladder names or '+' combinations (default on a GPU: "
                        f"{' '.join(DEFAULT_GPU_STAGES)}; on a CPU: {' '.join(DEFAULT_CPU_STAGES)})")
     check.add_argument("--golden", type=Path, help="golden folder (default: derived from model, checkpoint, data)")
     check.add_argument("--report-dir", type=Path, default=Path("reports"))
     args = parser.parse_args(argv)
+    if bool(args.coco_root) != bool(args.ann_file):
+        (golden if args.command == "golden" else check).error("--coco-root and --ann-file go together")
     if args.nproc is not None and args.nproc != 1:
         return _under_torchrun(args.nproc, sys.argv[1:] if argv is None else list(argv))
 
     from parity.runner import ModelSource
-    from parity.store import GoldenError
-    from parity.settings import DataNotFoundError
-    from samfast import CheckpointError, StageError
-    from samfast.checkpoint import resolve_checkpoint
 
+    try:  # bad input found before any process group, model or data exists
+        if args.command == "golden":
+            check_writable(args.golden_root or golden_io.GOLDEN_ROOT, "--golden-root")
+        else:
+            check_writable(args.report_dir, "--report-dir")
+        source = ModelSource(args.model, resolve_checkpoint(args.checkpoint) if args.checkpoint else None, args.seed)
+    except BAD_INPUT_ERRORS as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     params = _amg_params(args)
     if args.task == "amg":
         return _main_amg(args, params)
-    source = ModelSource(args.model, resolve_checkpoint(args.checkpoint) if args.checkpoint else None, args.seed)
     # Under torchrun every rank runs this; rank 0 alone writes the golden or the reports.
     ranks, device = start(args.device, args.collective_timeout)
     try:
@@ -105,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         if err.agreed:
             ranks.barrier()  # no rank exits (and gets rank 0 stopped by torchrun) before rank 0 has spoken
         return 2 if err.bad_input else 1
-    except (GoldenError, DataNotFoundError, CheckpointError, StageError, ValueError) as err:
+    except BAD_INPUT_ERRORS as err:
         print(f"error{f' (rank {ranks.rank})' if ranks.world_size > 1 else ''}: {err}", file=sys.stderr)
         return 2
     finally:

@@ -164,7 +164,7 @@ def _scenes_count(spec: str) -> tuple[str, int]:
         return "scenes", SCENES_IMAGES
     count = spec.removeprefix("scenes:")
     if not count.isdigit() or int(count) < 1:
-        raise ValueError(f"--data {spec}: the number of generated scenes must be a positive integer, e.g. scenes:1000")
+        raise DataError(f"--data {spec}: the number of generated scenes must be a positive integer, e.g. scenes:1000")
     return f"scenes{int(count)}", int(count)
 
 
