@@ -90,8 +90,10 @@ class SamPredictor:
         self._require_image()
         coords_t = labels_t = box_t = mask_t = None
         if point_coords is not None or point_labels is not None:
-            if point_coords is None or point_labels is None:
-                raise InputError("point_coords and point_labels go together: one label (1 foreground, 0 background) per point")
+            if point_labels is None:
+                raise InputError("point_labels must be given with point_coords (1 foreground, 0 background)")
+            if point_coords is None:
+                raise InputError("point_coords must be given with point_labels: one (x, y) per label")
             coords = as_numbers(point_coords, "point_coords")
             if coords.ndim != 2 or coords.shape[1] != 2:
                 raise InputError(
