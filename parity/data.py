@@ -182,8 +182,8 @@ def load_coco(coco_root: str | Path, ann_file: str | Path, *, limit: int | None 
         json_bytes = ann_file.read_bytes()
     except OSError as err:
         raise DataError(f"annotation file {ann_file} cannot be read: {err.strerror}") from None
-    dataset = _index(name or ann_file.stem, str(ann_file), json_bytes,
-                     lambda f: _read_rgb(_image_path(coco_root, f, ann_file)), limit)
+    dataset = _index(name or ann_file.stem, json_bytes, lambda f: _read_rgb(_image_path(coco_root, f, ann_file)),
+                     limit, source=str(ann_file))
     missing = [f for f in dataset.samples.file_names if not _image_path(coco_root, f, ann_file).is_file()]
     if missing:
         raise DataNotFoundError(
@@ -236,9 +236,11 @@ def _read_rgb(path: Path) -> np.ndarray:
         raise DataError(f"{path} is not a readable image ({type(err).__name__}: {err}); replace the file") from None
 
 
-def _index(name: str, source: str, json_bytes: bytes, read_image: Callable[[str], np.ndarray],
-           limit: int | None) -> Dataset:
-    """The one loading path: check and index the annotations, select images, skip crowd and empty masks."""
+def _index(name: str, json_bytes: bytes, read_image: Callable[[str], np.ndarray], limit: int | None,
+           source: str | None = None) -> Dataset:
+    """The one loading path: check and index the annotations, select images, skip crowd and empty masks.
+    `source` names the annotations in errors (the file; by default the dataset's name)."""
+    source = source or f"dataset {name!r}"
     if limit is not None and limit < 1:
         raise DataError(f"limit must be a positive number of images or None, got {limit}")
     try:
