@@ -357,7 +357,7 @@ def test_an_unreadable_image_fails_golden_with_exit_2(coco_dir, tmp_path, capsys
     code, err = _main(["golden", "--golden-root", str(tmp_path / "golden"), "--coco-root", str(coco_dir / "images"),
                        "--ann-file", str(_write(coco_dir, _base_coco())), "--device", "cpu"], capsys)
     assert code == 2 and "image id 3:" in err and "a.png is not a readable image" in err
-    assert not (tmp_path / "golden").exists() or not any((tmp_path / "golden").iterdir())
+    assert not list((tmp_path / "golden").glob("[!.]*"))  # no golden (a hidden resumable work folder may stay)
 
 
 SUBPROCESS_CASES = ["golden batch size -1", "directory checkpoint", "duplicate annotation ids"]
