@@ -298,7 +298,10 @@ def parity_cli(argv: list[str], capsys) -> tuple[int, str]:
     """`python -m parity ARGV` in this process (parity.__main__ runs cli.main): exit code and stderr."""
     from parity.cli import main
 
-    code = main(argv)
+    try:
+        code = main(argv)
+    except SystemExit as exit_:  # argparse refuses bad arguments itself (one line, exit 2)
+        code = exit_.code
     return code, capsys.readouterr().err
 
 
@@ -402,7 +405,7 @@ def test_batch_size_below_one_is_refused_and_old_golden_untouched(small_golden, 
     before = {p.name: p.read_bytes() for p in small_golden.iterdir()}
     code, err = parity_cli(["golden", "--model", "vit_tiny", "--checkpoint", "trained", "--data", "scenes", "--limit", "1",
                             "--device", "cpu", "--batch-size", "-1", "--golden-root", str(small_golden.parent)], capsys)
-    assert code == 2 and "batch-size must be at least 1, got -1" in err
+    assert code == 2 and "--batch-size: must be at least 1, got -1" in err
     assert {p.name: p.read_bytes() for p in small_golden.iterdir()} == before
 
 
