@@ -116,7 +116,8 @@ def test_rank_with_an_unreadable_image_stops_the_run(tmp_path):
 
     run = _torchrun(_args(data, tmp_path / "golden"))
     assert run.returncode != 0
-    assert "error: rank 1 of 2 failed on image id 2 (scene_0002.png): UnidentifiedImageError" in run.stderr
+    assert "error: rank 1 of 2 failed on image id 2 (scene_0002.png): DataError" in run.stderr
+    assert "scene_0002.png is not a readable image (UnidentifiedImageError" in run.stderr
     assert "exitcode  : 2" in run.stderr  # torchrun's summary of the ranks: bad input
     assert [p.name for p in old.iterdir()] == ["manifest.json"]
     assert (old / "manifest.json").read_text() == '{"old": true}\n'
