@@ -272,15 +272,8 @@ def _run(args, source, ranks, device) -> int:
 
 def _main_amg(args, params: AmgParams) -> int:
     """--task amg: the same commands for segment everything (parity.amg), kept apart from the point task."""
-    import torch
-
     from parity.amg import runner as amg_runner
-    from parity.store import GoldenError
-    from parity.golden import GoldenMismatch
     from parity.runner import ModelSource
-    from parity.settings import DataNotFoundError
-    from samfast import CheckpointError, StageError
-    from samfast.checkpoint import resolve_checkpoint
 
     batch = {"points_per_batch": args.points_per_batch} if args.points_per_batch else {}
     try:
@@ -294,7 +287,7 @@ def _main_amg(args, params: AmgParams) -> int:
         stages = args.stages or (DEFAULT_GPU_STAGES if on_gpu else DEFAULT_CPU_STAGES)
         results, paths = amg_runner.run_check(source, dataset, stages, params, data_args=data_args, device=args.device,
                                               golden=args.golden, report_dir=args.report_dir / "amg", **batch)
-    except (GoldenError, GoldenMismatch, DataNotFoundError, CheckpointError, StageError, ValueError) as err:
+    except BAD_INPUT_ERRORS as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(paths["report.md"].read_text())
