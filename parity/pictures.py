@@ -64,6 +64,7 @@ def mask_comparison_png(image: np.ndarray, golden: np.ndarray, stage: np.ndarray
               _difference(rgb[crop], golden[crop], stage[crop])]
     scale = PANEL / max(x1 - x0, y1 - y0)
     size = (max(round((x1 - x0) * scale), 1), max(round((y1 - y0) * scale), 1))
+    inset = (PANEL - size[0]) // 2  # a tall crop is centred in its panel
     font = ImageFont.load_default(size=13)
     title_height = LABEL_HEIGHT if title else 0
     sheet = Image.new("RGB", (4 * PANEL + 3 * 4, title_height + LABEL_HEIGHT + size[1]), (250, 250, 250))
@@ -75,12 +76,12 @@ def mask_comparison_png(image: np.ndarray, golden: np.ndarray, stage: np.ndarray
         left = i * (PANEL + 4)
         draw.text((left + 2, title_height + 2), label, fill=(40, 40, 40), font=font)
         resample = Image.Resampling.NEAREST if i == 3 else Image.Resampling.BILINEAR  # crisp difference pixels
-        sheet.paste(Image.fromarray(panel).resize(size, resample), (left, title_height + LABEL_HEIGHT))
+        sheet.paste(Image.fromarray(panel).resize(size, resample), (left + inset, title_height + LABEL_HEIGHT))
     top = title_height + LABEL_HEIGHT
     for left in range(0, 4 * (PANEL + 4), PANEL + 4):  # the prompt on every panel
 
         def to_sheet(x, y):
-            return left + (x - x0) * scale, top + (y - y0) * scale
+            return left + inset + (x - x0) * scale, top + (y - y0) * scale
 
         if box is not None:
             draw.rectangle([*to_sheet(box[0], box[1]), *to_sheet(box[2], box[3])], outline=PROMPT_COLOR, width=2)
