@@ -8,6 +8,7 @@ mask IoU is only reported; with real or trained weights mask IoU gates too.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -24,6 +25,7 @@ except ModuleNotFoundError:  # Python 3.10
 from parity.checks.budgets import DEFAULT_PATH as BUDGETS_PATH
 
 WORST_SHOWN = 5
+NEAR_FAILING = 0.9  # a passing gate that uses 90% or more of its limit (Gate.ratio) is shown like a failure
 
 
 @dataclass
@@ -39,6 +41,22 @@ class Gate:
         # written so that NaN fails: NaN compares False both ways
         return bool(self.value >= self.limit) if self.kind == "min" else bool(self.value <= self.limit)
 
+    @property
+    def ratio(self) -> float:
+        """The share of the allowed error this value uses: above 1 fails, NEAR_FAILING and up is near-failing.
+
+        For an error bound (max) that is value / limit; for an IoU floor (min) the IoU lost over the
+        IoU loss allowed, (1 - value) / (1 - limit): IoU 0.995 against a floor of 0.99 uses half of it.
+        """
+        spent, allowed = (self.value, self.limit) if self.kind == "max" else (1.0 - self.value, 1.0 - self.limit)
+        if allowed == 0:
+            return 0.0 if spent <= 0 else math.inf
+        return spent / allowed
+
+    @property
+    def near_failing(self) -> bool:
+        return self.gated and self.passed and self.ratio >= NEAR_FAILING
+
     def describe(self) -> str:
         sign = ">=" if self.kind == "min" else "<="
         verdict = "ok" if self.passed else ("FAIL" if self.gated else "below (not gated)")
@@ -52,14 +70,37 @@ class StageResult:
     summary: dict
     worst: list[dict] = field(default_factory=list)
     error: str | None = None  # the stage could not run at all
+    not_exercised: list[str] = field(default_factory=list)  # switches that did not run, with the reason
+    exercise_required: bool = False  # --require-gpu: a switch that did not run fails the stage
+    # ann_id -> (golden RLE, stage RLE) of the worst annotations only, for pictures; not in report.json
+    worst_masks: dict[int, tuple[dict, dict]] = field(default_factory=dict, repr=False)
+    pictures: dict[int, bytes] = field(default_factory=dict, repr=False)  # ann_id -> PNG, failed/near-failing stages
+
+    @property
+    def verdict(self) -> str:
+        """"error", "fail", "not exercised" (a switch did not run; gates passed) or "pass"."""
+        if self.error:
+            return "error"
+        if self.failures or (self.not_exercised and self.exercise_required):
+            return "fail"
+        return "not exercised" if self.not_exercised else "pass"
 
     @property
     def passed(self) -> bool:
-        return self.error is None and all(g.passed for g in self.gates if g.gated)
+        return self.verdict == "pass"
+
+    @property
+    def blocks(self) -> bool:
+        """Whether this stage makes the gate fail (exit 1)."""
+        return self.verdict in ("error", "fail")
 
     @property
     def failures(self) -> list[Gate]:
         return [g for g in self.gates if g.gated and not g.passed]
+
+    @property
+    def near_failing(self) -> list[Gate]:
+        return [g for g in self.gates if g.near_failing]
 
 
 # The switches that change arithmetic precision, mildest first. compile, sdpa, triton and nt only
@@ -147,4 +188,8 @@ def compare(stage: str, outputs: StageOutputs, golden: StageOutputs, limits: dic
         "steady_img_s": outputs.steady_img_s,
     }
     worst = sorted(per_ann, key=lambda p: (p["iou_vs_golden"], -p["score_abs_err"]))[:WORST_SHOWN]
-    return StageResult(stage, gates, summary, worst)
+    worst_masks = {}
+    for w in worst:
+        ours, gold = ours_by_id[w["ann_id"]], golden_by_id[w["ann_id"]]
+        worst_masks[w["ann_id"]] = (gold.rles[ours.best if w["near_tie"] else gold.best], ours.rles[ours.best])
+    return StageResult(stage, gates, summary, worst, worst_masks=worst_masks)

@@ -104,7 +104,8 @@ def verdict(pytest_codes: list[int], check_code: int) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m parity.gate", description=__doc__.split("\n")[0])
-    parser.add_argument("--require-gpu", action="store_true", help="GPU tests fail instead of skipping without CUDA")
+    parser.add_argument("--require-gpu", action="store_true", help="GPU tests fail instead of skipping without CUDA, "
+                        "and so does a check stage whose switch did not run")
     parser.add_argument("--perf-matrix", action="store_true", help="time every budgets.toml row, not only the gating ones")
     parser.add_argument("--workers", type=int, help="pytest-xdist workers (default: one per GPU when there are several)")
     parser.add_argument("--report-dir", type=Path, default=Path("reports"))
@@ -131,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     for key, (layer, embedded) in EMBEDDED_CHECKS.items():
         check_json = args.report_dir / f"gate-time-{key}.json"
         check_codes[layer], wall[layer] = _timed([sys.executable, "-m", "parity.gate", "--_check-step", str(check_json),
-                                                  "--report-dir", str(args.report_dir), *embedded, *check_args])
+                                                  "--report-dir", str(args.report_dir), *embedded, *check_args,
+                                                  *(["--require-gpu"] if args.require_gpu and key == "check" else [])])
         check_compile = json.loads(check_json.read_text())["compile_seconds"] if check_json.exists() else 0.0
         check_rows.append({"layer": layer, "tests": 1, "failed": int(check_codes[layer] != 0),
                            "seconds": round(wall[layer], 1), "compile_seconds": round(check_compile, 1)})

@@ -15,13 +15,14 @@ import numpy as np
 import torch
 
 import samfast
-from samfast import kernels
 from parity import golden as golden_io
 from parity.check import StageResult, compare, load_thresholds, thresholds_for
 from parity.data import Dataset
 from parity.distributed import SINGLE_PROCESS, RankFailure, Ranks, WorkFolder, failure, raise_first_failure
-from parity.evaluate import StageOutputs, evaluate
-from parity.report import write_reports
+from parity.evaluate import StageOutputs, decode_rle, evaluate
+from parity.exercised import watch_switches
+from parity.pictures import mask_comparison_png
+from parity.report import remove_reports, write_reports
 from samfast.checkpoint import synthetic_state_dict
 from samfast.stages import canonical_name, parse_stages
 
@@ -120,6 +121,22 @@ def refuse_useless(outputs: StageOutputs, source: ModelSource) -> None:
                 f"{source.label}: the weights or the input are broken; no golden written")
 
 
+def worst_pictures(result: StageResult, dataset: Dataset, prompt: str) -> dict[int, bytes]:
+    """ann_id -> PNG of the golden and the stage's mask on the image, for each of the stage's worst annotations."""
+    pictures = {}
+    for w in result.worst:
+        sample = dataset.samples[dataset.samples.image_ids.index(w["image_id"])]
+        ann = next(a for a in sample.annotations if a.ann_id == w["ann_id"])
+        golden_rle, stage_rle = result.worst_masks[w["ann_id"]]
+        title = (f"annotation {w['ann_id']} (image {w['image_id']}): IoU vs golden "
+                 f"{w['iou_vs_golden']:.3f}, mask {w['best']} / golden {w['golden_best']}"
+                 + (" (near tie)" if w["near_tie"] else ""))
+        pictures[w["ann_id"]] = mask_comparison_png(
+            sample.image, decode_rle(golden_rle), decode_rle(stage_rle), title=title,
+            point=ann.point if prompt == "point" else None, box=ann.box if prompt == "box" else None)
+    return pictures
+
+
 def regenerate_command(source: ModelSource, data_args: str, prompt: str) -> str:
     return f"python -m parity golden {source.cli_args()} {data_args}" + (f" --prompt {prompt}" if prompt != "point" else "")
 
@@ -137,11 +154,15 @@ def run_check(
     report_dir: Path = Path("reports"),
     build: Callable[[str], torch.nn.Module] | None = None,
     ranks: Ranks = SINGLE_PROCESS,
+    require_gpu: bool = False,
 ) -> tuple[list[StageResult], dict[str, Path]] | None:
-    """Check each stage against the golden; write report.md/json, junit.xml and a plot (rank 0; the
+    """Check each stage against the golden; write report.md/json/html, junit.xml and a plot (rank 0; the
     other ranks return None). Each stage's finished batches wait in report_dir/.<stage>.work/ until
     the reports are written, so a re-run after a kill resumes; a custom `build` is not resumable
-    (nothing identifies it)."""
+    (nothing identifies it). A stage whose switch did not run (parity.exercised) is "not exercised",
+    or failed with `require_gpu`."""
+    if ranks.is_main:  # first of all: a check that stops on bad input or crashes leaves no earlier PASS behind
+        remove_reports(Path(report_dir))
     device = torch.device(device) if device else default_device()
     sha = source.sha256()
     folder = Path(golden) if golden else golden_folder(source, sha, dataset, prompt)
@@ -159,16 +180,17 @@ def run_check(
     build = build or (lambda stages: source.build(stages, device, batch_size))
     results, works = [], []
     for stage in stages:
-        name = canonical_name(parse_stages(stage))
-        kernels.reset_fallback_counts()
+        switches = parse_stages(stage)
+        name = canonical_name(switches)
         work = None
         if resumable:
             work = WorkFolder(Path(report_dir) / f".{name}.work",
                               run_identity("check", source, sha, dataset, prompt, batch_size, name, device), ranks)
             works.append(work)
         try:
-            outputs = evaluate(_build_on_every_rank(build, stage, ranks), dataset, prompt=prompt,
-                               batch_size=batch_size, desc=f"check {name}", ranks=ranks, work=work)
+            with watch_switches(switches) as used:
+                outputs = evaluate(_build_on_every_rank(build, stage, ranks), dataset, prompt=prompt,
+                                   batch_size=batch_size, desc=f"check {name}", ranks=ranks, work=work)
         except RankFailure as err:  # a stage that cannot run here is a failed stage, reported with its reason
             if err.bad_input:
                 raise
@@ -178,7 +200,11 @@ def run_check(
             continue
         result = compare(name, outputs, golden_outputs, thresholds_for(stage, thresholds), source.masks_meaningful)
         # Visible, not silent: calls the fused kernel could not serve and sent to the slow path.
-        result.summary["kernel_fallbacks"] = dict(kernels.fallback_counts())
+        result.summary["kernel_fallbacks"] = used.kernel_fallbacks
+        result.not_exercised, result.exercise_required = used.not_exercised, require_gpu
+        if result.failures or result.near_failing:
+            result.pictures = worst_pictures(result, dataset, prompt)
+        result.worst_masks = {}  # the pictures are made: nothing else needs the masks
         results.append(result)
     header = {
         "model_type": source.model_type,

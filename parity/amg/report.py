@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from parity.check import StageResult
-from parity.report import _fmt, _overshoot, _verdict, render_junit
+from parity.report import fmt, render_junit, stage_verdict
 
 COLUMNS = ("union IoU mean", "matched IoU mean", "matched p5", "golden / stage masks", "matched", "lost", "new",
            "images with another count", "score err", "stability err (not gated)", "ms/img")
@@ -19,11 +19,11 @@ def _row(r: StageResult) -> str:
     if r.error:
         return f"| {r.stage} | ERROR |" + " - |" * len(COLUMNS)
     s = r.summary
-    cells = [_fmt(s["union_iou_mean"]), _fmt(s["matched_iou_mean"]), _fmt(s["matched_iou_p5"]),
+    cells = [fmt(s["union_iou_mean"]), fmt(s["matched_iou_mean"]), fmt(s["matched_iou_p5"]),
              f"{s['golden_masks']} / {s['stage_masks']}", s["matched"], s["lost"], s["new"],
-             f"{s['count_changed_images']} of {s['images']}", _fmt(s["predicted_iou_max_err"]),
-             _fmt(s["stability_max_err"]), _fmt(s.get("ms_per_image"), 1)]
-    return f"| {r.stage} | {_verdict(r)} | " + " | ".join(str(c) for c in cells) + " |"
+             f"{s['count_changed_images']} of {s['images']}", fmt(s["predicted_iou_max_err"]),
+             fmt(s["stability_max_err"]), fmt(s.get("ms_per_image"), 1)]
+    return f"| {r.stage} | {stage_verdict(r)} | " + " | ".join(str(c) for c in cells) + " |"
 
 
 def render_markdown(header: dict, results: list[StageResult]) -> str:
@@ -51,7 +51,7 @@ def render_markdown(header: dict, results: list[StageResult]) -> str:
         if r.error:
             lines.append(f"- could not run: {r.error}")
             continue
-        lines += [f"- {g.describe()} ({_overshoot(g):.2f}x the limit)" for g in r.failures]
+        lines += [f"- {g.describe()} ({g.ratio:.2f}x the limit)" for g in r.failures]
         lines += ["", "Worst images (union IoU mean; pairs as golden index, stage index, IoU):", "",
                   "| image id | union IoU mean | golden / stage masks | lost | new | pairs |", "|---|---|---|---|---|---|"]
         lines += [f"| {w['image_id']} | {w['union_iou_mean']:.4f} | {w['golden_masks']} / {w['stage_masks']} | "

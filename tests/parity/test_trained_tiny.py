@@ -14,6 +14,8 @@ from parity.metrics import mask_iou
 from parity.runner import ModelSource, golden_folder
 from samfast.checkpoint import NAMED_CHECKPOINTS
 
+SCORE_ATOL = 1e-3  # the golden was made on another CPU: fp32 rounding of reordered additions
+
 
 def test_checkpoint_matches_its_manifest():
     path = NAMED_CHECKPOINTS["trained"]
@@ -34,7 +36,11 @@ def test_trained_model_reproduces_its_committed_golden():
     assert len(ours.annotations) >= 10
     for ann in ours.annotations:
         gold = by_id[ann.ann_id]
-        np.testing.assert_allclose(ann.scores, gold.scores, atol=1e-3)
-        assert mask_iou(decode_rle(ann.rles[ann.best]), decode_rle(gold.rles[gold.best])) >= 0.99
+        np.testing.assert_allclose(ann.scores, gold.scores, atol=SCORE_ATOL)
+        # As the gate does: where the golden's two top scores lie within the tolerance, rounding may pick
+        # either mask; then ours is compared with the golden's mask of the index ours picked.
+        near_tie = abs(gold.scores[ann.best] - gold.scores[gold.best]) <= SCORE_ATOL
+        reference = ann.best if near_tie else gold.best
+        assert mask_iou(decode_rle(ann.rles[ann.best]), decode_rle(gold.rles[reference])) >= 0.99
     # the model really segments: a meaningful mIoU against ground truth on these scenes
     assert np.mean([a.gt_iou for a in ours.annotations]) > 0.6

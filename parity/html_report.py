@@ -1,0 +1,194 @@
+"""reports/report.html: the gate's verdict as one self-contained page a reviewer reads in ten seconds.
+
+No network, no script: styles inline, the plot and the mask pictures as base64 PNG. A verdict
+banner, the stage table (each gate's value, limit and share of the limit used), the plot with the
+limits drawn, and for every failed or near-failing stage its worst annotations as pictures.
+
+Render a report to PNG with headless Chromium (what the docs screenshot is made with):
+
+    python -m parity.html_report --screenshot reports/report.html docs/report-html.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import html
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from parity.check import NEAR_FAILING, StageResult
+from parity.report import fmt, overall_verdict, stage_verdict
+
+CHROMIUM_INSTALL = "apt-get install -y chromium"
+WINDOW = (1280, 2000)
+GATE_LABELS = {
+    "logits_rel_l2": "logits rel L2",
+    "score_max_abs_err": "score err",
+    "mask_iou_mean": "mask IoU mean",
+    "mask_iou_p5": "mask IoU p5",
+    "miou_gt_drop": "mIoU vs GT drop",
+}
+BANNER_CLASS = {"PASS": "pass", "FAIL": "fail", "NOT EXERCISED": "notex"}
+
+STYLE = """
+body { font: 14px/1.4 system-ui, sans-serif; margin: 0 24px 24px; color: #222; }
+.banner { padding: 14px 18px; margin: 0 -24px 16px; color: #fff; }
+.banner h1 { margin: 0; font-size: 30px; letter-spacing: 1px; }
+.banner p { margin: 4px 0 0; }
+.pass { background: #1e7b34; } .fail { background: #b3261e; } .notex { background: #b86e00; }
+table { border-collapse: collapse; margin: 8px 0 16px; }
+th, td { border: 1px solid #ccc; padding: 4px 8px; text-align: right; vertical-align: top; }
+th:first-child, td:first-child, th.verdict, td.verdict { text-align: left; }
+td small { white-space: nowrap; }
+td small { color: #555; display: block; }
+td.gate-fail { background: #f9d6d3; } td.gate-near { background: #fde9c4; } td.gate-info { color: #888; }
+td.v-pass { color: #1e7b34; font-weight: bold; } td.v-fail, td.v-error { color: #b3261e; font-weight: bold; }
+td.v-notex { color: #b86e00; font-weight: bold; }
+ul.facts { padding-left: 18px; margin: 0 0 8px; }
+figure { margin: 8px 0 14px; } figcaption { color: #444; }
+img.plot { max-width: 100%; } img.worst { display: block; border: 1px solid #ccc; }
+.tie { background: #fde9c4; padding: 0 4px; border-radius: 3px; }
+"""
+
+
+def _png(data: bytes, css_class: str, alt: str) -> str:
+    src = "data:image/png;base64," + base64.b64encode(data).decode("ascii")
+    return f'<img class="{css_class}" alt="{html.escape(alt)}" src="{src}">'
+
+
+def _gate_cell(gate) -> str:
+    if gate is None:
+        return "<td>-</td>"
+    status = "info" if not gate.gated else ("fail" if not gate.passed else ("near" if gate.near_failing else "ok"))
+    sign = "≥" if gate.kind == "min" else "≤"
+    note = "" if gate.gated else " (not gated)"
+    return (f'<td class="gate-{status}">{fmt(gate.value)}'
+            f"<small>{sign} {gate.limit:g} · {gate.ratio:.2f}×{note}</small></td>")
+
+
+def _stage_row(result: StageResult) -> str:
+    verdict_class = {"pass": "v-pass", "fail": "v-fail", "error": "v-error", "not exercised": "v-notex"}[result.verdict]
+    gates = {g.metric: g for g in result.gates}
+    cells = "".join(_gate_cell(gates.get(metric)) for metric in GATE_LABELS)
+    speed = fmt((result.summary or {}).get("steady_img_s"), 2)
+    return (f"<tr><td>{html.escape(result.stage)}</td><td class=\"verdict {verdict_class}\">"
+            f"{html.escape(stage_verdict(result))}</td>{cells}<td>{speed}</td></tr>")
+
+
+def _stage_section(result: StageResult) -> str:
+    """What went wrong (or nearly) in one stage, with its worst annotations as pictures."""
+    failing = bool(result.failures)
+    parts = [f"<h2>{html.escape(result.stage)}: {'what failed' if failing else 'near the limit'}</h2>", "<ul>"]
+    for gate in result.failures + result.near_failing:
+        parts.append(f"<li>{html.escape(gate.describe())} ({gate.ratio:.2f} of the limit)</li>")
+    parts.append("</ul>")
+    if result.pictures:
+        parts.append("<p>Worst annotations: the image crop with the prompt (yellow), the golden mask (blue), the "
+                     "stage's mask (orange) and their difference (green: golden only, red: stage only). After a "
+                     '<span class="tie">near tie</span> of the golden\'s scores the stage is compared with the '
+                     "golden's mask of the same index.</p>")
+    for w in result.worst:
+        picture = result.pictures.get(w["ann_id"])
+        if picture is None:
+            continue
+        tie = ' <span class="tie">near tie</span>' if w["near_tie"] else ""
+        caption = (f"annotation {w['ann_id']} (image {w['image_id']}): IoU vs golden {w['iou_vs_golden']:.4f}, "
+                   f"mask {w['best']} / golden {w['golden_best']}, score error {w['score_abs_err']:.4f}")
+        parts.append(f"<figure>{_png(picture, 'worst', caption)}<figcaption>{html.escape(caption)}{tie}</figcaption></figure>")
+    return "\n".join(parts)
+
+
+def render_html(header: dict, results: list[StageResult], plot_png: bytes) -> str:
+    verdict = overall_verdict(results)
+    passed = sum(r.passed for r in results)
+    counts = {v: [r.stage for r in results if r.verdict == v] for v in ("fail", "error", "not exercised")}
+    summary = f"{passed} of {len(results)} stages pass." + "".join(
+        f" {label}: {', '.join(names)}." for label, names in
+        (("Failed", counts["fail"]), ("Could not run", counts["error"]), ("Not exercised", counts["not exercised"])) if names)
+    title = f"{header['model_type']} ({header['checkpoint']}) on {header['dataset']}"
+    facts = [
+        f"golden: <code>{html.escape(str(header['golden']))}</code> (made on {html.escape(str(header['golden_device']))}, "
+        f"torch {html.escape(str(header['golden_torch']))})",
+        f"this run: {html.escape(str(header['device']))}, torch {html.escape(str(header['torch']))}; "
+        f"{header['annotations']} annotations, {html.escape(str(header['prompt']))} prompts",
+        "masks gated: " + ("yes" if header["masks_meaningful"] else
+                           "no (seeded synthetic weights: mask IoU is reported, logits gate)"),
+        "under each value: its limit and the share of the limit it uses (×): value / limit for an error bound, "
+        f"IoU lost / IoU loss allowed for an IoU floor; above 1× fails, {NEAR_FAILING:.1f}× and up is "
+        "<b>near-failing</b> and shown with pictures like a failure",
+    ]
+    rows = "\n".join(_stage_row(r) for r in results)
+    heads = "".join(f"<th>{label}</th>" for label in GATE_LABELS.values())
+    notes = [f"<li><b>{html.escape(r.stage)}</b> not exercised: {html.escape(reason)}</li>"
+             for r in results for reason in r.not_exercised]
+    notes += [f"<li><b>{html.escape(r.stage)}</b> could not run: {html.escape(r.error)}</li>" for r in results if r.error]
+    shown = [r for r in results if r.failures or r.near_failing]
+    body = [
+        f'<div class="banner {BANNER_CLASS[verdict]}"><h1>{verdict}</h1><p>{html.escape(summary)}</p></div>',
+        f"<p><b>parity report</b>: {html.escape(title)}</p>",
+        '<ul class="facts">' + "".join(f"<li>{f}</li>" for f in facts) + "</ul>",
+        f"<table><tr><th>stage</th><th class='verdict'>verdict</th>{heads}<th>img/s</th></tr>\n{rows}\n</table>",
+        ("<ul>" + "".join(notes) + "</ul>") if notes else "",
+        f"<figure>{_png(plot_png, 'plot', 'logits error and mask IoU per stage with limits')}"
+        "<figcaption>Black lines: each stage's limit (dashed: reported, not gated).</figcaption></figure>",
+        *(_stage_section(r) for r in shown),
+    ]
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>parity {verdict}: {html.escape(title)}</title><style>{STYLE}</style></head>\n<body>\n"
+            + "\n".join(part for part in body if part) + "\n</body></html>\n")
+
+
+# --- headless Chromium: the screenshot for docs, and the browser test ------------------------------
+
+def find_chromium() -> str | None:
+    return next((path for name in ("chromium", "chromium-browser", "google-chrome") if (path := shutil.which(name))), None)
+
+
+def run_chromium(page: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Headless Chromium on a local file, with everything that would reach the network switched off."""
+    binary = find_chromium()
+    if binary is None:
+        raise FileNotFoundError(f"no Chromium found; install it with `{CHROMIUM_INSTALL}`")
+    with tempfile.TemporaryDirectory() as profile:
+        command = [binary, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                   f"--user-data-dir={profile}", *args, Path(page).resolve().as_uri()]
+        return subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=True)
+
+
+def screenshot(page: Path, png: Path, window: tuple[int, int] = WINDOW) -> None:
+    run_chromium(page, f"--screenshot={Path(png).resolve()}", f"--window-size={window[0]},{window[1]}")
+
+
+def dump_dom(page: Path) -> str:
+    """The page's DOM after Chromium rendered it."""
+    return run_chromium(page, "--dump-dom").stdout
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m parity.html_report", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--screenshot", nargs=2, metavar=("HTML", "PNG"), required=True,
+                        help="render a report.html to a PNG with headless Chromium")
+    parser.add_argument("--window", default=f"{WINDOW[0]}x{WINDOW[1]}", help="width x height in pixels")
+    args = parser.parse_args(argv)
+    page, png = map(Path, args.screenshot)
+    if not page.is_file():
+        print(f"error: {page} is not a file; make one with `python -m parity check`", file=sys.stderr)
+        return 2
+    width, height = (int(v) for v in args.window.lower().split("x"))
+    try:
+        screenshot(page, png, (width, height))
+    except FileNotFoundError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"wrote {png}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+"""One picture of a disagreement between two masks: what a reviewer looks at instead of an annotation id.
+
+    png = mask_comparison_png(image, golden_mask, stage_mask, point=(x, y), title="ann 17: IoU 0.41")
+
+Four panels of the image crop around both masks: the image with the prompt, the golden mask, the
+stage's mask, and their difference (green: golden only, red: stage only, white: both). Any two masks
+of the image's size work (the gate's worst annotations, AMG masks).
+"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+from PIL import Image, ImageDraw, ImageFont
+
+PANEL = 200  # pixels per panel side
+LABEL_HEIGHT = 18
+GOLDEN_ONLY, STAGE_ONLY, BOTH = (40, 200, 60), (230, 40, 40), (255, 255, 255)
+PROMPT_COLOR = (255, 215, 0)
+
+
+def crop_box(masks: list[np.ndarray], point=None, margin: float = 0.25, min_side: int = 32) -> tuple[int, int, int, int]:
+    """(x0, y0, x1, y1) around the union of the masks and the point, padded by `margin` of its size."""
+    h, w = masks[0].shape
+    ys, xs = np.nonzero(np.logical_or.reduce(masks))
+    if point is not None:
+        xs, ys = np.append(xs, int(point[0])), np.append(ys, int(point[1]))
+    if xs.size == 0:
+        return 0, 0, w, h
+    x0, x1, y0, y1 = xs.min(), xs.max() + 1, ys.min(), ys.max() + 1
+    pad_x = max(int((x1 - x0) * margin), (min_side - (x1 - x0)) // 2, 0)
+    pad_y = max(int((y1 - y0) * margin), (min_side - (y1 - y0)) // 2, 0)
+    return max(x0 - pad_x, 0), max(y0 - pad_y, 0), min(x1 + pad_x, w), min(y1 + pad_y, h)
+
+
+def _tint(rgb: np.ndarray, mask: np.ndarray, color) -> np.ndarray:
+    out = rgb.astype(np.float32) * 0.45  # dim the image so the mask stands out
+    out[mask] = 0.4 * rgb[mask] + 0.6 * np.asarray(color, np.float32)
+    return out.astype(np.uint8)
+
+
+def _difference(rgb: np.ndarray, golden: np.ndarray, stage: np.ndarray) -> np.ndarray:
+    out = (rgb.astype(np.float32) * 0.25).astype(np.uint8)
+    out[golden & stage] = BOTH
+    out[golden & ~stage] = GOLDEN_ONLY
+    out[stage & ~golden] = STAGE_ONLY
+    return out
+
+
+def mask_comparison_png(image: np.ndarray, golden: np.ndarray, stage: np.ndarray, *, point=None, box=None,
+                        title: str = "") -> bytes:
+    """PNG bytes: image crop with the prompt | golden mask | stage mask | difference, under `title`.
+
+    image: HxW or HxWx3 uint8; golden, stage: HxW bool; point (x, y) and box (x0, y0, x1, y1) in pixels.
+    """
+    golden, stage = np.asarray(golden, bool), np.asarray(stage, bool)
+    rgb = np.repeat(image[..., None], 3, axis=2) if image.ndim == 2 else np.asarray(image)[..., :3]
+    if not (rgb.shape[:2] == golden.shape == stage.shape):
+        raise ValueError(f"image {rgb.shape[:2]}, golden mask {golden.shape} and stage mask {stage.shape} differ in size")
+    x0, y0, x1, y1 = crop_box([golden, stage], point)
+    crop = (slice(y0, y1), slice(x0, x1))
+    panels = [rgb[crop], _tint(rgb[crop], golden[crop], (60, 120, 255)), _tint(rgb[crop], stage[crop], (255, 140, 0)),
+              _difference(rgb[crop], golden[crop], stage[crop])]
+    scale = PANEL / max(x1 - x0, y1 - y0)
+    size = (max(round((x1 - x0) * scale), 1), max(round((y1 - y0) * scale), 1))
+    inset = (PANEL - size[0]) // 2  # a tall crop is centred in its panel
+    font = ImageFont.load_default(size=13)
+    title_height = LABEL_HEIGHT if title else 0
+    sheet = Image.new("RGB", (4 * PANEL + 3 * 4, title_height + LABEL_HEIGHT + size[1]), (250, 250, 250))
+    draw = ImageDraw.Draw(sheet)
+    if title:
+        draw.text((2, 1), title, fill=(0, 0, 0), font=font)
+    labels = ("image + prompt", "golden", "stage", "diff: green golden, red stage")
+    for i, (panel, label) in enumerate(zip(panels, labels)):
+        left = i * (PANEL + 4)
+        draw.text((left + 2, title_height + 2), label, fill=(40, 40, 40), font=font)
+        resample = Image.Resampling.NEAREST if i == 3 else Image.Resampling.BILINEAR  # crisp difference pixels
+        sheet.paste(Image.fromarray(panel).resize(size, resample), (left + inset, title_height + LABEL_HEIGHT))
+    top = title_height + LABEL_HEIGHT
+    for left in range(0, 4 * (PANEL + 4), PANEL + 4):  # the prompt on every panel
+
+        def to_sheet(x, y):
+            return left + inset + (x - x0) * scale, top + (y - y0) * scale
+
+        if box is not None:
+            draw.rectangle([*to_sheet(box[0], box[1]), *to_sheet(box[2], box[3])], outline=PROMPT_COLOR, width=2)
+        if point is not None:
+            px, py = to_sheet(point[0] + 0.5, point[1] + 0.5)  # the centre of the prompt's pixel
+            draw.ellipse([px - 5, py - 5, px + 5, py + 5], fill=PROMPT_COLOR, outline=(0, 0, 0), width=2)
+    buffer = io.BytesIO()
+    sheet.save(buffer, format="PNG", optimize=True)
+    return buffer.getvalue()

@@ -1,0 +1,63 @@
+"""Make the example HTML report of the docs: the embedded default with one failing stage, and its screenshot.
+
+    python tools/report_example.py [--limit 2] [--out reports/example] [--png docs/report-html.png]
+
+On a CPU the 2:4 sparse stage (the real failing stage of the embedded default) cannot run, so the
+failing stage here is fp32 with the mask decoder's weights perturbed, named so in the report. On a GPU,
+render the real thing instead: `python -m parity check --stages fp32 bf16 nt bf16+compile+sdpa+triton+nt+sparse`
+then `python -m parity.html_report --screenshot reports/report.html docs/report-html.png`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+
+from parity.data import load_dataset  # noqa: E402
+from parity.html_report import screenshot  # noqa: E402
+from parity.report import write_reports  # noqa: E402
+from parity.runner import ModelSource, make_golden, run_check  # noqa: E402
+from samfast.checkpoint import NAMED_CHECKPOINTS  # noqa: E402
+from tests.parity.test_gate import _perturbed_build  # noqa: E402  (the planted defect of the gate's tests)
+
+STAGES = ["fp32", "fp32+sdpa", "fp32+triton", "fp32+nt"]
+DEFECT_STAGE, DEFECT_LABEL = "fp32+nt", "fp32, decoder weights perturbed"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--limit", type=int, default=2, help="first N generated scenes (default 2)")
+    parser.add_argument("--out", type=Path, default=Path("reports/example"))
+    parser.add_argument("--png", type=Path, default=Path("docs/report-html.png"))
+    args = parser.parse_args(argv)
+    source = ModelSource("vit_tiny", NAMED_CHECKPOINTS["trained"])
+    scenes = load_dataset("scenes", limit=args.limit)
+    perturbed = _perturbed_build(source, scale=0.3)
+
+    def build(stage: str):
+        return perturbed(stage) if stage == DEFECT_STAGE else source.build(stage, torch.device("cpu"), 8)
+
+    with tempfile.TemporaryDirectory() as root:
+        golden = make_golden(source, scenes, device="cpu", root=Path(root))
+        results, paths = run_check(source, scenes, STAGES, data_args=f"--data scenes --limit {args.limit}",
+                                   device="cpu", golden=golden, report_dir=args.out, build=build)
+    for result in results:
+        if result.stage == DEFECT_STAGE:
+            result.stage = DEFECT_LABEL
+    header = json.loads(paths["report.json"].read_text())["header"]
+    header["golden"] = f"a fresh fp32 golden of the first {args.limit} scenes"
+    write_reports(args.out, header, results)
+    screenshot(paths["report.html"], args.png)
+    print(f"wrote {paths['report.html']} and {args.png}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
