@@ -48,6 +48,14 @@ def stage_verdict(result: StageResult) -> str:
     return "pass"
 
 
+def failure_lines(result: StageResult) -> list[str]:
+    """A failed stage's section heading and its failed gates with how far past the limit, or why it could not run."""
+    lines = ["", f"## {result.stage}: what failed", ""]
+    if result.error:
+        return [*lines, f"- could not run: {result.error}"]
+    return lines + [f"- {g.describe()} ({g.ratio:.2f}x the limit)" for g in result.failures]
+
+
 def render_markdown(header: dict, results: list[StageResult]) -> str:
     failed = [r for r in results if r.blocks]
     unexercised = [r for r in results if r.verdict == "not exercised"]
@@ -79,11 +87,9 @@ def render_markdown(header: dict, results: list[StageResult]) -> str:
             f"{s['best_mask_changed']} ({s['best_mask_near_ties']}) | {fmt(s['miou_gt'])} ({fmt(s['miou_gt_golden'])}) | {fmt(s['steady_img_s'], 2)} | {fmt(s['first_batch_seconds'], 1)} |"
         )
     for r in failed:
-        lines += ["", f"## {r.stage}: what failed", ""]
+        lines += failure_lines(r)
         if r.error:
-            lines.append(f"- could not run: {r.error}")
             continue
-        lines += [f"- {g.describe()} ({g.ratio:.2f}x the limit)" for g in r.failures]
         lines += [f"- not exercised (--require-gpu): {reason}" for reason in r.not_exercised if r.exercise_required]
         lines += ["", "Worst annotations (IoU of the stage's best mask vs the golden's; after a near tie, vs "
                   "the golden's mask of the same index):", ""]

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from parity.check import StageResult
-from parity.report import fmt, render_junit, stage_verdict
+from parity.report import failure_lines, fmt, render_junit, stage_verdict
 
 COLUMNS = ("union IoU mean", "matched IoU mean", "matched p5", "golden / stage masks", "matched", "lost", "new",
            "images with another count", "score err", "stability err (not gated)", "ms/img")
@@ -47,11 +47,9 @@ def render_markdown(header: dict, results: list[StageResult]) -> str:
     ]
     lines += [_row(r) for r in results]
     for r in failed:
-        lines += ["", f"## {r.stage}: what failed", ""]
+        lines += failure_lines(r)
         if r.error:
-            lines.append(f"- could not run: {r.error}")
             continue
-        lines += [f"- {g.describe()} ({g.ratio:.2f}x the limit)" for g in r.failures]
         lines += ["", "Worst images (union IoU mean; pairs as golden index, stage index, IoU):", "",
                   "| image id | union IoU mean | golden / stage masks | lost | new | pairs |", "|---|---|---|---|---|---|"]
         lines += [f"| {w['image_id']} | {w['union_iou_mean']:.4f} | {w['golden_masks']} / {w['stage_masks']} | "
