@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = plan(args)
-    for key, group in itertools.groupby(rows, key=lambda r: (r.model, r.impl, r.stage)):
+    for _, group in itertools.groupby(rows, key=lambda r: (r.model, r.impl, r.stage)):
         group = list(group)
         try:
             run_group(group, args, image, device)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import math
 
+from samfast.transforms import preview
+
 
 class DataError(ValueError):
     """Annotation or image data that cannot be evaluated; the message names the file, the item and the fix."""
@@ -26,7 +28,11 @@ def check_coco(dataset, source: str) -> None:
         if not isinstance(dataset.get(key), list):
             what = "no" if key not in dataset else f"{_json_type(dataset[key])} as"
             raise DataError(f"{source} has {what} {key!r}: a COCO instances file holds a list of {key}")
-    for i, category in enumerate(dataset.get("categories", [])):
+    categories = dataset.get("categories", [])
+    if not isinstance(categories, list):
+        raise DataError(f"{source} has {_json_type(categories)} as 'categories': a COCO instances file holds a "
+                        "list of categories (or none)")
+    for i, category in enumerate(categories):
         where = f"{source}: categories[{i}]"
         _record(category, where)
         _integer(category, "id", where)
@@ -77,7 +83,7 @@ def _check_segmentation(segmentation, size: tuple[int, int], where: str) -> None
         for j, polygon in enumerate(segmentation):
             if not isinstance(polygon, list) or not all(_is_number(v) for v in polygon):
                 raise DataError(f"{where}: polygon {j} must be a list of finite numbers x1, y1, x2, y2, ..., "
-                                f"got {_preview(polygon)}")
+                                f"got {preview(polygon)}")
             if len(polygon) < 6 or len(polygon) % 2:
                 raise DataError(f"{where}: polygon {j} has {len(polygon)} numbers; a polygon is x, y pairs of at "
                                 "least 3 points (an even count, 6 or more)")
@@ -93,7 +99,7 @@ def _check_segmentation(segmentation, size: tuple[int, int], where: str) -> None
         counts = _compressed_counts(counts, where)
     elif not (isinstance(counts, list) and all(type(c) is int and c >= 0 for c in counts)):
         raise DataError(f"{where}: RLE counts must be a compressed string or a list of non-negative integers, "
-                        f"got {_preview(counts)}")
+                        f"got {preview(counts)}")
     if sum(counts) != size[0] * size[1]:
         raise DataError(f"{where}: RLE counts cover {sum(counts)} pixels, its {size[1]}x{size[0]} image has "
                         f"{size[0] * size[1]}; the mask is truncated or belongs to another image")
@@ -149,8 +155,3 @@ def _json_type(value) -> str:
     names = {dict: "an object", list: "a list", str: "a string", int: "a number", float: "a number",
              bool: "a boolean", type(None): "null"}
     return names.get(type(value), type(value).__name__)
-
-
-def _preview(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."

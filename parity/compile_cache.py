@@ -1,8 +1,8 @@
 """Inductor's and Triton's on-disk caches in a folder that survives between gate runs, and is never trusted blindly.
 
-    folder = activate()     # at process start, before torch compiles anything: validates, sets the env vars
+    cache = activate()      # at process start, before torch compiles anything: validates, sets the env vars
     ...                     # pytest, python -m parity check (children inherit the env vars)
-    seal(folder)            # after a run that finished: the stamp that makes the folder trusted next time
+    seal(cache)             # after a run that finished: the stamp that makes the folder trusted next time
 
 Layout: $SAMFAST_CACHE_DIR (default $XDG_CACHE_HOME/samfast, else ~/.cache/samfast) / <key> /
 inductor (TORCHINDUCTOR_CACHE_DIR: FX-graph, AOT-autograd and autotune caches), triton

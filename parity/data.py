@@ -29,6 +29,7 @@ from pycocotools.coco import COCO
 from parity.coco_format import DataError, check_coco
 from parity.scenes import generate_scenes
 from parity.settings import DATA_ENV, DataNotFoundError, dataset_dir
+from samfast import transforms
 
 __all__ = ["DataError", "DataNotFoundError", "Dataset", "Sample", "load_coco", "load_dataset"]
 
@@ -205,35 +206,11 @@ def _image_path(coco_root: Path, file_name: str, ann_file: Path) -> Path:
     return path
 
 
-# 16 bits per sample: PNG keeps at most 16, so a PNG that older Pillow opens as 32-bit "I" is 16-bit too.
-_SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N")
-
-
 def _read_rgb(path: Path) -> np.ndarray:
-    """HxWx3 uint8 RGB of an image file, each mode converted by its real range, never clipped.
-
-    8-bit modes (L, P, RGB, RGBA, CMYK, ...) through PIL's convert. 16-bit grayscale: value / 257
-    rounded (65535 -> 255; PIL's own convert would clip everything above 255 to white). 32-bit
-    integer and float images have no defined range: refused.
-    """
     try:
-        with Image.open(path) as image:
-            # No EXIF rotation: COCO annotations are in the stored pixel orientation. np.array, not
-            # np.asarray, because PIL's buffer is read-only and torch.from_numpy warns on such arrays.
-            if image.mode in _SIXTEEN_BIT_MODES or (image.mode == "I" and image.format == "PNG"):
-                gray = np.rint(np.array(image, dtype=np.float64) / 257).astype(np.uint8)
-                return np.repeat(gray[:, :, None], 3, axis=2)
-            if image.mode in ("I", "F"):
-                kind = "32-bit integer" if image.mode == "I" else "floating-point"
-                raise DataError(
-                    f"{path} is a {kind} image (PIL mode {image.mode}) whose value range is not defined; "
-                    "save it as an 8-bit or 16-bit image"
-                )
-            return np.array(image.convert("RGB"))
-    except DataError:
-        raise
-    except Exception as err:  # PIL's decoders raise many kinds (OSError, SyntaxError, ValueError, ...)
-        raise DataError(f"{path} is not a readable image ({type(err).__name__}: {err}); replace the file") from None
+        return transforms.read_image(path)
+    except transforms.InputError as err:  # the caller adds the image id
+        raise DataError(str(err)) from None
 
 
 def _index(name: str, json_bytes: bytes, read_image: Callable[[str], np.ndarray], limit: int | None,

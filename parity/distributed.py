@@ -49,9 +49,6 @@ class Ranks:
     def is_main(self) -> bool:
         return self.rank == 0
 
-    def owns(self, batch: int) -> bool:
-        return batch % self.world_size == self.rank
-
     def all_gather(self, obj) -> list:
         """Every rank's obj, in rank order (pickled by torch.distributed in transit, never stored)."""
         if self.world_size == 1:

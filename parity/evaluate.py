@@ -20,7 +20,7 @@ import torch
 from pycocotools import mask as mask_utils
 from tqdm import tqdm
 
-from parity.data import Dataset
+from parity.data import DataError, Dataset
 from parity.distributed import SINGLE_PROCESS, Ranks, WorkFolder, failure, raise_first_failure
 from parity.metrics import mask_iou
 from samfast import Prompts, SamPredictor
@@ -121,7 +121,7 @@ def evaluate_batch(predictor: SamPredictor, dataset: Dataset, batch: int, images
     for i in images:
         try:
             sample = dataset.samples[i]
-        except Exception as err:
+        except DataError as err:  # an unreadable image: bad input on this rank (a loader bug keeps its traceback)
             image_id, file_name = dataset.samples.image_ids[i], dataset.samples.file_names[i]
             raise BadSample(f"image id {image_id} ({file_name}): {type(err).__name__}: {err}") from err
         if sample.annotations:

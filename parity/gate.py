@@ -14,7 +14,8 @@
    vit_h, seeded), so running it inside pytest would share no build; what it reuses from pytest is the
    compile cache on disk, and its exit code keeps its meaning (2 = bad input);
 4. reports/gate-time.md and .json: per layer the tests, their seconds and their compile seconds, and
-   the wall time of each step; the cache is sealed when both steps finished.
+   the wall time of each step; the cache is sealed when every step ran to a verdict (pytest exit
+   0, 1 or 5, the checks 0 or 1), not after a crash or a refused input.
 
 Exit code: 2 when the check refused its input or pytest its arguments, else 1 when anything failed, else 0.
 """
@@ -96,8 +97,8 @@ def _timed(cmd: list[str]) -> tuple[int, float]:
 
 
 def verdict(pytest_codes: list[int], check_code: int) -> int:
-    """2: the check refused its input or pytest its arguments (usage/internal error); 1: anything else failed."""
-    if check_code == 2 or any(code in (3, 4) for code in pytest_codes):
+    """2: the check refused its input or pytest its arguments (usage error); 1: anything else failed."""
+    if check_code == 2 or 4 in pytest_codes:
         return 2
     return 0 if check_code == 0 and not any(pytest_codes) else 1
 

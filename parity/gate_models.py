@@ -165,8 +165,6 @@ class ModelCache:
                 self._entries[key].warmup = self._activate(key, self._entries[key].model)
             return self._entries[key]
         start = time.perf_counter()
-        if key.compile_mode != "eager":
-            torch._dynamo.reset()  # before the build: compile() wraps, the first call compiles
         with _compile_mode(compile_mode):
             built = self._build(model, device=key.device, stages=key.stage, batch_size=batch)
         warmup = self._activate(key, built) if key.compile_mode != "eager" else None

@@ -43,8 +43,7 @@ body { font: 14px/1.4 system-ui, sans-serif; margin: 0 24px 24px; color: #222; }
 table { border-collapse: collapse; margin: 8px 0 16px; }
 th, td { border: 1px solid #ccc; padding: 4px 8px; text-align: right; vertical-align: top; }
 th:first-child, td:first-child, th.verdict, td.verdict { text-align: left; }
-td small { white-space: nowrap; }
-td small { color: #555; display: block; }
+td small { white-space: nowrap; color: #555; display: block; }
 td.gate-fail { background: #f9d6d3; } td.gate-near { background: #fde9c4; } td.gate-info { color: #888; }
 td.v-pass { color: #1e7b34; font-weight: bold; } td.v-fail, td.v-error { color: #b3261e; font-weight: bold; }
 td.v-notex { color: #b86e00; font-weight: bold; }
@@ -180,11 +179,22 @@ def main(argv: list[str] | None = None) -> int:
     if not page.is_file():
         print(f"error: {page} is not a file; make one with `python -m parity check`", file=sys.stderr)
         return 2
-    width, height = (int(v) for v in args.window.lower().split("x"))
+    try:
+        width, height = (int(v) for v in args.window.lower().split("x"))
+        if width < 1 or height < 1:
+            raise ValueError
+    except ValueError:
+        parser.error(f"--window {args.window!r}: give width x height in pixels, e.g. {WINDOW[0]}x{WINDOW[1]}")
     try:
         screenshot(page, png, (width, height))
     except FileNotFoundError as err:
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as err:
+        stderr = err.stderr.decode(errors="replace") if isinstance(err.stderr, bytes) else (err.stderr or "")
+        what = "timed out" if isinstance(err, subprocess.TimeoutExpired) else f"exited with {err.returncode}"
+        print(f"error: Chromium {what} rendering {page}; its stderr:\n{stderr.strip() or '(empty)'}\n"
+              f"a broken or partial install is fixed with `{CHROMIUM_INSTALL}`", file=sys.stderr)
         return 2
     print(f"wrote {png}")
     return 0

@@ -37,7 +37,8 @@ def overall_verdict(results: list[StageResult]) -> str:
 
 
 def stage_verdict(result: StageResult) -> str:
-    """One line: the verdict and, for a failure, the gate furthest past its limit (or the switch that did not run)."""
+    """The stage's verdict cell: "ERROR", "FAIL: <the gate furthest past its limit>", "NOT EXERCISED",
+    "FAIL: not exercised (--require-gpu)" or "pass"."""
     if result.error:
         return "ERROR"
     if result.failures:

@@ -192,7 +192,7 @@ def run_check(
                 outputs = evaluate(_build_on_every_rank(build, stage, ranks), dataset, prompt=prompt,
                                    batch_size=batch_size, desc=f"check {name}", ranks=ranks, work=work)
         except RankFailure as err:  # a stage that cannot run here is a failed stage, reported with its reason
-            if err.bad_input:
+            if err.bad_input or not err.agreed:  # bad data, or this rank lost its peers: no later stage can run
                 raise
             results.append(StageResult(name, [], {}, error=str(err)))
             continue

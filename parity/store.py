@@ -113,6 +113,9 @@ class _FileSystem:
     def rmtree(self, path: Path) -> None:
         shutil.rmtree(path)
 
+    def unlink(self, path: Path) -> None:
+        path.unlink()
+
 
 _fs = _FileSystem()
 
@@ -141,7 +144,7 @@ def _recover(folder: Path) -> None:
         _fs.fsync_dir(folder.parent)
     for leftover in _leftovers(folder):
         if leftover.is_symlink() or not leftover.is_dir():
-            leftover.unlink()
+            _fs.unlink(leftover)
         else:
             _fs.rmtree(leftover)
 

@@ -2,12 +2,46 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 from PIL import Image
 
 
 class InputError(ValueError):
     """An image or prompt the predictor cannot take; the message names the value and the fix."""
+
+
+# 16 bits per sample: PNG keeps at most 16, so a PNG that older Pillow opens as 32-bit "I" is 16-bit too.
+_SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N")
+
+
+def read_image(path: Path) -> np.ndarray:
+    """HxWx3 uint8 RGB of an image file, each mode converted by its real range, never clipped;
+    InputError naming the file when it cannot be read.
+
+    8-bit modes (L, P, RGB, RGBA, CMYK, ...) through PIL's convert. 16-bit grayscale: value / 257
+    rounded (65535 -> 255; PIL's own convert would clip everything above 255 to white). 32-bit
+    integer and float images have no defined range: refused.
+    """
+    try:
+        with Image.open(path) as image:
+            # No EXIF rotation: the pixels as stored, the frame COCO annotations refer to. np.array, not
+            # np.asarray, because PIL's buffer is read-only and torch.from_numpy warns on such arrays.
+            if image.mode in _SIXTEEN_BIT_MODES or (image.mode == "I" and image.format == "PNG"):
+                gray = np.rint(np.array(image, dtype=np.float64) / 257).astype(np.uint8)
+                return np.repeat(gray[:, :, None], 3, axis=2)
+            if image.mode in ("I", "F"):
+                kind = "32-bit integer" if image.mode == "I" else "floating-point"
+                raise InputError(
+                    f"{path} is a {kind} image (PIL mode {image.mode}) whose value range is not defined; "
+                    "save it as an 8-bit or 16-bit image"
+                )
+            return np.array(image.convert("RGB"))
+    except InputError:
+        raise
+    except Exception as err:  # PIL's decoders raise many kinds (OSError, SyntaxError, ValueError, ...)
+        raise InputError(f"{path} is not a readable image ({type(err).__name__}: {err}); replace the file") from None
 
 
 def preprocess_shape(old_h: int, old_w: int, long_side: int) -> tuple[int, int]:
@@ -83,10 +117,10 @@ def as_numbers(value, name: str) -> np.ndarray:
     except ValueError as err:  # numpy refuses ragged nested sequences
         raise InputError(f"{name} must be a rectangular array of numbers: {err}") from None
     if array.dtype.kind not in "biuf":
-        raise InputError(f"{name} must hold numbers, got an array of {array.dtype} ({_preview(value)})")
+        raise InputError(f"{name} must hold numbers, got an array of {array.dtype} ({preview(value)})")
     array = array.astype(float)
     if not np.isfinite(array).all():
-        raise InputError(f"{name} must hold finite numbers, got {array[~np.isfinite(array)][0]} ({_preview(value)})")
+        raise InputError(f"{name} must hold finite numbers, got {array[~np.isfinite(array)][0]} ({preview(value)})")
     return array
 
 
@@ -102,6 +136,7 @@ def check_labels(labels: np.ndarray, what: str = "point") -> None:
         )
 
 
-def _preview(value) -> str:
+def preview(value) -> str:
+    """repr(value), cut to 60 characters: enough of a bad value to recognise it in an error message."""
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."

@@ -23,7 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 from parity.data import load_dataset  # noqa: E402
-from parity.html_report import screenshot  # noqa: E402
+from parity.html_report import CHROMIUM_INSTALL, find_chromium, screenshot  # noqa: E402
 from parity.report import write_reports  # noqa: E402
 from parity.runner import ModelSource, make_golden, run_check  # noqa: E402
 from samfast.checkpoint import NAMED_CHECKPOINTS  # noqa: E402
@@ -39,6 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("reports/example"))
     parser.add_argument("--png", type=Path, default=Path("docs/report-html.png"))
     args = parser.parse_args(argv)
+    if find_chromium() is None:  # before minutes of checking, not after
+        print(f"error: the screenshot needs Chromium; install it with `{CHROMIUM_INSTALL}`", file=sys.stderr)
+        return 2
     source = ModelSource("vit_tiny", NAMED_CHECKPOINTS["trained"])
     scenes = load_dataset("scenes", limit=args.limit)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 
 import numpy as np
@@ -11,6 +10,7 @@ import torch
 from tqdm import tqdm
 
 from parity.data import Dataset
+from samfast import SamAutomaticMaskGenerator
 
 # What the golden keeps of each record: every key of the reference generator's records.
 RECORD_KEYS = ("segmentation", "area", "bbox", "predicted_iou", "stability_score", "point_coords", "crop_box")
@@ -45,10 +45,8 @@ class AmgParams:
                         if getattr(self, f.name) != getattr(default, f.name))
 
 
-def make_generator(model: torch.nn.Module, params: AmgParams, points_per_batch: int):
+def make_generator(model: torch.nn.Module, params: AmgParams, points_per_batch: int) -> SamAutomaticMaskGenerator:
     """samfast's generator for `model`, with COCO RLE output (what the golden stores and matching reads)."""
-    from samfast import SamAutomaticMaskGenerator
-
     return SamAutomaticMaskGenerator(model, points_per_batch=points_per_batch, output_mode="coco_rle", **params.as_dict())
 
 
@@ -78,7 +76,7 @@ class Generated:
         return 1000.0 * self.seconds / max(len(self.images), 1)
 
 
-def generate(generator: Callable, dataset: Dataset, desc: str) -> Generated:
+def generate(generator: SamAutomaticMaskGenerator, dataset: Dataset, desc: str) -> Generated:
     """Every image of `dataset` through `generator.generate`, no image skipped."""
     images, described, seconds = {}, {}, 0.0
     for sample in tqdm(dataset.samples, desc=desc, unit="img"):

@@ -8,8 +8,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from parity.amg.matching import MATCH_IOU
 from parity.check import StageResult
-from parity.report import failure_lines, fmt, render_junit, stage_verdict
+from parity.report import (VERDICT_COLORS, failure_lines, fmt, overall_verdict, render_junit, report_payload,
+                           stage_verdict)
 
 COLUMNS = ("union IoU mean", "matched IoU mean", "matched p5", "golden / stage masks", "matched", "lost", "new",
            "images with another count", "score err", "stability err (not gated)", "ms/img")
@@ -27,20 +29,23 @@ def _row(r: StageResult) -> str:
 
 
 def render_markdown(header: dict, results: list[StageResult]) -> str:
-    failed = [r for r in results if not r.passed]
+    failed = [r for r in results if r.blocks]
+    unexercised = [r for r in results if r.verdict == "not exercised"]
     params = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in header["amg_params"].items())
     lines = [
         f"# AMG parity report: {header['model_type']} ({header['checkpoint']}) on {header['dataset']}",
         "",
-        f"**{'FAIL' if failed else 'PASS'}**: {len(results) - len(failed)} of {len(results)} stages pass."
-        + (" Failed: " + ", ".join(r.stage for r in failed) + "." if failed else ""),
+        f"**{overall_verdict(results)}**: {sum(r.passed for r in results)} of {len(results)} stages pass."
+        + (" Failed: " + ", ".join(r.stage for r in failed) + "." if failed else "")
+        + (" Not exercised (a switch did not run; gates passed): " + ", ".join(r.stage for r in unexercised) + "."
+           if unexercised else ""),
         "",
         f"- golden: `{header['golden']}`, {header['golden_masks']} masks (made on {header['golden_device']}, "
         f"torch {header['golden_torch']})",
         f"- this run: {header['device']}, torch {header['torch']}; points_per_batch {header['points_per_batch']}",
         f"- generator: {params}",
-        "- masks matched one to one per image by mask IoU (pairs at IoU <= 0.5 unmatched); the union mean counts "
-        "every lost and new mask as IoU 0; no image is left out of any figure",
+        f"- masks matched one to one per image by mask IoU (pairs at IoU <= {MATCH_IOU:g} unmatched); "
+        "the union mean counts every lost and new mask as IoU 0; no image is left out of any figure",
         "",
         "| stage | verdict | " + " | ".join(COLUMNS) + " |",
         "|---|---|" + "---|" * len(COLUMNS),
@@ -50,13 +55,16 @@ def render_markdown(header: dict, results: list[StageResult]) -> str:
         lines += failure_lines(r)
         if r.error:
             continue
+        lines += [f"- not exercised (--require-gpu): {reason}" for reason in r.not_exercised if r.exercise_required]
         lines += ["", "Worst images (union IoU mean; pairs as golden index, stage index, IoU):", "",
                   "| image id | union IoU mean | golden / stage masks | lost | new | pairs |", "|---|---|---|---|---|---|"]
         lines += [f"| {w['image_id']} | {w['union_iou_mean']:.4f} | {w['golden_masks']} / {w['stage_masks']} | "
                   f"{w['lost']} | {w['new']} | " + " ".join(f"({g},{s},{iou:.3f})" for g, s, iou in w["pairs"]) + " |"
                   for w in r.worst]
     lines += ["", "All gates per stage:", ""]
-    lines += [f"- **{r.stage}**: " + ("; ".join(g.describe() for g in r.gates) if not r.error else r.error) for r in results]
+    for r in results:
+        lines.append(f"- **{r.stage}**: " + ("; ".join(g.describe() for g in r.gates) if not r.error else r.error))
+        lines += [f"  - not exercised: {reason}" for reason in r.not_exercised]
     return "\n".join(lines) + "\n"
 
 
@@ -68,7 +76,7 @@ def plot(results: list[StageResult], path: Path) -> None:
 
     ok = [r for r in results if not r.error]
     names = [r.stage for r in ok]
-    colors = ["tab:green" if r.passed else "tab:red" for r in ok]
+    colors = [VERDICT_COLORS[r.verdict] for r in ok]
     fig, (ax_iou, ax_count) = plt.subplots(1, 2, figsize=(10, 3.5))
     ax_iou.bar(names, [r.summary["union_iou_mean"] for r in ok], color=colors)
     ax_iou.set_title("union mean mask IoU vs golden (lost/new = 0)")
@@ -90,13 +98,7 @@ def write_reports(folder: Path, header: dict, results: list[StageResult]) -> dic
     folder.mkdir(parents=True, exist_ok=True)
     paths = {name: folder / name for name in ("report.md", "report.json", "junit.xml", "report.png")}
     paths["report.md"].write_text(render_markdown(header, results))
-    payload = {
-        "task": "amg",
-        "header": header,
-        "passed": all(r.passed for r in results),
-        "stages": [{"stage": r.stage, "passed": r.passed, "error": r.error, "summary": r.summary, "worst": r.worst,
-                    "gates": [{**g.__dict__, "passed": g.passed} for g in r.gates]} for r in results],
-    }
+    payload = {"task": "amg", **report_payload(header, results)}
     paths["report.json"].write_text(json.dumps(payload, indent=2, default=str) + "\n")
     paths["junit.xml"].write_text(render_junit(results))
     plot(results, paths["report.png"])

@@ -18,6 +18,8 @@ from parity.amg.generate import AmgParams, Generated, generate, make_generator
 from parity.amg.report import write_reports
 from parity.check import StageResult, load_thresholds, thresholds_for
 from parity.data import Dataset
+from parity.exercised import watch_switches
+from parity.report import remove_reports
 from parity.runner import ModelSource, default_device
 from samfast.stages import canonical_name, parse_stages
 
@@ -63,8 +65,11 @@ def run_check(
     golden: Path | None = None,
     report_dir: Path = Path("reports/amg"),
     build: Callable[[str], torch.nn.Module] | None = None,
+    require_gpu: bool = False,
 ) -> tuple[list[StageResult], dict[str, Path]]:
-    """Check each stage's generated masks against the AMG golden; write report.md/json, junit.xml and a plot."""
+    """Check each stage's generated masks against the AMG golden; write report.md/json, junit.xml and a plot.
+    A stage whose switch did not run (parity.exercised) is "not exercised", or failed with `require_gpu`."""
+    remove_reports(Path(report_dir))  # first of all: a check that stops on bad input leaves no earlier PASS behind
     device = torch.device(device) if device else default_device()
     sha = source.sha256()
     folder = Path(golden) if golden else golden_folder(source, sha, dataset)
@@ -77,15 +82,19 @@ def run_check(
     thresholds = load_thresholds(table="amg")
     results = []
     for stage in stages:
-        name = canonical_name(parse_stages(stage))
+        switches = parse_stages(stage)
+        name = canonical_name(switches)
         try:
-            generated = _run(source, stage, device, params, points_per_batch, dataset, f"AMG check {name}", build)
+            with watch_switches(switches) as used:
+                generated = _run(source, stage, device, params, points_per_batch, dataset, f"AMG check {name}", build)
         except Exception as err:  # a stage that cannot run here is a failed stage, reported with its reason
             results.append(StageResult(name, [], {}, error=f"{type(err).__name__}: {err}"))
             continue
         result = compare(name, generated.images, golden_images, thresholds_for(stage, thresholds))
         if result.summary:
-            result.summary.update(seconds=generated.seconds, ms_per_image=generated.ms_per_image)
+            result.summary.update(seconds=generated.seconds, ms_per_image=generated.ms_per_image,
+                                  kernel_fallbacks=used.kernel_fallbacks)
+        result.not_exercised, result.exercise_required = used.not_exercised, require_gpu
         results.append(result)
     header = {
         "model_type": source.model_type,

@@ -5,8 +5,9 @@
 
 Per image: DIR/<name>/ with one PNG per mask (0.png, 1.png, ...) and metadata.csv (the reference's
 layout), or with --convert-to-rle DIR/<name>.json holding the records with COCO RLE masks.
-Exit codes: 0 done; 2 bad input (a missing or unreadable image, an empty folder, an output folder
-that already exists, a bad checkpoint or stage), with one line saying what and how to fix it.
+Exit codes: 0 done; 2 bad input (a missing or unreadable image, an empty folder, two images of one
+name, an output folder that already exists, a bad device, checkpoint or stage), with one line saying
+what and how to fix it.
 """
 
 from __future__ import annotations
@@ -17,18 +18,17 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 from tqdm import tqdm
+
+from samfast import InputError
+from samfast.transforms import read_image
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp"}
 METADATA_HEADER = (
     "id,area,bbox_x0,bbox_y0,bbox_w,bbox_h,point_input_x,point_input_y,predicted_iou,"
     "stability_score,crop_box_x0,crop_box_y0,crop_box_w,crop_box_h"
 )
-
-
-class InputError(Exception):
-    """A user mistake: reported as one line, exit code 2."""
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -62,21 +62,35 @@ def find_images(path: Path) -> list[Path]:
     images = sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
     if not images:
         raise InputError(f"--input folder {path} holds no images ({', '.join(sorted(IMAGE_SUFFIXES))}): point it at a folder with images")
+    # Outputs are named by stem (<stem>/ or <stem>.json): a.jpg and a.png would overwrite each other.
+    by_stem: dict[str, Path] = {}
+    for image in images:
+        if image.stem in by_stem:
+            raise InputError(f"--input folder {path} holds {by_stem[image.stem].name} and {image.name}, whose "
+                             f"outputs would both be named {image.stem!r}: rename or remove one of them")
+        by_stem[image.stem] = image
     return images
 
 
-def read_image(path: Path) -> np.ndarray:
+def check_device(device: str | None) -> None:
+    import torch
+
+    if device is None:
+        return
     try:
-        with Image.open(path) as image:
-            return np.array(image.convert("RGB"))
-    except (UnidentifiedImageError, OSError) as err:
-        raise InputError(f"cannot read image {path}: {err}; remove it from the input or convert it to PNG/JPEG") from err
+        parsed = torch.device(device)
+    except RuntimeError as err:
+        raise InputError(f"--device {device!r} is not a device ({err}): use cuda, cuda:N or cpu") from None
+    if parsed.type == "cuda" and not torch.cuda.is_available():
+        raise InputError(f"--device {device}: no CUDA GPU is available here; use --device cpu")
+    if parsed.type == "cuda" and parsed.index is not None and parsed.index >= torch.cuda.device_count():
+        raise InputError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA GPU(s), "
+                         f"cuda:0 to cuda:{torch.cuda.device_count() - 1}")
 
 
-def make_output(path: Path, overwrite: bool) -> None:
+def check_output(path: Path, overwrite: bool) -> None:
     if path.exists() and not overwrite:
         raise InputError(f"--output {path} already exists: choose a new folder, or pass --overwrite to write into it")
-    path.mkdir(parents=True, exist_ok=True)
 
 
 def write_masks(records: list[dict], folder: Path) -> None:
@@ -94,8 +108,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         images = find_images(args.input)
+        check_device(args.device)
+        check_output(args.output, args.overwrite)  # before the model is built: a mistake costs no wait
         generator = build_generator(args)
-        make_output(args.output, args.overwrite)
+        args.output.mkdir(parents=True, exist_ok=True)
         for path in tqdm(images, desc="segment everything", unit="image"):
             records = generator.generate(read_image(path))
             if args.convert_to_rle:
@@ -110,7 +126,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def build_generator(args: argparse.Namespace):
     import samfast
-    from samfast.checkpoint import CheckpointError
     from samfast.config import MODEL_TYPES
 
     if args.model not in MODEL_TYPES:
@@ -131,7 +146,7 @@ def build_generator(args: argparse.Namespace):
             crop_n_points_downscale_factor=args.crop_n_points_downscale_factor,
             output_mode="coco_rle" if args.convert_to_rle else "binary_mask",
         )
-    except (CheckpointError, samfast.StageError, ValueError) as err:
+    except ValueError as err:  # CheckpointError, StageError and the generator's argument checks
         raise InputError(str(err)) from err
 
 

@@ -94,6 +94,13 @@ class SamAutomaticMaskGenerator:
     ) -> None:
         if (points_per_side is None) == (point_grids is None):
             raise ValueError("give exactly one of points_per_side (a regular grid) or point_grids (explicit [0, 1] points per crop layer)")
+        if points_per_side is not None and points_per_side < 1:
+            raise ValueError(f"points_per_side must be at least 1 (points along each side of the grid), got {points_per_side}")
+        if crop_n_layers < 0:
+            raise ValueError(f"crop_n_layers must be 0 (the whole image only) or more (layers of crops), got {crop_n_layers}")
+        if crop_n_points_downscale_factor < 1:
+            raise ValueError("crop_n_points_downscale_factor must be at least 1 (1: every layer keeps the full grid), "
+                             f"got {crop_n_points_downscale_factor}")
         if point_grids is not None and len(point_grids) != crop_n_layers + 1:
             raise ValueError(f"point_grids needs one grid per crop layer: {crop_n_layers + 1} for crop_n_layers={crop_n_layers}, got {len(point_grids)}")
         if output_mode not in OUTPUT_MODES:

@@ -98,8 +98,28 @@ def test_golden_of_other_parameters_is_refused_with_exit_2(golden, capsys):
 def test_golden_of_other_data_or_missing_is_refused_with_exit_2(golden, tmp_path, capsys):
     code, err = _cli(capsys, "--data", "scenes", "--limit", "2", "--points-per-side", "3", "--golden", str(golden))
     assert code == 2 and "another dataset" in err
-    code, err = _cli(capsys, "--data", "scenes", "--limit", "1", "--golden", str(tmp_path / "nothing"))
-    assert code == 2 and "python -m parity golden --task amg" in err
+    stale = tmp_path / "reports" / "amg" / "report.md"
+    stale.parent.mkdir(parents=True)
+    stale.write_text("**PASS** of an earlier run")  # must not outlive a check that stops on bad input
+    code, err = _cli(capsys, "--data", "scenes", "--limit", "1", "--golden", str(tmp_path / "nothing"),
+                     "--report-dir", str(tmp_path / "reports"))
+    assert code == 2 and "python -m parity golden --task amg" in err and not stale.exists()
+
+
+def test_kernel_that_fell_back_is_not_exercised_and_require_gpu_fails_it(golden, tmp_path, monkeypatch, capsys):
+    """Planted: fp32+triton on a CPU without TRITON_INTERPRET, where the kernel falls back on every call."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    args = ["--data", "scenes", "--limit", "1", "--points-per-side", "3", "--stages", "fp32+triton",
+            "--golden", str(golden), "--report-dir", str(tmp_path)]
+    code, _ = _cli(capsys, *args)
+    report = (tmp_path / "amg" / "report.md").read_text()
+    assert code == 0 and "**NOT EXERCISED**" in report and "| fp32+triton | NOT EXERCISED |" in report
+    assert "not exercised: the fused rel-pos kernel fell back to the reference path" in report
+    assert json.loads((tmp_path / "amg" / "report.json").read_text())["verdict"] == "NOT EXERCISED"
+
+    code, _ = _cli(capsys, *args, "--require-gpu")
+    report = (tmp_path / "amg" / "report.md").read_text()
+    assert code == 1 and "**FAIL**" in report and "FAIL: not exercised (--require-gpu)" in report
 
 
 def test_point_golden_is_not_an_amg_golden(capsys):

@@ -65,16 +65,22 @@ def test_input_errors_exit_2_with_one_line(image_dir, tmp_path, capsys):
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "bad.png").write_bytes(b"not a png")
+    twins = tmp_path / "twins"
+    twins.mkdir()
+    Image.new("RGB", (8, 8)).save(twins / "a.jpg")
+    Image.new("RGB", (8, 8)).save(twins / "a.png")
     existing = tmp_path / "existing"
     existing.mkdir()
     cases = [
-        (tmp_path / "missing.png", tmp_path / "o1", "does not exist"),
-        (empty, tmp_path / "o2", "holds no images"),
-        (broken, tmp_path / "o3", "cannot read image"),
-        (image_dir, existing, "already exists"),
+        (tmp_path / "missing.png", tmp_path / "o1", [], "does not exist"),
+        (empty, tmp_path / "o2", [], "holds no images"),
+        (broken, tmp_path / "o3", [], "bad.png is not a readable image"),
+        (twins, tmp_path / "o4", [], "holds a.jpg and a.png, whose outputs would both be named 'a'"),
+        (image_dir, tmp_path / "o5", ["--device", "gpu"], "--device 'gpu' is not a device"),
+        (image_dir, existing, [], "already exists"),
     ]
-    for source, out, message in cases:
-        assert amg_main([*FAST, "--input", str(source), "--output", str(out)]) == 2
+    for source, out, extra, message in cases:
+        assert amg_main([*FAST, "--input", str(source), "--output", str(out), *extra]) == 2
         stderr = capsys.readouterr().err
         errors = [line for line in stderr.splitlines() if line.startswith("error: ")]  # tqdm's bar shares stderr
         assert len(errors) == 1 and message in errors[0] and "Traceback" not in stderr, stderr

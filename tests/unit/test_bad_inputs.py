@@ -200,6 +200,7 @@ MALFORMED = {
     "no image_id": (_mutated(lambda c: c["annotations"][0].pop("image_id")), "annotation id 1 has no 'image_id'"),
     "unknown image": (_mutated(lambda c: c["annotations"][0].update(image_id=99)),
                       "annotation id 1 belongs to image id 99, which is not in 'images'"),
+    "categories an object": (_mutated(lambda c: c.update(categories={"id": 1})), "has an object as 'categories'"),
     "no category_id": (_mutated(lambda c: c["annotations"][1].pop("category_id")), "annotation id 2 has no 'category_id'"),
     "no segmentation": (_mutated(lambda c: c["annotations"][1].pop("segmentation")), "annotation id 2 has no 'segmentation'"),
     "odd polygon": (_mutated(lambda c: c["annotations"][0].update(segmentation=[[1, 1, 5, 1, 5, 5, 1]])),
