@@ -1,19 +1,23 @@
 """The whole gate in one command, timed: `nox -s parity` runs this (python -m parity.gate).
 
-    python -m parity.gate [--require-gpu] [--perf-matrix] [--workers N] [CHECK ARGS ...]
+    python -m parity.gate [--require-gpu] [--perf-matrix] [--workers N] [--cpu-workers N] [CHECK ARGS ...]
 
 1. the persistent compile cache is validated and switched on (parity.compile_cache) before any
    child process starts, so pytest and the check both read and fill it;
-2. `pytest tests --ignore=tests/perf` over the other layers: on a machine with N > 1 GPUs and
-   pytest-xdist installed, N workers, one GPU each (tests/conftest.py assigns them), tests that
-   share built models kept on one worker (--dist loadgroup); one process otherwise. Then
-   `pytest tests/perf` alone on one GPU (pytest-benchmark times nothing under xdist);
+2. the tests marked gpu (`pytest -m gpu`, perf aside): on a machine with N > 1 GPUs and pytest-xdist
+   installed, N workers, one GPU each (tests/conftest.py assigns them), tests that share built
+   models kept on one worker (--dist loadgroup); one process otherwise. Beside them, at the same
+   time, every other test (`pytest -m "not gpu"`: unit, parity on vit_tiny, the CPU compile checks)
+   with CUDA hidden, over a few xdist workers on the CPU cores, exactly as the CPU job runs them;
+   its output goes to reports/pytest-cpu.log (the tail is printed when it fails);
 3. `python -m parity check` on the embedded default (CHECK ARGS override, e.g. --stages fp32 bf16),
    then the same with --task amg (segment everything, parity.amg) on its embedded default,
-   in its own process: its models (the trained vit_tiny) are not those of the GPU layers (vit_b and
+   each in its own process: its models (the trained vit_tiny) are not those of the GPU layers (vit_b and
    vit_h, seeded), so running it inside pytest would share no build; what it reuses from pytest is the
    compile cache on disk, and its exit code keeps its meaning (2 = bad input);
-4. reports/gate-time.md and .json: per layer the tests, their seconds and their compile seconds, and
+4. when the CPU layers are done too, `pytest tests/perf` alone on one GPU and an otherwise idle
+   machine (pytest-benchmark times nothing under xdist, and a timed row shares nothing);
+5. reports/gate-time.md and .json: per layer the tests, their seconds and their compile seconds, and
    the wall time of each step; the cache is sealed when every step ran to a verdict (pytest exit
    0, 1 or 5, the checks 0 or 1), not after a crash or a refused input.
 
@@ -25,6 +29,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -37,7 +42,9 @@ from parity.gate_devices import visible_gpus
 from parity.report import REPORT_FILES
 
 # Everything a gate run leaves in its report folder (the workflow uploads these).
-OUTPUTS = (*REPORT_FILES, "junit-tests.xml", "junit-perf.xml", "gate-time.md", "gate-time.json")
+# The gate's three pytest runs, in the order their layers appear in the table.
+PYTEST_RUNS = ("gpu", "cpu", "perf")
+OUTPUTS = (*REPORT_FILES, *(f"junit-{run}.xml" for run in PYTEST_RUNS), "pytest-cpu.log", "gate-time.md", "gate-time.json")
 # The embedded default: the tiny SAM this project trained (samfast/weights) on generated scenes.
 EMBEDDED_CHECK = ["--model", "vit_tiny", "--checkpoint", "trained", "--data", "scenes"]
 # The checks step 3 runs, each in its own process: point prompts, then segment everything.
@@ -45,21 +52,42 @@ EMBEDDED_CHECKS = {"check": ("python -m parity check", EMBEDDED_CHECK),
                    "check-amg": ("python -m parity check --task amg", EMBEDDED_AMG)}
 
 
-def pytest_commands(args, report_dir: Path, workers: int) -> dict[str, list[str]]:
-    """Two pytest runs: every layer but perf (over `workers` GPUs), then perf alone on one GPU.
+def pytest_commands(args, report_dir: Path, workers: int, cpu_workers: int) -> dict[str, list[str]]:
+    """The three pytest runs: the gpu-marked tests (over `workers` GPUs), the others (over `cpu_workers`), perf.
 
     perf is a run of its own because pytest-benchmark switches itself off under xdist, and so that
-    no other test shares the GPU while a row is timed.
+    no other test shares the GPU (or the CPU that feeds it) while a row is timed.
     """
     common = [sys.executable, "-m", "pytest", *(["--require-gpu"] if args.require_gpu else [])]
-    layers = [*common, "tests", "--ignore=tests/perf", "--gate-time", str(report_dir / "gate-time-tests.json"),
-              "--junitxml", str(report_dir / "junit-tests.xml")]
-    if workers > 1:
-        layers += ["-n", str(workers), "--dist", "loadgroup"]
-    perf = [*common, "tests/perf", "--gate-time", str(report_dir / "gate-time-perf.json"),
-            "--junitxml", str(report_dir / "junit-perf.xml"), *(["--perf-matrix"] if args.perf_matrix else []),
-            *shlex.split(args.perf_args)]
-    return {"pytest": layers, "pytest perf": perf}
+
+    def run(name: str, selection: list[str], n: int, extra: list[str] = ()) -> list[str]:
+        return [*common, *selection, "--gate-time", str(report_dir / f"gate-time-{name}.json"),
+                "--junitxml", str(report_dir / f"junit-{name}.xml"), *extra,
+                *(["-n", str(n), "--dist", "loadgroup"] if n > 1 else [])]
+
+    others = ["tests", "--ignore=tests/perf", "-m"]
+    return {"gpu": run("gpu", [*others, "gpu"], workers),
+            "cpu": run("cpu", [*others, "not gpu"], cpu_workers),
+            "perf": run("perf", ["tests/perf"], 1, [*(["--perf-matrix"] if args.perf_matrix else []),
+                                                    *shlex.split(args.perf_args)])}
+
+
+def cpu_layers_env(cpu_workers: int, cores: int, environ=os.environ) -> dict[str, str]:
+    """The CPU layers' environment: no GPU (they run as the CPU job runs them), threads for their share of the cores.
+
+    They run beside the GPU layers, whose compiles need cores too: half the cores go to the CPU
+    layers' workers, split evenly.
+    """
+    return {**environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": str(max(1, cores // 2 // cpu_workers))}
+
+
+def choose_cpu_workers(requested: int | None, cores: int, have_xdist: bool) -> int:
+    """xdist workers for the CPU layers: a quarter of the cores (at most 8), 1 without xdist."""
+    if requested is not None:
+        if requested > 1 and not have_xdist:
+            raise SystemExit("error: --cpu-workers > 1 needs pytest-xdist (pip install pytest-xdist)")
+        return requested
+    return max(1, min(8, cores // 4)) if have_xdist else 1
 
 
 def choose_workers(requested: int | None, gpus: list[str], have_xdist: bool) -> tuple[int, str]:
@@ -96,6 +124,25 @@ def _timed(cmd: list[str]) -> tuple[int, float]:
     return code, time.perf_counter() - start
 
 
+class Background:
+    """A command running beside the gate's other steps, its output in a log file; wait() gives (code, seconds)."""
+
+    def __init__(self, cmd: list[str], env: dict[str, str], log: Path):
+        print(f"+ (in the background, output in {log}) " + " ".join(cmd), flush=True)
+        self.log, self.start = log, time.perf_counter()
+        with open(log, "wb") as out:
+            self.process = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+
+    def wait(self, tail_lines: int = 60) -> tuple[int, float]:
+        code = self.process.wait()
+        seconds = time.perf_counter() - self.start
+        lines = self.log.read_text(errors="replace").splitlines()
+        shown = lines[-tail_lines:] if code not in (0, 5) else lines[-1:]
+        print(f"--- {self.log} (exit {code}, {seconds:.0f} s){', last lines' if len(shown) > 1 else ''}:",
+              *shown, sep="\n", flush=True)
+        return code, seconds
+
+
 def verdict(pytest_codes: list[int], check_code: int) -> int:
     """2: the check refused its input or pytest its arguments (usage error); 1: anything else failed."""
     if check_code == 2 or 4 in pytest_codes:
@@ -109,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
                         "and so does a check stage whose switch did not run")
     parser.add_argument("--perf-matrix", action="store_true", help="time every budgets.toml row, not only the gating ones")
     parser.add_argument("--workers", type=int, help="pytest-xdist workers (default: one per GPU when there are several)")
+    parser.add_argument("--cpu-workers", type=int, help="pytest-xdist workers for the tests not marked gpu "
+                        "(default: a quarter of the CPU cores, at most 8)")
     parser.add_argument("--report-dir", type=Path, default=Path("reports"))
     parser.add_argument("--perf-args", default="", help="more pytest options for the perf run, e.g. "
                         "'--benchmark-compare=0001 --benchmark-compare-fail=mean:15%%'")
@@ -118,17 +167,22 @@ def main(argv: list[str] | None = None) -> int:
         return run_check_step([*check_args, "--report-dir", str(args.report_dir)], args.check_step)
 
     args.report_dir.mkdir(parents=True, exist_ok=True)
-    for stale in ("gate-time-tests.json", "gate-time-perf.json", *(f"gate-time-{k}.json" for k in EMBEDDED_CHECKS)):
+    for stale in (*(f"gate-time-{run}.json" for run in PYTEST_RUNS), *(f"gate-time-{k}.json" for k in EMBEDDED_CHECKS)):
         (args.report_dir / stale).unlink(missing_ok=True)  # a step that dies must not report an older run
+    started = time.perf_counter()
     cache = compile_cache.activate()
     gpus = visible_gpus()
-    workers, why = choose_workers(args.workers, gpus, importlib.util.find_spec("xdist") is not None)
+    have_xdist = importlib.util.find_spec("xdist") is not None
+    workers, why = choose_workers(args.workers, gpus, have_xdist)
+    cores = os.cpu_count() or 1
+    cpu_workers = choose_cpu_workers(args.cpu_workers, cores, have_xdist)
     print(f"compile cache: {cache.path} ({'empty: cold run' if cache.started_empty else 'reused: warm run'}); "
-          f"pytest workers: {workers} ({why})", flush=True)
+          f"pytest workers: {workers} for the gpu tests ({why}), {cpu_workers} for the others", flush=True)
 
+    commands = pytest_commands(args, args.report_dir, workers, cpu_workers)
+    cpu_layers = Background(commands["cpu"], cpu_layers_env(cpu_workers, cores), args.report_dir / "pytest-cpu.log")
     codes, wall = {}, {}
-    for step, cmd in pytest_commands(args, args.report_dir, workers).items():
-        codes[step], wall[step] = _timed(cmd)
+    codes["gpu"], wall["pytest gpu"] = _timed(commands["gpu"])
     check_codes, check_rows = {}, []
     for key, (layer, embedded) in EMBEDDED_CHECKS.items():
         check_json = args.report_dir / f"gate-time-{key}.json"
@@ -138,16 +192,20 @@ def main(argv: list[str] | None = None) -> int:
         check_compile = json.loads(check_json.read_text())["compile_seconds"] if check_json.exists() else 0.0
         check_rows.append({"layer": layer, "tests": 1, "failed": int(check_codes[layer] != 0),
                            "seconds": round(wall[layer], 1), "compile_seconds": round(check_compile, 1)})
+    codes["cpu"], wall["pytest cpu (beside the above)"] = cpu_layers.wait()
+    codes["perf"], wall["pytest perf"] = _timed(commands["perf"])
     # one code for both checks: 2 (a refused input) outranks any other failure (1, or a signal's negative code)
     check_code = 2 if 2 in check_codes.values() else int(any(check_codes.values()))
-    wall["total"] = round(sum(wall.values()), 1)
+    wall["total"] = time.perf_counter() - started
 
-    tests = [t for name in ("gate-time-tests.json", "gate-time-perf.json") if (args.report_dir / name).exists()
-             for t in gate_time.read_tests(args.report_dir / name)]
+    tests = [t for run in PYTEST_RUNS if (args.report_dir / f"gate-time-{run}.json").exists()
+             for t in gate_time.read_tests(args.report_dir / f"gate-time-{run}.json")]
     rows = gate_time.summarize(tests, check_rows)
     notes = [f"compile cache {'empty (cold)' if cache.started_empty else 'reused (warm)'}: {cache.path}",
-             f"pytest workers: {workers} ({why}); perf alone on one GPU",
-             "exit codes: " + ", ".join(f"{step} {code}" for step, code in [*codes.items(), *check_codes.items()])]
+             f"pytest workers: {workers} for the gpu tests ({why}); {cpu_workers} for the others, beside them "
+             f"with CUDA hidden ({cores} CPU cores); perf alone on one GPU afterwards",
+             "exit codes: " + ", ".join(f"pytest {step} {code}" for step, code in codes.items())
+             + ", " + ", ".join(f"{step} {code}" for step, code in check_codes.items())]
     wall = {step: round(seconds, 1) for step, seconds in wall.items()}
     print("\nTime to verdict\n\n" + gate_time.write_table(args.report_dir, rows, wall, notes), flush=True)
     if all(c in (0, 1, 5) for c in codes.values()) and check_code in (0, 1):

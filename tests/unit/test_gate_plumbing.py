@@ -8,12 +8,13 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from parity import compile_cache, gate_time
-from parity.gate import choose_workers, verdict
+from parity.gate import choose_cpu_workers, choose_workers, cpu_layers_env, pytest_commands, verdict
 from parity.gate_devices import WorkerAssignmentError, gpu_for_worker, visible_gpus
 from parity.gate_models import ModelCache, SharedModelMutated, make_key
 
@@ -126,6 +127,45 @@ def test_workers_one_per_gpu_and_never_more():
     assert choose_workers(None, ["0"], have_xdist=True)[0] == 1
     with pytest.raises(SystemExit, match="one worker per GPU"):
         choose_workers(4, ["0", "1"], have_xdist=True)
+
+
+def test_cpu_layers_get_a_share_of_the_cores_and_no_gpu():
+    assert choose_cpu_workers(None, cores=16, have_xdist=True) == 4
+    assert choose_cpu_workers(None, cores=2, have_xdist=True) == 1
+    assert choose_cpu_workers(None, cores=128, have_xdist=True) == 8
+    assert choose_cpu_workers(None, cores=16, have_xdist=False) == 1
+    with pytest.raises(SystemExit, match="needs pytest-xdist"):
+        choose_cpu_workers(3, cores=16, have_xdist=False)
+    env = cpu_layers_env(4, cores=16, environ={"CUDA_VISIBLE_DEVICES": "0,1", "PATH": "/bin"})
+    assert env == {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "2", "PATH": "/bin"}
+    assert cpu_layers_env(1, cores=1, environ={})["OMP_NUM_THREADS"] == "1"
+
+
+def _collected(cmd: list[str]) -> set[str]:
+    """The test ids one of the gate's pytest commands selects (collection only, gate options dropped)."""
+    keep, skip = [], False
+    for arg in cmd[3:]:
+        if skip:
+            skip = False
+        elif arg in ("--gate-time", "--junitxml", "-n", "--dist"):
+            skip = True
+        else:
+            keep.append(arg)
+    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *keep],
+                         cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    return {line for line in out.splitlines() if "::" in line}
+
+
+def test_the_gates_pytest_runs_split_the_suite_without_losing_a_test(tmp_path):
+    """gpu + cpu + perf select every test exactly once: running the CPU layers beside the GPU ones drops nothing."""
+    args = SimpleNamespace(require_gpu=False, perf_matrix=False, perf_args="")
+    commands = pytest_commands(args, tmp_path, workers=2, cpu_workers=3)
+    assert commands["gpu"][-4:] == ["-n", "2", "--dist", "loadgroup"] and "-n" not in commands["perf"]
+    runs = {name: _collected(cmd) for name, cmd in commands.items()}
+    everything = _collected([sys.executable, "-m", "pytest", "tests"])
+    assert sum(map(len, runs.values())) == len(everything) and set().union(*runs.values()) == everything
+    assert any(t.startswith("tests/gpu/") for t in runs["gpu"]) and not any(t.startswith("tests/gpu/") for t in runs["cpu"])
+    assert any(t.startswith("tests/unit/") for t in runs["cpu"]) and all(t.startswith("tests/perf/") for t in runs["perf"])
 
 
 def test_verdict_keeps_the_exit_code_meanings():
