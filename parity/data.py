@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from PIL import Image
 from pycocotools import mask as mask_utils
 from pycocotools.coco import COCO
 

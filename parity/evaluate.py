@@ -8,7 +8,6 @@ as the bytes of its record, whether computed now, on another rank, or by a run t
 
 from __future__ import annotations
 
-import base64
 import json
 import math
 import sys

@@ -1,12 +1,13 @@
 """The whole gate in one command, timed: `nox -s parity` runs this (python -m parity.gate).
 
-    python -m parity.gate [--require-gpu] [--perf-matrix] [--workers N] [--cpu-workers N] [CHECK ARGS ...]
+    python -m parity.gate [--require-gpu] [--perf-matrix] [--workers-per-gpu N] [--workers N] [--cpu-workers N] [CHECK ARGS ...]
 
 1. the persistent compile cache is validated and switched on (parity.compile_cache) before any
    child process starts, so pytest and the check both read and fill it;
-2. the tests marked gpu (`pytest -m gpu`, perf aside): on a machine with N > 1 GPUs and pytest-xdist
-   installed, N workers, one GPU each (tests/conftest.py assigns them), tests that share built
-   models kept on one worker (--dist loadgroup); one process otherwise. Beside them, at the same
+2. the tests marked gpu (`pytest -m gpu`, perf aside): with pytest-xdist installed, 3 workers per GPU
+   (--workers-per-gpu; tests/conftest.py assigns the GPUs), since untimed GPU tests mostly compile,
+   which is CPU work; different stages build on different workers, and the tests that share a built
+   model kept on one worker (--dist loadgroup); one process otherwise. Beside them, at the same
    time, every other test (`pytest -m "not gpu"`: unit, parity on vit_tiny, the CPU compile checks)
    with CUDA hidden, over a few xdist workers on the CPU cores, exactly as the CPU job runs them;
    its output goes to reports/pytest-cpu.log (the tail is printed when it fails);
@@ -38,7 +39,7 @@ from pathlib import Path
 
 from parity import compile_cache, gate_time
 from parity.amg.embedded import EMBEDDED as EMBEDDED_AMG
-from parity.gate_devices import visible_gpus
+from parity.gate_devices import WORKERS_PER_GPU_ENV, visible_gpus
 from parity.report import REPORT_FILES
 
 # Everything a gate run leaves in its report folder (the workflow uploads these).
@@ -90,19 +91,20 @@ def choose_cpu_workers(requested: int | None, cores: int, have_xdist: bool) -> i
     return max(1, min(8, cores // 4)) if have_xdist else 1
 
 
-def choose_workers(requested: int | None, gpus: list[str], have_xdist: bool) -> tuple[int, str]:
-    """(workers, why): one per GPU when xdist is there, never more workers than GPUs."""
+def choose_workers(requested: int | None, gpus: list[str], have_xdist: bool, per_gpu: int = 1) -> tuple[int, str]:
+    """(workers, why) for the gpu tests: `per_gpu` per GPU when xdist is there, never more than that."""
     if requested is not None:
-        if gpus and requested > len(gpus):
-            raise SystemExit(f"error: --workers {requested} but {len(gpus)} GPU(s): at most one worker per GPU")
+        if gpus and requested > len(gpus) * per_gpu:
+            raise SystemExit(f"error: --workers {requested} but {len(gpus)} GPU(s) and --workers-per-gpu {per_gpu}: "
+                             f"at most {len(gpus) * per_gpu}")
         if requested > 1 and not have_xdist:
             raise SystemExit("error: --workers > 1 needs pytest-xdist (pip install pytest-xdist)")
         return requested, "asked for"
-    if len(gpus) > 1 and have_xdist:
-        return len(gpus), f"one per GPU ({len(gpus)} GPUs)"
-    if len(gpus) > 1:
-        return 1, f"{len(gpus)} GPUs but pytest-xdist is not installed: one process"
-    return 1, f"{len(gpus)} GPU(s): one process"
+    if not gpus or (len(gpus) * per_gpu == 1):
+        return 1, f"{len(gpus)} GPU(s): one process"
+    if not have_xdist:
+        return 1, f"{len(gpus)} GPU(s) but pytest-xdist is not installed: one process"
+    return len(gpus) * per_gpu, f"{per_gpu} per GPU, {len(gpus)} GPU(s)"
 
 
 def run_check_step(check_args: list[str], out_json: Path) -> int:
@@ -117,10 +119,10 @@ def run_check_step(check_args: list[str], out_json: Path) -> int:
     return code
 
 
-def _timed(cmd: list[str]) -> tuple[int, float]:
+def _timed(cmd: list[str], env: dict[str, str] | None = None) -> tuple[int, float]:
     print("+ " + " ".join(cmd), flush=True)
     start = time.perf_counter()
-    code = subprocess.call(cmd)
+    code = subprocess.call(cmd, env=env)
     return code, time.perf_counter() - start
 
 
@@ -155,7 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--require-gpu", action="store_true", help="GPU tests fail instead of skipping without CUDA, "
                         "and so does a check stage whose switch did not run")
     parser.add_argument("--perf-matrix", action="store_true", help="time every budgets.toml row, not only the gating ones")
-    parser.add_argument("--workers", type=int, help="pytest-xdist workers (default: one per GPU when there are several)")
+    parser.add_argument("--workers", type=int, help="pytest-xdist workers for the gpu tests (default: --workers-per-gpu per GPU)")
+    parser.add_argument("--workers-per-gpu", type=int, default=3, help="xdist workers per GPU for the untimed GPU "
+                        "layers (default 3: their time is mostly compiling, CPU work; perf runs alone afterwards)")
     parser.add_argument("--cpu-workers", type=int, help="pytest-xdist workers for the tests not marked gpu "
                         "(default: a quarter of the CPU cores, at most 8)")
     parser.add_argument("--report-dir", type=Path, default=Path("reports"))
@@ -173,7 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     cache = compile_cache.activate()
     gpus = visible_gpus()
     have_xdist = importlib.util.find_spec("xdist") is not None
-    workers, why = choose_workers(args.workers, gpus, have_xdist)
+    if args.workers_per_gpu < 1:
+        raise SystemExit(f"error: --workers-per-gpu must be at least 1 (got {args.workers_per_gpu})")
+    workers, why = choose_workers(args.workers, gpus, have_xdist, args.workers_per_gpu)
     cores = os.cpu_count() or 1
     cpu_workers = choose_cpu_workers(args.cpu_workers, cores, have_xdist)
     print(f"compile cache: {cache.path} ({'empty: cold run' if cache.started_empty else 'reused: warm run'}); "
@@ -182,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     commands = pytest_commands(args, args.report_dir, workers, cpu_workers)
     cpu_layers = Background(commands["cpu"], cpu_layers_env(cpu_workers, cores), args.report_dir / "pytest-cpu.log")
     codes, wall = {}, {}
-    codes["gpu"], wall["pytest gpu"] = _timed(commands["gpu"])
+    codes["gpu"], wall["pytest gpu"] = _timed(commands["gpu"], {**os.environ, WORKERS_PER_GPU_ENV: str(args.workers_per_gpu)})
     check_codes, check_rows = {}, []
     for key, (layer, embedded) in EMBEDDED_CHECKS.items():
         check_json = args.report_dir / f"gate-time-{key}.json"

@@ -72,6 +72,12 @@ def make_key(model: str, stages: str, *, batch: int, compile_mode: str, device: 
     return ModelKey(model, canonical_name(switches), batch, mode, str(torch.device(device)))
 
 
+def xdist_group(model: str, stages: str, *, batch: int, compile_mode: str = "default") -> str:
+    """The pytest-xdist group of the tests that share this model (--dist loadgroup keeps a group on one
+    worker): each shared model is built once, and different models are built on different workers."""
+    return str(make_key(model, stages, batch=batch, compile_mode=compile_mode, device="cuda"))
+
+
 @dataclass
 class Entry:
     model: torch.nn.Module

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from parity import compile_cache, gate_time
-from parity.gate_devices import gpu_for_worker, visible_gpus
+from parity.gate_devices import WORKERS_PER_GPU_ENV, gpu_for_worker, visible_gpus
 
 
 def pytest_addoption(parser):
@@ -48,7 +48,8 @@ def _is_worker(config) -> bool:
 
 def pytest_configure(config):
     if _is_worker(config):
-        device = gpu_for_worker(config.workerinput["workerid"], visible_gpus())
+        per_gpu = int(os.environ.get(WORKERS_PER_GPU_ENV, "1"))
+        device = gpu_for_worker(config.workerinput["workerid"], visible_gpus(), per_gpu)
         if device is not None:
             if torch.cuda.is_initialized():
                 raise pytest.UsageError("CUDA was initialised before the xdist worker could choose its GPU")

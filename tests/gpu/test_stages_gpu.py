@@ -22,6 +22,7 @@ import torch
 
 from parity.check import load_thresholds, thresholds_for
 from parity.checks.compile import watch
+from parity.gate_models import xdist_group
 from samfast import Prompts, SamPredictor
 from samfast.stages import FP8, LADDER, SPARSE_WITHOUT_INT8, StageError, parse_stages
 
@@ -31,7 +32,12 @@ SIZES = [(480, 640), (1024, 768), (300, 500)]  # 3 images: one full batch of 2, 
 PROMPTS_PER_IMAGE = [3, 7, 1]
 STAGES = [*LADDER[1:], SPARSE_WITHOUT_INT8, FP8]
 COMPILE_MODE = "default"  # correctness layers: the graph, not the fastest kernels
-pytestmark = [pytest.mark.gpu, pytest.mark.xdist_group("vit_b-bs2")]  # one worker builds the models once
+pytestmark = pytest.mark.gpu
+
+
+def shared(stages: str):
+    """A test of this stage's shared model: on the worker that builds it (tests/gpu/test_syncs_gpu.py shares it too)."""
+    return pytest.mark.xdist_group(xdist_group(MODEL, stages, batch=STATIC_BATCH, compile_mode=COMPILE_MODE))
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +93,7 @@ def assert_compiled_cleanly(entry) -> None:
     assert entry.warmup.graphs_compiled >= 1, "the compile switch is on but nothing was compiled"
 
 
-@pytest.mark.parametrize("stages", STAGES)
+@pytest.mark.parametrize("stages", [pytest.param(s, marks=shared(s)) for s in STAGES])
 def test_stage_close_to_fp32(stages, scene, fp32_outputs, model_cache):
     try:
         entry = _shared(model_cache, stages)
@@ -116,6 +122,7 @@ def test_stage_close_to_fp32(stages, scene, fp32_outputs, model_cache):
         assert model.image_encoder.sparse_backend in ("cusparselt", "cutlass")
 
 
+@shared("nt")
 def test_nt_equals_the_per_image_loop(scene, model_cache):
     """Same model and encoder; only the decoder path differs: one jagged batch vs one call per image."""
     model = _shared(model_cache, "nt").model
@@ -133,12 +140,13 @@ def test_nt_equals_the_per_image_loop(scene, model_cache):
         # (masks are not compared: seeded-weight logits are ~0.07, so rounding flips pixels near 0)
 
 
+@shared("compile")
 def test_compiled_encoder_never_recompiles_over_batch_sizes(model_cache):
     entry = _shared(model_cache, "compile")
     assert_compiled_cleanly(entry)
     model = entry.model
     images = torch.rand(3, 3, 1024, 1024, generator=torch.Generator().manual_seed(0)).cuda().to(model.dtype)
-    with watch() as seen:
+    with watch() as seen, torch.no_grad():  # as the predictor calls it (grad mode is one of dynamo's guards)
         one = model.embed_images(images[:1])
         two = model.embed_images(images[:2])
         three = model.embed_images(images)

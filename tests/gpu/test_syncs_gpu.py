@@ -13,10 +13,11 @@ import pytest
 
 import samfast
 from parity.checks.syncs import assert_no_syncs, find_syncs, profile_region
+from parity.gate_models import xdist_group
 from samfast import Prompts
 from samfast.stages import FP8, LADDER, SPARSE_WITHOUT_INT8
 
-pytestmark = [pytest.mark.gpu, pytest.mark.xdist_group("vit_b-bs2")]  # shares test_stages_gpu's models
+pytestmark = pytest.mark.gpu
 
 # The ladder's own `sparse` (int8 + 2:4) is refused by torchao 0.18: 2:4 is checked without int8.
 STAGES = [*LADDER[:-1], SPARSE_WITHOUT_INT8, FP8]
@@ -29,9 +30,13 @@ def _batch(n_images: int = 2):
     return images, prompts
 
 
-@pytest.mark.parametrize("stage", STAGES)
+SHARED = {"batch": 2, "compile_mode": "default"}  # test_stages_gpu's key: one build serves both files
+
+
+@pytest.mark.parametrize("stage", [pytest.param(s, marks=pytest.mark.xdist_group(xdist_group("vit_b", s, **SHARED)))
+                                   for s in STAGES])
 def test_stage_is_sync_free(stage, tmp_path, model_cache):
-    model = model_cache.get("vit_b", stage, batch=2, compile_mode="default", device="cuda")
+    model = model_cache.get("vit_b", stage, device="cuda", **SHARED)
     predictor = samfast.SamPredictor(model)
     images, prompts = _batch()
     trace = profile_region(lambda: predictor.predict_batch(images, prompts), trace_path=tmp_path / f"{stage}.json.gz")

@@ -4,19 +4,20 @@ and a failing rank that stops the run cleanly; plus the shard files on their own
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+
 from PIL import Image
 
 from parity.data import load_coco, load_dataset
 from parity.distributed import KILL_AFTER_ENV, Ranks, WorkFolder, encode_record, read_records
 from parity.runner import ModelSource, make_golden
 from parity.scenes import generate_scenes
+from tests.child_env import child_env
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGES, ANNOTATIONS_PER_IMAGE = 3, 2  # 3 batches of 1 image: rank 0 takes batches 0 and 2, rank 1 batch 1
@@ -29,7 +30,7 @@ def _torchrun(args: list[str], env: dict | None = None, *, through_nproc: bool =
                [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "parity", *args])
     # One thread per process, as in the single-process golden below: CPU GEMMs may sum in another
     # order with another thread count, and this test is about ranks, not threads.
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), **(env or {})}
+    env = child_env(OMP_NUM_THREADS="1", **(env or {}))
     return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
 
 

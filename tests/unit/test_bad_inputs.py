@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 import torch
 from PIL import Image
 
@@ -23,6 +24,7 @@ import samfast
 from parity import cli
 from parity.data import DataError, load_coco
 from samfast import CheckpointError, InputError, Prompts
+from tests.child_env import child_env
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -372,7 +374,7 @@ def subprocess_runs(tmp_path_factory):
     Image.new("RGB", (12, 10)).save(root / "images" / "a.png")
     paths = {"dir": str(root), "reports": str(root / "reports"), "images": str(root / "images"),
              "dup_ann": str(_write(root, _mutated(lambda c: c["annotations"][1].update(id=1))))}
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    env = child_env(OMP_NUM_THREADS="1")
     running = {
         case: subprocess.Popen([sys.executable, "-m", "parity", *CLI_CASES[case][0].format(**paths).split()],
                                cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import torch
+
 
 from parity import compile_cache, gate_time
 from parity.gate import choose_cpu_workers, choose_workers, cpu_layers_env, pytest_commands, verdict
 from parity.gate_devices import WorkerAssignmentError, gpu_for_worker, visible_gpus
 from parity.gate_models import ModelCache, SharedModelMutated, make_key
+from tests.child_env import child_env
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = {"torch": "2.11.0", "triton": "3.5.0", "cuda": "12.8", "gpu": "NVIDIA H100 80GB HBM3"}
@@ -121,12 +121,20 @@ def test_visible_gpus_follow_cuda_visible_devices():
     assert visible_gpus({"CUDA_VISIBLE_DEVICES": ""}) == []
 
 
-def test_workers_one_per_gpu_and_never_more():
+def test_workers_per_gpu_and_never_more():
     assert choose_workers(None, ["0", "1"], have_xdist=True)[0] == 2
-    assert choose_workers(None, ["0", "1"], have_xdist=False)[0] == 1  # the gate runs without xdist
+    assert choose_workers(None, ["0", "1"], have_xdist=True, per_gpu=3)[0] == 6
+    assert choose_workers(None, ["0", "1"], have_xdist=False, per_gpu=3)[0] == 1  # the gate runs without xdist
     assert choose_workers(None, ["0"], have_xdist=True)[0] == 1
-    with pytest.raises(SystemExit, match="one worker per GPU"):
+    assert choose_workers(None, [], have_xdist=True, per_gpu=3)[0] == 1  # no GPU: the gpu tests skip in one process
+    with pytest.raises(SystemExit, match="at most 2"):
         choose_workers(4, ["0", "1"], have_xdist=True)
+
+
+def test_several_workers_share_a_gpu_only_when_allowed():
+    assert [gpu_for_worker(f"gw{k}", ["0", "1"], per_gpu=2) for k in range(4)] == ["0", "1", "0", "1"]
+    with pytest.raises(WorkerAssignmentError, match="no GPU of its own"):
+        gpu_for_worker("gw4", ["0", "1"], per_gpu=2)
 
 
 def test_cpu_layers_get_a_share_of_the_cores_and_no_gpu():
@@ -200,7 +208,7 @@ def test_table_merges_workers_and_adds_the_check_step(tmp_path):
 def test_pytest_writes_per_test_times_through_the_plugin(tmp_path):
     """The conftest's hooks in a real pytest run: every test timed, with its layer."""
     out = tmp_path / "times.json"
-    env = {**os.environ, "SAMFAST_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT)}
+    env = child_env(SAMFAST_CACHE_DIR=str(tmp_path / "cache"))
     env.pop(compile_cache.ENV_ACTIVE, None)
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--gate-time", str(out),
            "tests/unit/test_gate_plumbing.py::test_layer_of_a_test", "tests/unit/test_gate_plumbing.py::test_verdict_keeps_the_exit_code_meanings"]
