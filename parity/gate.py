@@ -4,21 +4,22 @@
 
 1. the persistent compile cache is validated and switched on (parity.compile_cache) before any
    child process starts, so pytest and the check both read and fill it;
-2. the tests marked gpu (`pytest -m gpu`, perf aside): with pytest-xdist installed, 3 workers per GPU
-   (--workers-per-gpu; tests/conftest.py assigns the GPUs), since untimed GPU tests mostly compile,
-   which is CPU work; different stages build on different workers, and the tests that share a built
-   model kept on one worker (--dist loadgroup); one process otherwise. Beside them, at the same
-   time, every other test (`pytest -m "not gpu"`: unit, parity on vit_tiny, the CPU compile checks)
-   with CUDA hidden, over a few xdist workers on the CPU cores, exactly as the CPU job runs them;
-   its output goes to reports/pytest-cpu.log (the tail is printed when it fails);
-3. `python -m parity check` on the embedded default (CHECK ARGS override, e.g. --stages fp32 bf16),
-   then the same with --task amg (segment everything, parity.amg) on its embedded default,
-   each in its own process: its models (the trained vit_tiny) are not those of the GPU layers (vit_b and
-   vit_h, seeded), so running it inside pytest would share no build; what it reuses from pytest is the
-   compile cache on disk, and its exit code keeps its meaning (2 = bad input);
-4. when the CPU layers are done too, `pytest tests/perf` alone on one GPU and an otherwise idle
-   machine (pytest-benchmark times nothing under xdist, and a timed row shares nothing);
-5. reports/gate-time.md and .json: per layer the tests, their seconds and their compile seconds, and
+2. at the same time, each in its own process (compiling is CPU work, and the GPU has room for all):
+   - the tests marked gpu (`pytest -m gpu`, perf aside): with pytest-xdist installed, 3 workers per
+     GPU (--workers-per-gpu; tests/conftest.py assigns the GPUs); the tests that share a built model
+     on one worker (--dist loadgroup), different models on different workers;
+   - every other test (`pytest -m "not gpu"`: unit, parity on vit_tiny, the CPU compile checks) with
+     CUDA hidden, over a few xdist workers, exactly as the CPU job runs them;
+   - `python -m parity check` on the embedded default (CHECK ARGS override, e.g. --stages fp32 bf16)
+     and `python -m parity check --task amg` (segment everything, parity.amg) on its embedded
+     default, every default GPU stage when there is a GPU (the pytest test that runs the same is
+     then left to this step). Not inside pytest: their models (the trained vit_tiny) are not the
+     GPU layers' (vit_b and vit_h, seeded), so they would share no build, and their exit codes keep
+     their meaning (2 = bad input);
+   the background steps' output goes to reports/<step>.log, its tail printed when the step fails;
+3. `pytest tests/perf` alone on one GPU and an otherwise idle machine (pytest-benchmark times
+   nothing under xdist, and a timed row shares nothing);
+4. 5. reports/gate-time.md and .json: per layer the tests, their seconds and their compile seconds, and
    the wall time of each step; the cache is sealed when every step ran to a verdict (pytest exit
    0, 1 or 5, the checks 0 or 1), not after a crash or a refused input.
 
@@ -39,22 +40,30 @@ from pathlib import Path
 
 from parity import compile_cache, gate_time
 from parity.amg.embedded import EMBEDDED as EMBEDDED_AMG
+from parity.amg.embedded import EMBEDDED_GOLDEN as EMBEDDED_AMG_ALL_STAGES
 from parity.gate_devices import WORKERS_PER_GPU_ENV, visible_gpus
 from parity.report import REPORT_FILES
 
 # Everything a gate run leaves in its report folder (the workflow uploads these).
 # The gate's three pytest runs, in the order their layers appear in the table.
 PYTEST_RUNS = ("gpu", "cpu", "perf")
-OUTPUTS = (*REPORT_FILES, *(f"junit-{run}.xml" for run in PYTEST_RUNS), "pytest-cpu.log", "gate-time.md", "gate-time.json")
+OUTPUTS = (*REPORT_FILES, *(f"junit-{run}.xml" for run in PYTEST_RUNS), "pytest-cpu.log", "check.log", "check-amg.log",
+           "gate-time.md", "gate-time.json")
 # The embedded default: the tiny SAM this project trained (samfast/weights) on generated scenes.
 EMBEDDED_CHECK = ["--model", "vit_tiny", "--checkpoint", "trained", "--data", "scenes"]
-# The checks step 3 runs, each in its own process: point prompts, then segment everything.
+# The checks step 3 runs, each in its own process: point prompts, and segment everything (on a CPU
+# two stages, ~6 s per image and stage on 2 cores; with a GPU every default GPU stage).
 EMBEDDED_CHECKS = {"check": ("python -m parity check", EMBEDDED_CHECK),
                    "check-amg": ("python -m parity check --task amg", EMBEDDED_AMG)}
+GPU_CHECKS = {**EMBEDDED_CHECKS, "check-amg": ("python -m parity check --task amg", EMBEDDED_AMG_ALL_STAGES)}
+# Tests that run what a check step runs (with a GPU): the gate leaves them to the step.
+COVERED_BY_GPU_CHECKS = ["tests/parity/test_amg_gate.py::test_embedded_amg_golden_passes_every_stage_on_the_gpu"]
 
 
-def pytest_commands(args, report_dir: Path, workers: int, cpu_workers: int) -> dict[str, list[str]]:
+def pytest_commands(args, report_dir: Path, workers: int, cpu_workers: int, gpu_checks: bool) -> dict[str, list[str]]:
     """The three pytest runs: the gpu-marked tests (over `workers` GPUs), the others (over `cpu_workers`), perf.
+
+    With `gpu_checks` (the check steps run GPU_CHECKS) the tests those steps cover are left out.
 
     perf is a run of its own because pytest-benchmark switches itself off under xdist, and so that
     no other test shares the GPU (or the CPU that feeds it) while a row is timed.
@@ -67,7 +76,8 @@ def pytest_commands(args, report_dir: Path, workers: int, cpu_workers: int) -> d
                 *(["-n", str(n), "--dist", "loadgroup"] if n > 1 else [])]
 
     others = ["tests", "--ignore=tests/perf", "-m"]
-    return {"gpu": run("gpu", [*others, "gpu"], workers),
+    covered = [f"--deselect={test}" for test in COVERED_BY_GPU_CHECKS] if gpu_checks else []
+    return {"gpu": run("gpu", [*others, "gpu", *covered], workers),
             "cpu": run("cpu", [*others, "not gpu"], cpu_workers),
             "perf": run("perf", ["tests/perf"], 1, [*(["--perf-matrix"] if args.perf_matrix else []),
                                                     *shlex.split(args.perf_args)])}
@@ -185,20 +195,28 @@ def main(argv: list[str] | None = None) -> int:
     print(f"compile cache: {cache.path} ({'empty: cold run' if cache.started_empty else 'reused: warm run'}); "
           f"pytest workers: {workers} for the gpu tests ({why}), {cpu_workers} for the others", flush=True)
 
-    commands = pytest_commands(args, args.report_dir, workers, cpu_workers)
-    cpu_layers = Background(commands["cpu"], cpu_layers_env(cpu_workers, cores), args.report_dir / "pytest-cpu.log")
+    checks = GPU_CHECKS if gpus else EMBEDDED_CHECKS
+    commands = pytest_commands(args, args.report_dir, workers, cpu_workers, gpu_checks=bool(gpus))
+    # Everything untimed at once: CPU layers, GPU layers and the two checks (compiling is CPU work, and
+    # the GPU has room for all); perf after, alone.
+    background = {"pytest cpu": Background(commands["cpu"], cpu_layers_env(cpu_workers, cores),
+                                           args.report_dir / "pytest-cpu.log")}
+    for key, (layer, embedded) in checks.items():
+        background[layer] = Background([sys.executable, "-m", "parity.gate", "--_check-step",
+                                        str(args.report_dir / f"gate-time-{key}.json"), "--report-dir",
+                                        str(args.report_dir), *embedded, *check_args,
+                                        *(["--require-gpu"] if args.require_gpu and (gpus or key == "check") else [])],
+                                       dict(os.environ), args.report_dir / f"{key}.log")
     codes, wall = {}, {}
     codes["gpu"], wall["pytest gpu"] = _timed(commands["gpu"], {**os.environ, WORKERS_PER_GPU_ENV: str(args.workers_per_gpu)})
+    codes["cpu"], wall["pytest cpu"] = background.pop("pytest cpu").wait()
     check_codes, check_rows = {}, []
-    for key, (layer, embedded) in EMBEDDED_CHECKS.items():
+    for key, (layer, _) in checks.items():
+        check_codes[layer], wall[layer] = background[layer].wait()
         check_json = args.report_dir / f"gate-time-{key}.json"
-        check_codes[layer], wall[layer] = _timed([sys.executable, "-m", "parity.gate", "--_check-step", str(check_json),
-                                                  "--report-dir", str(args.report_dir), *embedded, *check_args,
-                                                  *(["--require-gpu"] if args.require_gpu and key == "check" else [])])
         check_compile = json.loads(check_json.read_text())["compile_seconds"] if check_json.exists() else 0.0
         check_rows.append({"layer": layer, "tests": 1, "failed": int(check_codes[layer] != 0),
                            "seconds": round(wall[layer], 1), "compile_seconds": round(check_compile, 1)})
-    codes["cpu"], wall["pytest cpu (beside the above)"] = cpu_layers.wait()
     codes["perf"], wall["pytest perf"] = _timed(commands["perf"])
     # one code for both checks: 2 (a refused input) outranks any other failure (1, or a signal's negative code)
     check_code = 2 if 2 in check_codes.values() else int(any(check_codes.values()))
@@ -208,8 +226,8 @@ def main(argv: list[str] | None = None) -> int:
              for t in gate_time.read_tests(args.report_dir / f"gate-time-{run}.json")]
     rows = gate_time.summarize(tests, check_rows)
     notes = [f"compile cache {'empty (cold)' if cache.started_empty else 'reused (warm)'}: {cache.path}",
-             f"pytest workers: {workers} for the gpu tests ({why}); {cpu_workers} for the others, beside them "
-             f"with CUDA hidden ({cores} CPU cores); perf alone on one GPU afterwards",
+             f"pytest workers: {workers} for the gpu tests ({why}); {cpu_workers} for the others, with CUDA hidden "
+             f"({cores} CPU cores); these and the checks at the same time, perf alone afterwards (wall times overlap)",
              "exit codes: " + ", ".join(f"pytest {step} {code}" for step, code in codes.items())
              + ", " + ", ".join(f"{step} {code}" for step, code in check_codes.items())]
     wall = {step: round(seconds, 1) for step, seconds in wall.items()}

@@ -1,8 +1,8 @@
 """Time to verdict: per-test timings of the gate's layers, merged across xdist workers, as a table.
 
-Each pytest process records one row per test (layer, seconds of setup + call + teardown, seconds
-dynamo/inductor spent compiling inside it); xdist workers hand theirs to the controller, which
-writes them all to one JSON file. The gate driver (parity.gate) adds its own steps (the
+Each pytest run records one row per test (layer, seconds of setup + call + teardown, seconds
+dynamo/inductor spent compiling inside it; an xdist worker sends the latter in the test's report)
+and rewrites its JSON file as each test ends, so a killed run leaves the rows it finished. The gate driver (parity.gate) adds its own steps (the
 `python -m parity check` process) and writes reports/gate-time.md and .json:
 
 | layer | tests | seconds | compile seconds |

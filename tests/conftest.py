@@ -6,13 +6,13 @@
   parity.compile_cache; sealed at the end of a run that finished.
 * `model_cache`: one build per (model, stage, batch, compile mode, device) for the whole session:
   parity.gate_models.
-* --gate-time PATH: per-test seconds and compile seconds, merged across workers: parity.gate_time.
+* --gate-time PATH: per-test seconds and compile seconds (from xdist workers in their reports), written as
+  each test ends: parity.gate_time.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -54,51 +54,55 @@ def pytest_configure(config):
             if torch.cuda.is_initialized():
                 raise pytest.UsageError("CUDA was initialised before the xdist worker could choose its GPU")
             os.environ["CUDA_VISIBLE_DEVICES"] = device
-    elif compile_cache.ENV_ACTIVE not in os.environ:
+        return
+    if compile_cache.ENV_ACTIVE not in os.environ:
         config._samfast_cache = compile_cache.activate()
-    config._gate_times = []
+    config.pluginmanager.register(GateTimes(config.getoption("--gate-time")), "gate-times")
 
 
-_SECONDS = pytest.StashKey[list]()
-_FAILED = pytest.StashKey[bool]()
+_COMPILED_BEFORE = pytest.StashKey[float]()
+_TIMES = pytest.StashKey[dict]()  # on the process that reports: nodeid -> [seconds so far, failed]
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
-    report = yield
-    item.stash.setdefault(_SECONDS, []).append(call.duration)
-    if report.failed:
-        item.stash[_FAILED] = True
-    return report
+    """The test's compile seconds travel in its teardown report (user_properties), from an xdist worker too."""
+    if call.when == "setup":
+        item.stash[_COMPILED_BEFORE] = gate_time.compile_seconds_so_far()
+    elif call.when == "teardown":
+        compiled = gate_time.compile_seconds_so_far() - item.stash.get(_COMPILED_BEFORE, 0.0)
+        item.user_properties.append(("compile_seconds", round(compiled, 3)))
+    return (yield)
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_protocol(item, nextitem):
-    compiled_before = gate_time.compile_seconds_so_far()
-    result = yield
-    item.config._gate_times.append(gate_time.TestTime(
-        nodeid=item.nodeid,
-        layer=gate_time.layer_of(item.nodeid),
-        seconds=round(sum(item.stash.get(_SECONDS, [])), 3),
-        compile_seconds=round(gate_time.compile_seconds_so_far() - compiled_before, 3),
-        outcome="failed" if item.stash.get(_FAILED, False) else "passed",
-    ))
-    return result
+class GateTimes:
+    """Where reports arrive (the xdist controller, or the only process): one row per finished test,
+    written out at once (--gate-time), so a run killed half way still leaves the times of what it finished."""
 
+    def __init__(self, path: Path | None):
+        self.path, self.rows, self._open = path, [], {}  # _open: nodeid -> (seconds so far, failed)
 
-@pytest.hookimpl(optionalhook=True)
-def pytest_testnodedown(node, error):
-    """xdist controller: a worker's timings come back in its workeroutput."""
-    node.config._gate_times += [gate_time.TestTime(**t) for t in node.workeroutput.get("gate_times", [])]
+    def pytest_runtest_logreport(self, report):
+        seconds, failed = self._open.get(report.nodeid, (0.0, False))
+        self._open[report.nodeid] = (seconds + report.duration, failed or report.failed)
+        if report.when != "teardown":
+            return
+        seconds, failed = self._open.pop(report.nodeid)
+        self.rows.append(gate_time.TestTime(
+            nodeid=report.nodeid,
+            layer=gate_time.layer_of(report.nodeid),
+            seconds=round(seconds, 3),
+            compile_seconds=dict(report.user_properties).get("compile_seconds", 0.0),
+            outcome="failed" if failed else "passed",
+        ))
+        if self.path:
+            gate_time.write_tests(self.path, self.rows)
 
 
 def pytest_sessionfinish(session, exitstatus):
     config = session.config
     if _is_worker(config):
-        config.workeroutput["gate_times"] = [asdict(t) for t in config._gate_times]
         return
-    if config.getoption("--gate-time"):
-        gate_time.write_tests(config.getoption("--gate-time"), config._gate_times)
     cache = getattr(config, "_samfast_cache", None)
     if cache is not None and exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
         compile_cache.seal(cache)

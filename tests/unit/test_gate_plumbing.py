@@ -13,7 +13,7 @@ import pytest
 
 
 from parity import compile_cache, gate_time
-from parity.gate import choose_cpu_workers, choose_workers, cpu_layers_env, pytest_commands, verdict
+from parity.gate import COVERED_BY_GPU_CHECKS, choose_cpu_workers, choose_workers, cpu_layers_env, pytest_commands, verdict
 from parity.gate_devices import WorkerAssignmentError, gpu_for_worker, visible_gpus
 from parity.gate_models import ModelCache, SharedModelMutated, make_key
 from tests.child_env import child_env
@@ -155,7 +155,7 @@ def _collected(cmd: list[str]) -> set[str]:
     for arg in cmd[3:]:
         if skip:
             skip = False
-        elif arg in ("--gate-time", "--junitxml", "-n", "--dist"):
+        elif arg in ("--gate-time", "--junitxml", "-n", "--dist"):  # options with a value
             skip = True
         else:
             keep.append(arg)
@@ -164,14 +164,19 @@ def _collected(cmd: list[str]) -> set[str]:
     return {line for line in out.splitlines() if "::" in line}
 
 
-def test_the_gates_pytest_runs_split_the_suite_without_losing_a_test(tmp_path):
-    """gpu + cpu + perf select every test exactly once: running the CPU layers beside the GPU ones drops nothing."""
+@pytest.mark.parametrize("gpu_checks", [False, True], ids=["cpu-machine", "gpu-machine"])
+def test_the_gates_pytest_runs_split_the_suite_without_losing_a_test(tmp_path, gpu_checks):
+    """gpu + cpu + perf select every test exactly once (running them side by side drops nothing); with a
+    GPU, only the tests a check step runs anyway are left to that step."""
     args = SimpleNamespace(require_gpu=False, perf_matrix=False, perf_args="")
-    commands = pytest_commands(args, tmp_path, workers=2, cpu_workers=3)
+    commands = pytest_commands(args, tmp_path, workers=2, cpu_workers=3, gpu_checks=gpu_checks)
     assert commands["gpu"][-4:] == ["-n", "2", "--dist", "loadgroup"] and "-n" not in commands["perf"]
     runs = {name: _collected(cmd) for name, cmd in commands.items()}
     everything = _collected([sys.executable, "-m", "pytest", "tests"])
-    assert sum(map(len, runs.values())) == len(everything) and set().union(*runs.values()) == everything
+    left_to_checks = set(COVERED_BY_GPU_CHECKS) if gpu_checks else set()
+    assert left_to_checks <= everything
+    assert sum(map(len, runs.values())) == len(everything - left_to_checks)
+    assert set().union(*runs.values()) == everything - left_to_checks
     assert any(t.startswith("tests/gpu/") for t in runs["gpu"]) and not any(t.startswith("tests/gpu/") for t in runs["cpu"])
     assert any(t.startswith("tests/unit/") for t in runs["cpu"]) and all(t.startswith("tests/perf/") for t in runs["perf"])
 
