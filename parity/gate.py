@@ -92,6 +92,13 @@ def cpu_layers_env(cpu_workers: int, cores: int, environ=os.environ) -> dict[str
     return {**environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": str(max(1, cores // 2 // cpu_workers))}
 
 
+def check_env(environ=os.environ) -> dict[str, str]:
+    """The check steps compile in mode `default` (unless SAMFAST_COMPILE_MODE says otherwise): they gate
+    correctness, and max-autotune's kernel search cost minutes per stage on a cold cache (H100: the
+    embedded check's `sdpa` stage 106 s for 16 images) for kernels the thresholds do not depend on."""
+    return {"SAMFAST_COMPILE_MODE": "default", **environ}
+
+
 def choose_cpu_workers(requested: int | None, cores: int, have_xdist: bool) -> int:
     """xdist workers for the CPU layers: a quarter of the cores (at most 8), 1 without xdist."""
     if requested is not None:
@@ -206,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
                                         str(args.report_dir / f"gate-time-{key}.json"), "--report-dir",
                                         str(args.report_dir), *embedded, *check_args,
                                         *(["--require-gpu"] if args.require_gpu and (gpus or key == "check") else [])],
-                                       dict(os.environ), args.report_dir / f"{key}.log")
+                                       check_env(), args.report_dir / f"{key}.log")
     codes, wall = {}, {}
     codes["gpu"], wall["pytest gpu"] = _timed(commands["gpu"], {**os.environ, WORKERS_PER_GPU_ENV: str(args.workers_per_gpu)})
     codes["cpu"], wall["pytest cpu"] = background.pop("pytest cpu").wait()
@@ -228,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     notes = [f"compile cache {'empty (cold)' if cache.started_empty else 'reused (warm)'}: {cache.path}",
              f"pytest workers: {workers} for the gpu tests ({why}); {cpu_workers} for the others, with CUDA hidden "
              f"({cores} CPU cores); these and the checks at the same time, perf alone afterwards (wall times overlap)",
+             f"checks compiled in mode {check_env()['SAMFAST_COMPILE_MODE']} (SAMFAST_COMPILE_MODE)",
              "exit codes: " + ", ".join(f"pytest {step} {code}" for step, code in codes.items())
              + ", " + ", ".join(f"{step} {code}" for step, code in check_codes.items())]
     wall = {step: round(seconds, 1) for step, seconds in wall.items()}

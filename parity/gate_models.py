@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 import samfast
+from parity import gate_time
 from parity.checks.compile import CompileWatch, watch
 from samfast.stages import canonical_name, parse_stages
 
@@ -180,6 +181,7 @@ class ModelCache:
 
     def _activate(self, key: ModelKey, model: torch.nn.Module) -> CompileWatch:
         """Make `model` the only compiled model dynamo holds, and compile it (see the module docstring)."""
+        gate_time.compile_seconds_so_far()  # read dynamo's compile tally before reset() clears it
         torch._dynamo.reset()
         self._active = key
         return warm_up(model)

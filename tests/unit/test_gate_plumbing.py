@@ -13,7 +13,7 @@ import pytest
 
 
 from parity import compile_cache, gate_time
-from parity.gate import COVERED_BY_GPU_CHECKS, choose_cpu_workers, choose_workers, cpu_layers_env, pytest_commands, verdict
+from parity.gate import COVERED_BY_GPU_CHECKS, check_env, choose_cpu_workers, choose_workers, cpu_layers_env, pytest_commands, verdict
 from parity.gate_devices import WorkerAssignmentError, gpu_for_worker, visible_gpus
 from parity.gate_models import ModelCache, SharedModelMutated, make_key
 from tests.child_env import child_env
@@ -147,6 +147,11 @@ def test_cpu_layers_get_a_share_of_the_cores_and_no_gpu():
     env = cpu_layers_env(4, cores=16, environ={"CUDA_VISIBLE_DEVICES": "0,1", "PATH": "/bin"})
     assert env == {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "2", "PATH": "/bin"}
     assert cpu_layers_env(1, cores=1, environ={})["OMP_NUM_THREADS"] == "1"
+
+
+def test_checks_compile_in_mode_default_unless_told_otherwise():
+    assert check_env({"PATH": "/bin"}) == {"SAMFAST_COMPILE_MODE": "default", "PATH": "/bin"}
+    assert check_env({"SAMFAST_COMPILE_MODE": "max-autotune"})["SAMFAST_COMPILE_MODE"] == "max-autotune"
 
 
 def _collected(cmd: list[str]) -> set[str]:
@@ -284,3 +289,19 @@ def test_a_shallow_copy_may_change_its_own_switches(counted):
     view.switches = model.switches - {"sdpa"}
     cache.check_untouched()
     assert model.switches == {"sdpa"}
+
+
+def test_compile_seconds_survive_a_dynamo_reset():
+    """torch._dynamo.reset() clears dynamo's tally; the gate's count keeps what was compiled before it."""
+    import torch
+
+    def compile_once():
+        torch.compile(lambda x: x * 2 + 1, backend="eager")(torch.ones(3))
+
+    start = gate_time.compile_seconds_so_far()
+    compile_once()
+    after_first = gate_time.compile_seconds_so_far()
+    torch._dynamo.reset()
+    compile_once()
+    after_second = gate_time.compile_seconds_so_far()
+    assert start < after_first < after_second
