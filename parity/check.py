@@ -23,6 +23,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 from parity.checks.budgets import DEFAULT_PATH as BUDGETS_PATH
+from parity.checks.budgets import BudgetError
 
 WORST_SHOWN = 5
 NEAR_FAILING = 0.9  # a passing gate that uses 90% or more of its limit (Gate.ratio) is shown like a failure
@@ -112,12 +113,15 @@ PRECISIONS = ("fp32", "bf16", "fp8", "int8", "sparse")
 def load_thresholds(path=None, table: str = "accuracy") -> dict[str, dict]:
     """The [<table>.<precision>] thresholds: "accuracy" for point prompts, "amg" for segment-everything."""
     with open(path or BUDGETS_PATH, "rb") as f:
-        thresholds = tomllib.load(f).get(table)
+        try:
+            thresholds = tomllib.load(f).get(table)
+        except tomllib.TOMLDecodeError as err:
+            raise BudgetError(f"{path or BUDGETS_PATH}: not valid TOML: {err}") from err
     if not thresholds:
-        raise ValueError(f"{path or BUDGETS_PATH} has no [{table}.<precision>] thresholds")
+        raise BudgetError(f"{path or BUDGETS_PATH} has no [{table}.<precision>] thresholds")
     missing = [s for s in PRECISIONS if s not in thresholds]
     if missing:
-        raise ValueError(f"{path or BUDGETS_PATH}: no [{table}] thresholds for {missing}; one table per {PRECISIONS}")
+        raise BudgetError(f"{path or BUDGETS_PATH}: no [{table}] thresholds for {missing}; one table per {PRECISIONS}")
     return thresholds
 
 

@@ -21,6 +21,7 @@ import torch
 
 from parity import golden as golden_io
 from parity.amg.generate import AmgParams
+from parity.checks.budgets import BudgetError
 from parity.data import DataError, load_coco, load_dataset
 from parity.distributed import DEFAULT_TIMEOUT_S, RankFailure, start, stop
 from parity.settings import DataNotFoundError
@@ -60,9 +61,7 @@ BAD_INPUT_ERRORS = (
     StageError,
     InputError,
     OutputFolderError,
-    # Still raised as plain ValueError on some user input (a dataset that yields no annotation
-    # reaches parity.metrics); to be narrowed to the project's own errors.
-    ValueError,
+    BudgetError,
 )
 
 

@@ -22,7 +22,7 @@ from tqdm import tqdm
 from parity.data import DataError, Dataset
 from parity.distributed import SINGLE_PROCESS, Ranks, WorkFolder, failure, raise_first_failure
 from parity.metrics import mask_iou
-from samfast import Prompts, SamPredictor
+from samfast import InputError, Prompts, SamPredictor
 
 LOGITS_SUBSET = 8  # annotations whose low-res logits are kept (fp16, 3 x 256 x 256 each): bounds golden size
 PROMPT_KINDS = ("point", "box")
@@ -108,7 +108,7 @@ def decode_rle(rle: dict) -> np.ndarray:
 def image_batches(num_images: int, batch_size: int) -> list[range]:
     """The batches of one process: batch_size consecutive images in dataset order."""
     if batch_size < 1:
-        raise ValueError(f"batch size must be at least 1, got {batch_size}")
+        raise InputError(f"batch size must be at least 1, got {batch_size}")
     return [range(first, min(first + batch_size, num_images)) for first in range(0, num_images, batch_size)]
 
 

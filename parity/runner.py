@@ -81,7 +81,7 @@ def make_golden(source: ModelSource, dataset: Dataset, *, prompt: str = "point",
     old golden untouched) one that would check nothing. Finished batches are kept in
     golden/.<name>.work/ until the golden is published, so a re-run after a kill resumes."""
     if batch_size < 1:
-        raise ValueError(f"--batch-size must be at least 1, got {batch_size}")
+        raise samfast.InputError(f"--batch-size must be at least 1, got {batch_size}")
     if not dataset.num_annotations:
         raise golden_io.UselessGolden(
             f"dataset {dataset.name} has no annotations left after filtering ({dataset.crowd_skipped} crowd, "

@@ -64,12 +64,12 @@ def refuse_useless(images: dict[int, list[dict]], fix: str) -> None:
     """A golden with no mask at all (e.g. seeded weights, which the default thresholds filter out
     entirely) or with a non-finite score could only make a check that cannot fail."""
     if not any(images.values()):
-        raise ValueError(f"the generator found no mask on any of the {len(images)} images, so an AMG golden would "
+        raise golden_io.UselessGolden(f"the generator found no mask on any of the {len(images)} images, so an AMG golden would "
                          f"gate nothing. Use weights that segment (e.g. --checkpoint trained) or {fix}")
     for image_id, records in images.items():
         for record in records:
             if not all(math.isfinite(record[k]) for k in ("predicted_iou", "stability_score")):
-                raise ValueError(f"image {image_id}: a mask has a non-finite score ({record['predicted_iou']}, "
+                raise golden_io.UselessGolden(f"image {image_id}: a mask has a non-finite score ({record['predicted_iou']}, "
                                  f"{record['stability_score']}); the fp32 model is broken, no golden written")
 
 

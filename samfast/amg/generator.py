@@ -31,7 +31,7 @@ from samfast.amg import rle as rle_utils
 from samfast.amg.grids import crop_boxes, layer_point_grids
 from samfast.amg.masks import mask_boxes, near_crop_edge, stability_score
 from samfast.predictor import SamPredictor
-from samfast.transforms import preprocess_shape, scale_coords, to_rgb_uint8
+from samfast.transforms import InputError, preprocess_shape, scale_coords, to_rgb_uint8
 
 OUTPUT_MODES = ("binary_mask", "uncompressed_rle", "coco_rle")
 MASKS_PER_POINT = 3  # multimask output: every point prompt gives 3 masks, flattened point-major
@@ -93,22 +93,22 @@ class SamAutomaticMaskGenerator:
         output_mode: str = "binary_mask",
     ) -> None:
         if (points_per_side is None) == (point_grids is None):
-            raise ValueError("give exactly one of points_per_side (a regular grid) or point_grids (explicit [0, 1] points per crop layer)")
+            raise InputError("give exactly one of points_per_side (a regular grid) or point_grids (explicit [0, 1] points per crop layer)")
         if points_per_side is not None and points_per_side < 1:
-            raise ValueError(f"points_per_side must be at least 1 (points along each side of the grid), got {points_per_side}")
+            raise InputError(f"points_per_side must be at least 1 (points along each side of the grid), got {points_per_side}")
         if crop_n_layers < 0:
-            raise ValueError(f"crop_n_layers must be 0 (the whole image only) or more (layers of crops), got {crop_n_layers}")
+            raise InputError(f"crop_n_layers must be 0 (the whole image only) or more (layers of crops), got {crop_n_layers}")
         if crop_n_points_downscale_factor < 1:
-            raise ValueError("crop_n_points_downscale_factor must be at least 1 (1: every layer keeps the full grid), "
+            raise InputError("crop_n_points_downscale_factor must be at least 1 (1: every layer keeps the full grid), "
                              f"got {crop_n_points_downscale_factor}")
         if point_grids is not None and len(point_grids) != crop_n_layers + 1:
-            raise ValueError(f"point_grids needs one grid per crop layer: {crop_n_layers + 1} for crop_n_layers={crop_n_layers}, got {len(point_grids)}")
+            raise InputError(f"point_grids needs one grid per crop layer: {crop_n_layers + 1} for crop_n_layers={crop_n_layers}, got {len(point_grids)}")
         if output_mode not in OUTPUT_MODES:
-            raise ValueError(f"unknown output_mode {output_mode!r}; choose from {', '.join(OUTPUT_MODES)}")
+            raise InputError(f"unknown output_mode {output_mode!r}; choose from {', '.join(OUTPUT_MODES)}")
         if points_per_batch is not None and points_per_batch < 1:
-            raise ValueError(f"points_per_batch must be a positive number of points or None (as many as fit), got {points_per_batch}")
+            raise InputError(f"points_per_batch must be a positive number of points or None (as many as fit), got {points_per_batch}")
         if min_mask_region_area > 0:
-            raise ValueError(
+            raise InputError(
                 "min_mask_region_area > 0 (opencv's small-region removal) is not supported by samfast's generator; "
                 "use 0, or segment_anything's generator for that post-processing"
             )

@@ -390,3 +390,24 @@ def test_python_m_parity_prints_one_line_and_exits_2(subprocess_runs, case):
     assert "Traceback" not in err
     assert len(err.strip().splitlines()) == 1, err
     assert CLI_CASES[case][1].format(**paths) in err
+
+
+def test_a_damaged_budgets_file_is_bad_input_but_a_defect_of_ours_is_not(tmp_path, capsys, monkeypatch):
+    """Exit 2 means bad input only: a budgets.toml that is not TOML says so in one line, while a plain
+    ValueError from our own code keeps its traceback (exit 1) instead of passing for bad input."""
+    from parity import runner
+    from parity.check import load_thresholds
+
+    broken = tmp_path / "budgets.toml"
+    broken.write_text("[accuracy.fp32\nmin_mean_iou = ")
+    monkeypatch.setattr(runner, "load_thresholds", lambda **k: load_thresholds(broken, **k))
+    argv = ["check", "--stages", "fp32", "--report-dir", str(tmp_path / "reports")]
+    code, err = _main(argv, capsys)
+    assert code == 2 and f"{broken}: not valid TOML" in err and "Traceback" not in err
+
+    def defect(*args, **kwargs):
+        raise ValueError("an internal mistake")
+
+    monkeypatch.setattr(runner, "load_thresholds", defect)
+    with pytest.raises(ValueError, match="an internal mistake"):
+        cli.main(argv)
