@@ -126,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def build_generator(args: argparse.Namespace):
     import samfast
+    from samfast import CheckpointError, StageError
     from samfast.config import MODEL_TYPES
 
     if args.model not in MODEL_TYPES:
@@ -146,7 +147,7 @@ def build_generator(args: argparse.Namespace):
             crop_n_points_downscale_factor=args.crop_n_points_downscale_factor,
             output_mode="coco_rle" if args.convert_to_rle else "binary_mask",
         )
-    except ValueError as err:  # CheckpointError, StageError and the generator's argument checks
+    except (CheckpointError, StageError) as err:  # bad input too (the generator's own checks raise InputError)
         raise InputError(str(err)) from err
 
 
