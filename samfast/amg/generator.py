@@ -30,6 +30,7 @@ from torchvision.ops import batched_nms
 from samfast.amg import rle as rle_utils
 from samfast.amg.grids import crop_boxes, layer_point_grids
 from samfast.amg.masks import mask_boxes, near_crop_edge, stability_score
+from samfast.amg.small_regions import postprocess_small_regions
 from samfast.predictor import SamPredictor
 from samfast.transforms import InputError, preprocess_shape, scale_coords, to_rgb_uint8
 
@@ -107,11 +108,8 @@ class SamAutomaticMaskGenerator:
             raise InputError(f"unknown output_mode {output_mode!r}; choose from {', '.join(OUTPUT_MODES)}")
         if points_per_batch is not None and points_per_batch < 1:
             raise InputError(f"points_per_batch must be a positive number of points or None (as many as fit), got {points_per_batch}")
-        if min_mask_region_area > 0:
-            raise InputError(
-                "min_mask_region_area > 0 (opencv's small-region removal) is not supported by samfast's generator; "
-                "use 0, or segment_anything's generator for that post-processing"
-            )
+        if min_mask_region_area < 0:
+            raise InputError(f"min_mask_region_area must be 0 (off) or a positive area in pixels, got {min_mask_region_area}")
         if points_per_side is not None:
             point_grids = layer_point_grids(points_per_side, crop_n_layers, crop_n_points_downscale_factor)
         self.point_grids = [np.asarray(g, dtype=np.float64) for g in point_grids]
@@ -263,6 +261,11 @@ class SamAutomaticMaskGenerator:
         boxes = torch.cat([k.boxes for k in kept])[order]
         iou = torch.cat([k.iou for k in kept])[order]
         stability = torch.cat([k.stability for k in kept])[order]
+        if self.min_mask_region_area > 0 and len(masks):
+            # one more device-to-host copy (a sync) of the surviving masks, as in the reference
+            keep, masks, boxes = postprocess_small_regions(
+                masks, self.min_mask_region_area, max(self.box_nms_thresh, self.crop_nms_thresh))
+            crop_of, index, iou, stability = (t[keep.to(t.device)] for t in (crop_of, index, iou, stability))
         encoded = rle_utils.change_points(masks)  # sync (nonzero)
         first, changes, crop_of, index, boxes, iou, stability = _fetch(
             encoded.first_value, encoded.changes, crop_of, index, boxes, iou, stability
