@@ -51,6 +51,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--crop-nms-thresh", type=float, default=0.7)
     parser.add_argument("--crop-overlap-ratio", type=float, default=512 / 1500)
     parser.add_argument("--crop-n-points-downscale-factor", type=int, default=1)
+    parser.add_argument("--min-mask-region-area", type=int, default=0,
+                        help="fill holes and remove islands smaller than this many pixels (default 0: off)")
     return parser.parse_args(argv)
 
 
@@ -145,6 +147,7 @@ def build_generator(args: argparse.Namespace):
             crop_nms_thresh=args.crop_nms_thresh,
             crop_overlap_ratio=args.crop_overlap_ratio,
             crop_n_points_downscale_factor=args.crop_n_points_downscale_factor,
+            min_mask_region_area=args.min_mask_region_area,
             output_mode="coco_rle" if args.convert_to_rle else "binary_mask",
         )
     except (CheckpointError, StageError) as err:  # bad input too (the generator's own checks raise InputError)
