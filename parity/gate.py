@@ -19,7 +19,7 @@
    the background steps' output goes to reports/<step>.log, its tail printed when the step fails;
 3. `pytest tests/perf` alone on one GPU and an otherwise idle machine (pytest-benchmark times
    nothing under xdist, and a timed row shares nothing);
-4. 5. reports/gate-time.md and .json: per layer the tests, their seconds and their compile seconds, and
+4. reports/gate-time.md and .json: per layer the tests, their seconds and their compile seconds, and
    the wall time of each step; the cache is sealed when every step ran to a verdict (pytest exit
    0, 1 or 5, the checks 0 or 1), not after a crash or a refused input.
 

@@ -61,15 +61,18 @@ def pytest_configure(config):
 
 
 _COMPILED_BEFORE = pytest.StashKey[float]()
-_TIMES = pytest.StashKey[dict]()  # on the process that reports: nodeid -> [seconds so far, failed]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    item.stash[_COMPILED_BEFORE] = gate_time.compile_seconds_so_far()  # before any fixture compiles
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
-    """The test's compile seconds travel in its teardown report (user_properties), from an xdist worker too."""
-    if call.when == "setup":
-        item.stash[_COMPILED_BEFORE] = gate_time.compile_seconds_so_far()
-    elif call.when == "teardown":
+    """The test's compile seconds (setup to teardown) travel in its teardown report (user_properties),
+    from an xdist worker too."""
+    if call.when == "teardown":
         compiled = gate_time.compile_seconds_so_far() - item.stash.get(_COMPILED_BEFORE, 0.0)
         item.user_properties.append(("compile_seconds", round(compiled, 3)))
     return (yield)

@@ -215,17 +215,26 @@ def test_table_merges_workers_and_adds_the_check_step(tmp_path):
     assert json.loads((tmp_path / "gate-time.json").read_text())["layers"] == rows
 
 
-def test_pytest_writes_per_test_times_through_the_plugin(tmp_path):
-    """The conftest's hooks in a real pytest run: every test timed, with its layer."""
+@pytest.mark.parametrize("workers", [0, 2], ids=["one-process", "xdist"])
+def test_pytest_writes_per_test_times_through_the_plugin(tmp_path, workers):
+    """The conftest's hooks in a real pytest run: every test timed, with its layer and its compile
+    seconds (which, under xdist, travel from the worker in the test's report)."""
+    if workers:
+        pytest.importorskip("xdist", reason="pytest-xdist is not installed")
     out = tmp_path / "times.json"
     env = child_env(SAMFAST_CACHE_DIR=str(tmp_path / "cache"))
     env.pop(compile_cache.ENV_ACTIVE, None)
+    here = "tests/unit/test_gate_plumbing.py::"
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--gate-time", str(out),
-           "tests/unit/test_gate_plumbing.py::test_layer_of_a_test", "tests/unit/test_gate_plumbing.py::test_verdict_keeps_the_exit_code_meanings"]
+           *(["-n", str(workers)] if workers else []),
+           here + "test_layer_of_a_test", here + "test_compile_seconds_survive_a_dynamo_reset"]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
-    times = gate_time.read_tests(out)
-    assert [t.layer for t in times] == ["unit", "unit"] and all(t.seconds >= 0 and t.outcome == "passed" for t in times)
+    times = {t.nodeid.removeprefix(here): t for t in gate_time.read_tests(out)}
+    assert set(times) == {"test_layer_of_a_test", "test_compile_seconds_survive_a_dynamo_reset"}
+    assert all(t.layer == "unit" and t.seconds >= 0 and t.outcome == "passed" for t in times.values())
+    assert times["test_compile_seconds_survive_a_dynamo_reset"].compile_seconds > 0
+    assert times["test_layer_of_a_test"].compile_seconds == 0
     (folder,) = [p for p in (tmp_path / "cache").iterdir() if p.is_dir()]
     assert compile_cache.why_untrusted(folder, json.loads((folder / "key.json").read_text())) is None  # sealed
 
