@@ -1,6 +1,7 @@
 """The AMG check's report: the same four files as the point gate (markdown, JSON, JUnit XML, plot).
 
-Every figure is over all images; the worst images of a failed stage are listed with their counts.
+Every figure is over all images; the worst images of a failed or near-failing stage are listed with
+their counts and shown as pictures (worst-<stage>-image<id>.png beside report.md, linked from it).
 """
 
 from __future__ import annotations
@@ -10,11 +11,23 @@ from pathlib import Path
 
 from parity.amg.matching import MATCH_IOU
 from parity.check import StageResult
+from parity import report as point_report
 from parity.report import (VERDICT_COLORS, failure_lines, fmt, overall_verdict, render_junit, report_payload,
                            stage_verdict)
 
 COLUMNS = ("union IoU mean", "matched IoU mean", "matched p5", "golden / stage masks", "matched", "lost", "new",
            "images with another count", "score err", "stability err (not gated)", "ms/img")
+
+
+def picture_name(stage: str, image_id: int) -> str:
+    return f"worst-{stage.replace('+', '-')}-image{image_id}.png"
+
+
+def remove_reports(folder: Path) -> None:
+    """The point report's files and every picture of an earlier run: none may outlive a failed or crashed check."""
+    point_report.remove_reports(folder)
+    for picture in folder.glob("worst-*.png"):
+        picture.unlink()
 
 
 def _row(r: StageResult) -> str:
@@ -30,6 +43,7 @@ def _row(r: StageResult) -> str:
 
 def render_markdown(header: dict, results: list[StageResult]) -> str:
     failed = [r for r in results if r.blocks]
+    shown = failed + [r for r in results if not r.blocks and r.near_failing]
     unexercised = [r for r in results if r.verdict == "not exercised"]
     params = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in header["amg_params"].items())
     lines = [
@@ -51,8 +65,9 @@ def render_markdown(header: dict, results: list[StageResult]) -> str:
         "|---|---|" + "---|" * len(COLUMNS),
     ]
     lines += [_row(r) for r in results]
-    for r in failed:
-        lines += failure_lines(r)
+    for r in shown:
+        lines += failure_lines(r) if r.blocks else ["", f"## {r.stage}: near the limit", ""] + [
+            f"- {g.describe()} ({g.ratio:.2f}x the limit)" for g in r.near_failing]
         if r.error:
             continue
         lines += [f"- not exercised (--require-gpu): {reason}" for reason in r.not_exercised if r.exercise_required]
@@ -61,6 +76,7 @@ def render_markdown(header: dict, results: list[StageResult]) -> str:
         lines += [f"| {w['image_id']} | {w['union_iou_mean']:.4f} | {w['golden_masks']} / {w['stage_masks']} | "
                   f"{w['lost']} | {w['new']} | " + " ".join(f"({g},{s},{iou:.3f})" for g, s, iou in w["pairs"]) + " |"
                   for w in r.worst]
+        lines += ["", *(f"![image {image_id}]({picture_name(r.stage, image_id)})" for image_id in r.pictures)]
     lines += ["", "All gates per stage:", ""]
     for r in results:
         lines.append(f"- **{r.stage}**: " + ("; ".join(g.describe() for g in r.gates) if not r.error else r.error))
@@ -102,4 +118,7 @@ def write_reports(folder: Path, header: dict, results: list[StageResult]) -> dic
     paths["report.json"].write_text(json.dumps(payload, indent=2, default=str) + "\n")
     paths["junit.xml"].write_text(render_junit(results))
     plot(results, paths["report.png"])
+    for r in results:
+        for image_id, png in r.pictures.items():
+            (folder / picture_name(r.stage, image_id)).write_bytes(png)
     return paths

@@ -15,11 +15,12 @@ from parity import golden as golden_io
 from parity.amg import golden as amg_golden
 from parity.amg.check import compare
 from parity.amg.generate import AmgParams, Generated, generate, make_generator
-from parity.amg.report import write_reports
+from parity.amg.report import remove_reports, write_reports
 from parity.check import StageResult, load_thresholds, thresholds_for
 from parity.data import Dataset
 from parity.exercised import watch_switches
-from parity.report import remove_reports
+from parity.evaluate import decode_rle
+from parity.pictures import amg_comparison_png
 from parity.runner import ModelSource, default_device
 from samfast.stages import canonical_name, parse_stages
 
@@ -38,6 +39,21 @@ def _run(source: ModelSource, stages: str, device: torch.device, params: AmgPara
          dataset: Dataset, desc: str, build: Callable[[str], torch.nn.Module] | None = None) -> Generated:
     model = build(stages) if build else source.build(stages, device, 1)
     return generate(make_generator(model, params, points_per_batch), dataset, desc)
+
+
+def worst_pictures(result: StageResult, dataset: Dataset, golden: dict[int, list[dict]],
+                   stage: dict[int, list[dict]]) -> dict[int, bytes]:
+    """image id -> PNG of the golden's and the stage's masks on the image, for each of the stage's worst images."""
+    images = {sample.image_id: sample.image for sample in dataset.samples}
+    pictures = {}
+    for w in result.worst:
+        image_id = w["image_id"]
+        title = (f"image {image_id}: union IoU {w['union_iou_mean']:.3f}, {w['golden_masks']} golden / "
+                 f"{w['stage_masks']} stage masks, {w['lost']} lost, {w['new']} new")
+        pictures[image_id] = amg_comparison_png(
+            images[image_id], [decode_rle(r["segmentation"]) for r in golden[image_id]],
+            [decode_rle(r["segmentation"]) for r in stage[image_id]], [(g, s) for g, s, _ in w["pairs"]], title)
+    return pictures
 
 
 def make_golden(source: ModelSource, dataset: Dataset, params: AmgParams, *, device=None,
@@ -95,6 +111,8 @@ def run_check(
             result.summary.update(seconds=generated.seconds, ms_per_image=generated.ms_per_image,
                                   kernel_fallbacks=used.kernel_fallbacks)
         result.not_exercised, result.exercise_required = used.not_exercised, require_gpu
+        if result.failures or result.near_failing:
+            result.pictures = worst_pictures(result, dataset, golden_images, generated.images)
         results.append(result)
     header = {
         "model_type": source.model_type,

@@ -8,13 +8,16 @@ import json
 
 import pytest
 import torch
+from PIL import Image
 
 from parity.amg import golden as amg_golden
 from parity.amg import runner as amg_runner
 from parity.amg.generate import AmgParams, Generated
+from parity.amg.report import picture_name
 from parity.amg.embedded import EMBEDDED_GOLDEN
 from parity.cli import DEFAULT_GPU_STAGES, main
 from parity.data import load_dataset
+from parity.pictures import PANEL
 from parity.runner import ModelSource
 from samfast.checkpoint import NAMED_CHECKPOINTS
 
@@ -81,6 +84,14 @@ def test_perturbed_decoder_fails(golden, trained, scene, tmp_path):
     report = paths["report.md"].read_text()
     assert "**FAIL**" in report and "## fp32: what failed" in report
     assert f"| {result.worst[0]['image_id']} |" in report
+    # the worst image as a picture beside the report, linked from it, and gone when the next check starts
+    picture = tmp_path / picture_name("fp32", result.worst[0]["image_id"])
+    assert f"]({picture.name})" in report and picture.read_bytes().startswith(b"\x89PNG")
+    with Image.open(picture) as shown:
+        assert shown.width == 4 * PANEL + 3 * 4 and shown.getextrema() != ((250, 250),) * 3
+    amg_runner.run_check(trained, scene, ["fp32"], PARAMS, data_args=DATA_ARGS, device="cpu", golden=golden,
+                         report_dir=tmp_path)
+    assert not picture.exists()
 
 
 def _cli(capsys, *args) -> tuple[int, str]:
