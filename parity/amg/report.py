@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from parity import report as point_report
 from parity.amg.matching import MATCH_IOU
 from parity.check import StageResult
-from parity import report as point_report
 from parity.report import (VERDICT_COLORS, failure_lines, fmt, overall_verdict, render_junit, report_payload,
                            stage_verdict)
 

@@ -44,14 +44,14 @@ def _run(source: ModelSource, stages: str, device: torch.device, params: AmgPara
 def worst_pictures(result: StageResult, dataset: Dataset, golden: dict[int, list[dict]],
                    stage: dict[int, list[dict]]) -> dict[int, bytes]:
     """image id -> PNG of the golden's and the stage's masks on the image, for each of the stage's worst images."""
-    images = {sample.image_id: sample.image for sample in dataset.samples}
     pictures = {}
     for w in result.worst:
         image_id = w["image_id"]
+        image = dataset.samples[dataset.samples.image_ids.index(image_id)].image  # read only the worst images
         title = (f"image {image_id}: union IoU {w['union_iou_mean']:.3f}, {w['golden_masks']} golden / "
                  f"{w['stage_masks']} stage masks, {w['lost']} lost, {w['new']} new")
         pictures[image_id] = amg_comparison_png(
-            images[image_id], [decode_rle(r["segmentation"]) for r in golden[image_id]],
+            image, [decode_rle(r["segmentation"]) for r in golden[image_id]],
             [decode_rle(r["segmentation"]) for r in stage[image_id]], [(g, s) for g, s, _ in w["pairs"]], title)
     return pictures
 
