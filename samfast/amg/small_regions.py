@@ -27,13 +27,13 @@ def remove_small_regions(mask: np.ndarray, area_thresh: float, mode: str) -> tup
     holes = mode == "holes"
     regions, n_regions = ndimage.label(mask ^ holes, structure=EIGHT_CONNECTED)
     sizes = np.bincount(regions.ravel(), minlength=n_regions + 1)[1:]  # label 0 is the other side
-    small = [label + 1 for label, size in enumerate(sizes) if size < area_thresh]
-    if not small:
+    small = sizes < area_thresh
+    if not small.any():
         return mask, False
     if holes:
-        return np.isin(regions, [0, *small]), True
-    big = [label for label in range(1, n_regions + 1) if label not in small]
-    return np.isin(regions, big or [int(np.argmax(sizes)) + 1]), True
+        return np.isin(regions, [0, *(np.flatnonzero(small) + 1)]), True
+    big = np.flatnonzero(~small) + 1
+    return np.isin(regions, big if big.size else [int(np.argmax(sizes)) + 1]), True
 
 
 def postprocess_small_regions(masks: torch.Tensor, min_area: int, nms_thresh: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
