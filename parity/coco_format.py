@@ -40,30 +40,14 @@ def check_coco(dataset, source: str) -> None:
             raise DataError(f"{where} needs a 'name' string, got {category.get('name')!r}")
 
     sizes: dict[int, tuple[int, int]] = {}  # image id -> (height, width)
-    positions: dict[int, int] = {}
-    for i, image in enumerate(dataset["images"]):
-        where = f"{source}: images[{i}]"
-        _record(image, where)
-        image_id = _integer(image, "id", where)
-        if image_id in positions:
-            raise DataError(f"{source}: image id {image_id} appears twice (images[{positions[image_id]}] and "
-                            f"images[{i}]); image ids must be unique")
-        positions[image_id] = i
+    for image_id, image in _records_by_unique_id(dataset, "images", "image", source):
         where = f"{source}: image id {image_id}"
         name = image.get("file_name")
         if not isinstance(name, str) or not name:
             raise DataError(f"{where} needs a 'file_name' string (the image file in the image folder), got {name!r}")
         sizes[image_id] = (_integer(image, "height", where, minimum=1), _integer(image, "width", where, minimum=1))
 
-    positions = {}
-    for i, ann in enumerate(dataset["annotations"]):
-        where = f"{source}: annotations[{i}]"
-        _record(ann, where)
-        ann_id = _integer(ann, "id", where)
-        if ann_id in positions:
-            raise DataError(f"{source}: annotation id {ann_id} appears twice (annotations[{positions[ann_id]}] and "
-                            f"annotations[{i}]); annotation ids must be unique")
-        positions[ann_id] = i
+    for ann_id, ann in _records_by_unique_id(dataset, "annotations", "annotation", source):
         where = f"{source}: annotation id {ann_id}"
         image_id = _integer(ann, "image_id", where)
         if image_id not in sizes:
@@ -130,6 +114,20 @@ def _compressed_counts(text: str, where: str) -> list[int]:
             raise DataError(f"{where}: RLE counts decodes to a negative run length")
         counts.append(value)
     return counts
+
+
+def _records_by_unique_id(dataset: dict, key: str, kind: str, source: str):
+    """(id, record) of each object in dataset[key], refusing a non-object, a bad id or a repeated id."""
+    positions: dict[int, int] = {}
+    for i, record in enumerate(dataset[key]):
+        where = f"{source}: {key}[{i}]"
+        _record(record, where)
+        record_id = _integer(record, "id", where)
+        if record_id in positions:
+            raise DataError(f"{source}: {kind} id {record_id} appears twice ({key}[{positions[record_id]}] and "
+                            f"{key}[{i}]); {kind} ids must be unique")
+        positions[record_id] = i
+        yield record_id, record
 
 
 def _record(value, where: str) -> None:

@@ -50,24 +50,33 @@ def stage_verdict(result: StageResult) -> str:
 
 
 def failure_lines(result: StageResult) -> list[str]:
-    """A failed stage's section heading and its failed gates with how far past the limit, or why it could not run."""
+    """A failed (or near-failing) stage's section heading and its failed (or near-failing) gates with how
+    far they use the limit, or why it could not run."""
+    if not result.blocks:
+        return ["", f"## {result.stage}: near the limit", ""] + [
+            f"- {g.describe()} ({g.ratio:.2f}x the limit)" for g in result.near_failing]
     lines = ["", f"## {result.stage}: what failed", ""]
     if result.error:
         return [*lines, f"- could not run: {result.error}"]
     return lines + [f"- {g.describe()} ({g.ratio:.2f}x the limit)" for g in result.failures]
 
 
+def verdict_line(results: list[StageResult]) -> str:
+    """The report's first line: the verdict, how many stages pass, which failed and which did not exercise."""
+    failed = [r.stage for r in results if r.blocks]
+    unexercised = [r.stage for r in results if r.verdict == "not exercised"]
+    return (f"**{overall_verdict(results)}**: {sum(r.passed for r in results)} of {len(results)} stages pass."
+            + (" Failed: " + ", ".join(failed) + "." if failed else "")
+            + (" Not exercised (a switch did not run; gates passed): " + ", ".join(unexercised) + "."
+               if unexercised else ""))
+
+
 def render_markdown(header: dict, results: list[StageResult]) -> str:
     failed = [r for r in results if r.blocks]
-    unexercised = [r for r in results if r.verdict == "not exercised"]
-    passed = sum(r.passed for r in results)
     lines = [
         f"# parity report: {header['model_type']} ({header['checkpoint']}) on {header['dataset']}",
         "",
-        f"**{overall_verdict(results)}**: {passed} of {len(results)} stages pass."
-        + (" Failed: " + ", ".join(r.stage for r in failed) + "." if failed else "")
-        + (" Not exercised (a switch did not run; gates passed): " + ", ".join(r.stage for r in unexercised) + "."
-           if unexercised else ""),
+        verdict_line(results),
         "",
         f"- golden: `{header['golden']}` (made on {header['golden_device']}, torch {header['golden_torch']})",
         f"- this run: {header['device']}, torch {header['torch']}; {header['annotations']} annotations, "

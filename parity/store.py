@@ -270,16 +270,20 @@ def corrupt(folder: Path, name: str, problem: str, regenerate: str) -> GoldenCor
     return GoldenCorrupt(f"golden file {folder / name} {problem}. Regenerate the golden with:\n  {regenerate}")
 
 
+def _read_golden_file(folder: Path, name: str, regenerate: str) -> bytes:
+    try:
+        return (folder / name).read_bytes()
+    except FileNotFoundError:
+        raise corrupt(folder, name, "is missing", regenerate) from None
+    except OSError as err:
+        raise corrupt(folder, name, f"cannot be read ({err.strerror})", regenerate) from None
+
+
 def _read_verified(folder: Path, regenerate: str) -> tuple[dict, dict[str, bytes]]:
     _refuse_non_folder(folder, f"regenerate the golden with:\n  {regenerate}")
     if not folder.is_dir():
         raise GoldenMissing(f"no golden at {folder}. Make one with:\n  {regenerate}")
-    try:
-        raw = (folder / MANIFEST).read_bytes()
-    except FileNotFoundError:
-        raise corrupt(folder, MANIFEST, "is missing", regenerate) from None
-    except OSError as err:
-        raise corrupt(folder, MANIFEST, f"cannot be read ({err.strerror})", regenerate) from None
+    raw = _read_golden_file(folder, MANIFEST, regenerate)
     try:
         manifest = json.loads(raw)
     except ValueError as err:
@@ -295,12 +299,7 @@ def _read_verified(folder: Path, regenerate: str) -> tuple[dict, dict[str, bytes
     for name, entry in sorted(listed.items()):
         if not _is_content_name(name):
             raise corrupt(folder, MANIFEST, f"lists a file outside the golden: {name!r}", regenerate)
-        try:
-            data = (folder / name).read_bytes()
-        except FileNotFoundError:
-            raise corrupt(folder, name, "is missing", regenerate) from None
-        except OSError as err:
-            raise corrupt(folder, name, f"cannot be read ({err.strerror})", regenerate) from None
+        data = _read_golden_file(folder, name, regenerate)
         if len(data) != entry["bytes"]:
             raise corrupt(folder, name, f"has {len(data)} bytes, its manifest says {entry['bytes']} (truncated or "
                            "replaced)", regenerate)

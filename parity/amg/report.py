@@ -12,8 +12,8 @@ from pathlib import Path
 from parity import report as point_report
 from parity.amg.matching import MATCH_IOU
 from parity.check import StageResult
-from parity.report import (VERDICT_COLORS, failure_lines, fmt, overall_verdict, render_junit, report_payload,
-                           stage_verdict)
+from parity.report import (VERDICT_COLORS, failure_lines, fmt, render_junit, report_payload, stage_verdict,
+                           verdict_line)
 
 COLUMNS = ("union IoU mean", "matched IoU mean", "matched p5", "golden / stage masks", "matched", "lost", "new",
            "images with another count", "score err", "stability err (not gated)", "ms/img")
@@ -42,17 +42,12 @@ def _row(r: StageResult) -> str:
 
 
 def render_markdown(header: dict, results: list[StageResult]) -> str:
-    failed = [r for r in results if r.blocks]
-    shown = failed + [r for r in results if not r.blocks and r.near_failing]
-    unexercised = [r for r in results if r.verdict == "not exercised"]
+    shown = [r for r in results if r.blocks] + [r for r in results if not r.blocks and r.near_failing]
     params = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in header["amg_params"].items())
     lines = [
         f"# AMG parity report: {header['model_type']} ({header['checkpoint']}) on {header['dataset']}",
         "",
-        f"**{overall_verdict(results)}**: {sum(r.passed for r in results)} of {len(results)} stages pass."
-        + (" Failed: " + ", ".join(r.stage for r in failed) + "." if failed else "")
-        + (" Not exercised (a switch did not run; gates passed): " + ", ".join(r.stage for r in unexercised) + "."
-           if unexercised else ""),
+        verdict_line(results),
         "",
         f"- golden: `{header['golden']}`, {header['golden_masks']} masks (made on {header['golden_device']}, "
         f"torch {header['golden_torch']})",
@@ -66,8 +61,7 @@ def render_markdown(header: dict, results: list[StageResult]) -> str:
     ]
     lines += [_row(r) for r in results]
     for r in shown:
-        lines += failure_lines(r) if r.blocks else ["", f"## {r.stage}: near the limit", ""] + [
-            f"- {g.describe()} ({g.ratio:.2f}x the limit)" for g in r.near_failing]
+        lines += failure_lines(r)
         if r.error:
             continue
         lines += [f"- not exercised (--require-gpu): {reason}" for reason in r.not_exercised if r.exercise_required]

@@ -11,6 +11,7 @@ import torch
 import samfast
 from parity.checks.syncs import find_syncs, profile_region
 from parity.scenes import generate_scenes
+from tests.planted import item_sync_in_decoder
 
 pytestmark = pytest.mark.gpu
 
@@ -47,15 +48,7 @@ def test_sync_count_does_not_grow_with_the_number_of_decoder_batches(stage, scen
 
 def test_planted_per_batch_sync_is_counted(scene, tmp_path):
     """Planted defect: an .item() per decoder call makes the count grow with the batches, and the check sees it."""
-    model = samfast.build_sam("vit_b", device="cuda", stages="bf16")
-    decoder_forward = model.mask_decoder.forward
-
-    def forward_with_item(*args, **kwargs):
-        masks, iou = decoder_forward(*args, **kwargs)
-        iou.max().item()  # the defect
-        return masks, iou
-
-    model.mask_decoder.forward = forward_with_item
+    model = item_sync_in_decoder(samfast.build_sam("vit_b", device="cuda", stages="bf16"))
     settings = dict(points_per_side=16)
     few = _sync_count(samfast.SamAutomaticMaskGenerator(model, points_per_batch=256, **settings), scene, tmp_path / "few.json.gz")
     many = _sync_count(samfast.SamAutomaticMaskGenerator(model, points_per_batch=16, **settings), scene, tmp_path / "many.json.gz")

@@ -16,6 +16,7 @@ from parity.checks.syncs import assert_no_syncs, find_syncs, profile_region
 from parity.gate_models import xdist_group
 from samfast import Prompts
 from samfast.stages import FP8, LADDER, SPARSE_WITHOUT_INT8
+from tests.planted import item_sync_in_decoder
 
 pytestmark = pytest.mark.gpu
 
@@ -45,15 +46,7 @@ def test_stage_is_sync_free(stage, tmp_path, model_cache):
 
 def test_planted_item_sync_is_found(tmp_path):
     """Planted defect: an .item() inside the decoder's forward must show up with its frame."""
-    model = samfast.build_sam("vit_b", device="cuda", stages="bf16")
-    decoder_forward = model.mask_decoder.forward
-
-    def forward_with_item(*args, **kwargs):
-        masks, iou = decoder_forward(*args, **kwargs)
-        iou.max().item()  # the defect
-        return masks, iou
-
-    model.mask_decoder.forward = forward_with_item
+    model = item_sync_in_decoder(samfast.build_sam("vit_b", device="cuda", stages="bf16"))
     predictor = samfast.SamPredictor(model)
     images, prompts = _batch()
     trace = profile_region(lambda: predictor.predict_batch(images, prompts), trace_path=tmp_path / "planted.json.gz")
