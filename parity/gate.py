@@ -35,6 +35,7 @@ import os
 import shlex
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -83,13 +84,15 @@ def pytest_commands(args, report_dir: Path, workers: int, cpu_workers: int, gpu_
                                                     *shlex.split(args.perf_args)])}
 
 
-def cpu_layers_env(cpu_workers: int, cores: int, environ=os.environ) -> dict[str, str]:
-    """The CPU layers' environment: no GPU (they run as the CPU job runs them), threads for their share of the cores.
+def spare_cores(cores: int, other_processes: int) -> int:
+    """The cores left to the CPU layers: one goes to each process of the other steps running beside
+    them (GPU-layer workers, checks), one to the gate and inductor's compile helpers."""
+    return max(1, cores - other_processes - 1)
 
-    They run beside the GPU layers, whose compiles need cores too: half the cores go to the CPU
-    layers' workers, split evenly.
-    """
-    return {**environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": str(max(1, cores // 2 // cpu_workers))}
+
+def cpu_layers_env(cpu_workers: int, spare: int, environ=os.environ) -> dict[str, str]:
+    """The CPU layers' environment: no GPU (they run as the CPU job runs them), their spare cores split evenly as threads."""
+    return {**environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": str(max(1, spare // cpu_workers))}
 
 
 def check_env(environ=os.environ) -> dict[str, str]:
@@ -99,13 +102,21 @@ def check_env(environ=os.environ) -> dict[str, str]:
     return {"SAMFAST_COMPILE_MODE": "default", **environ}
 
 
-def choose_cpu_workers(requested: int | None, cores: int, have_xdist: bool) -> int:
-    """xdist workers for the CPU layers: a quarter of the cores (at most 8), 1 without xdist."""
+# Beyond this, more workers cost more in start-up (each imports torch) than they save on ~570 tests.
+MAX_CPU_WORKERS = 16
+
+
+def choose_cpu_workers(requested: int | None, spare: int, have_xdist: bool) -> int:
+    """xdist workers for the CPU layers: one per spare core (at most MAX_CPU_WORKERS), 1 without xdist.
+
+    They set the warm gate's time: on an H100 runner with 16 cores (3 GPU workers and 2 checks
+    beside them, so 10 spare cores), 4 workers took 351 s and 10 took 249 s (docs/gpu-gate.md).
+    """
     if requested is not None:
         if requested > 1 and not have_xdist:
             raise SystemExit("error: --cpu-workers > 1 needs pytest-xdist (pip install pytest-xdist)")
         return requested
-    return max(1, min(8, cores // 4)) if have_xdist else 1
+    return max(1, min(MAX_CPU_WORKERS, spare)) if have_xdist else 1
 
 
 def choose_workers(requested: int | None, gpus: list[str], have_xdist: bool, per_gpu: int = 1) -> tuple[int, str]:
@@ -151,10 +162,19 @@ class Background:
         self.log, self.start = log, time.perf_counter()
         with open(log, "wb") as out:
             self.process = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+        # The steps are waited for one after another; a step that ended while the gate waited for
+        # another must report when it ended, not when the gate got round to it.
+        self.ended = threading.Thread(target=self._stamp_end, daemon=True)
+        self.ended.start()
+
+    def _stamp_end(self) -> None:
+        self.process.wait()
+        self.seconds = time.perf_counter() - self.start
 
     def wait(self, tail_lines: int = 60) -> tuple[int, float]:
         code = self.process.wait()
-        seconds = time.perf_counter() - self.start
+        self.ended.join()
+        seconds = self.seconds
         lines = self.log.read_text(errors="replace").splitlines()
         shown = lines[-tail_lines:] if code not in (0, 5) else lines[-1:]
         print(f"--- {self.log} (exit {code}, {seconds:.0f} s){', last lines' if len(shown) > 1 else ''}:",
@@ -178,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers-per-gpu", type=int, default=3, help="xdist workers per GPU for the untimed GPU "
                         "layers (default 3: their time is mostly compiling, CPU work; perf runs alone afterwards)")
     parser.add_argument("--cpu-workers", type=int, help="pytest-xdist workers for the tests not marked gpu "
-                        "(default: a quarter of the CPU cores, at most 8)")
+                        "(default: one per core left over by the other steps, at most 16)")
     parser.add_argument("--report-dir", type=Path, default=Path("reports"))
     parser.add_argument("--perf-args", default="", help="more pytest options for the perf run, e.g. "
                         "'--benchmark-compare=0001 --benchmark-compare-fail=mean:15%%'")
@@ -198,15 +218,16 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"error: --workers-per-gpu must be at least 1 (got {args.workers_per_gpu})")
     workers, why = choose_workers(args.workers, gpus, have_xdist, args.workers_per_gpu)
     cores = os.cpu_count() or 1
-    cpu_workers = choose_cpu_workers(args.cpu_workers, cores, have_xdist)
+    checks = GPU_CHECKS if gpus else EMBEDDED_CHECKS
+    spare = spare_cores(cores, other_processes=workers + len(checks))
+    cpu_workers = choose_cpu_workers(args.cpu_workers, spare, have_xdist)
     print(f"compile cache: {cache.path} ({'empty: cold run' if cache.started_empty else 'reused: warm run'}); "
           f"pytest workers: {workers} for the gpu tests ({why}), {cpu_workers} for the others", flush=True)
 
-    checks = GPU_CHECKS if gpus else EMBEDDED_CHECKS
     commands = pytest_commands(args, args.report_dir, workers, cpu_workers, gpu_checks=bool(gpus))
     # Everything untimed at once: CPU layers, GPU layers and the two checks (compiling is CPU work, and
     # the GPU has room for all); perf after, alone.
-    background = {"pytest cpu": Background(commands["cpu"], cpu_layers_env(cpu_workers, cores),
+    background = {"pytest cpu": Background(commands["cpu"], cpu_layers_env(cpu_workers, spare),
                                            args.report_dir / "pytest-cpu.log")}
     for key, (layer, embedded) in checks.items():
         background[layer] = Background([sys.executable, "-m", "parity.gate", "--_check-step",

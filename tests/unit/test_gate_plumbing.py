@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -13,7 +15,18 @@ import pytest
 
 
 from parity import compile_cache, gate_time
-from parity.gate import COVERED_BY_GPU_CHECKS, check_env, choose_cpu_workers, choose_workers, cpu_layers_env, pytest_commands, verdict
+from parity.gate import (
+    COVERED_BY_GPU_CHECKS,
+    MAX_CPU_WORKERS,
+    Background,
+    check_env,
+    choose_cpu_workers,
+    choose_workers,
+    cpu_layers_env,
+    pytest_commands,
+    spare_cores,
+    verdict,
+)
 from parity.gate_devices import WorkerAssignmentError, gpu_for_worker, visible_gpus
 from parity.gate_models import ModelCache, SharedModelMutated, make_key
 from tests.child_env import child_env
@@ -137,16 +150,36 @@ def test_several_workers_share_a_gpu_only_when_allowed():
         gpu_for_worker("gw4", ["0", "1"], per_gpu=2)
 
 
-def test_cpu_layers_get_a_share_of_the_cores_and_no_gpu():
-    assert choose_cpu_workers(None, cores=16, have_xdist=True) == 4
-    assert choose_cpu_workers(None, cores=2, have_xdist=True) == 1
-    assert choose_cpu_workers(None, cores=128, have_xdist=True) == 8
-    assert choose_cpu_workers(None, cores=16, have_xdist=False) == 1
+def test_cpu_layers_get_the_cores_the_other_steps_leave_and_no_gpu():
+    # 16 cores beside 3 GPU workers and 2 checks: 10 left (the H100 runner's measured best)
+    assert spare_cores(16, other_processes=5) == 10
+    assert spare_cores(2, other_processes=3) == 1
+    assert choose_cpu_workers(None, spare=10, have_xdist=True) == 10
+    assert choose_cpu_workers(None, spare=1, have_xdist=True) == 1
+    assert choose_cpu_workers(None, spare=120, have_xdist=True) == MAX_CPU_WORKERS
+    assert choose_cpu_workers(None, spare=10, have_xdist=False) == 1
+    assert choose_cpu_workers(3, spare=1, have_xdist=True) == 3  # asked for
     with pytest.raises(SystemExit, match="needs pytest-xdist"):
-        choose_cpu_workers(3, cores=16, have_xdist=False)
-    env = cpu_layers_env(4, cores=16, environ={"CUDA_VISIBLE_DEVICES": "0,1", "PATH": "/bin"})
+        choose_cpu_workers(3, spare=10, have_xdist=False)
+    env = cpu_layers_env(4, spare=8, environ={"CUDA_VISIBLE_DEVICES": "0,1", "PATH": "/bin"})
     assert env == {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "2", "PATH": "/bin"}
-    assert cpu_layers_env(1, cores=1, environ={})["OMP_NUM_THREADS"] == "1"
+    assert cpu_layers_env(10, spare=1, environ={})["OMP_NUM_THREADS"] == "1"
+
+
+def test_a_background_step_reports_when_it_ended_not_when_it_was_waited_for(tmp_path):
+    """The gate waits for its steps one after another: a step that ended while the gate waited for
+    another must report its own seconds (the first H100 table gave every step the slowest one's)."""
+    release = tmp_path / "release"
+    held = Background([sys.executable, "-c", "import os, sys, time\nwhile not os.path.exists(sys.argv[1]): time.sleep(0.01)",
+                       str(release)], dict(os.environ), tmp_path / "held.log")
+    quick = Background([sys.executable, "-c", "pass"], dict(os.environ), tmp_path / "quick.log")
+    while quick.process.poll() is None:
+        time.sleep(0.01)
+    quick_ended_by = time.perf_counter() - quick.start  # it ended before this moment...
+    release.touch()  # ...and the held step after it
+    assert held.wait()[0] == 0
+    code, seconds = quick.wait()
+    assert code == 0 and seconds <= quick_ended_by
 
 
 def test_checks_compile_in_mode_default_unless_told_otherwise():
