@@ -187,36 +187,47 @@ def test_checks_compile_in_mode_default_unless_told_otherwise():
     assert check_env({"SAMFAST_COMPILE_MODE": "max-autotune"})["SAMFAST_COMPILE_MODE"] == "max-autotune"
 
 
-def _collected(cmd: list[str]) -> set[str]:
-    """The test ids one of the gate's pytest commands selects (collection only, gate options dropped)."""
-    keep, skip = [], False
-    for arg in cmd[3:]:
-        if skip:
-            skip = False
-        elif arg in ("--gate-time", "--junitxml", "-n", "--dist"):  # options with a value
-            skip = True
-        else:
-            keep.append(arg)
-    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *keep],
-                         cwd=ROOT, capture_output=True, text=True, check=True).stdout
-    return {line for line in out.splitlines() if "::" in line}
+def _collector():
+    """The test ids one of the gate's pytest commands selects (collection only, gate options dropped).
+
+    Each selection is collected once: the cpu and perf runs are the same on both kinds of machine,
+    and a collection (a pytest process importing torch and every test module) is the cost here."""
+    seen: dict[tuple[str, ...], set[str]] = {}
+
+    def collected(cmd: list[str]) -> set[str]:
+        keep, skip = [], False
+        for arg in cmd[3:]:
+            if skip:
+                skip = False
+            elif arg in ("--gate-time", "--junitxml", "-n", "--dist"):  # options with a value
+                skip = True
+            else:
+                keep.append(arg)
+        if tuple(keep) not in seen:
+            out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *keep],
+                                 cwd=ROOT, capture_output=True, text=True, check=True).stdout
+            seen[tuple(keep)] = {line for line in out.splitlines() if "::" in line}
+        return seen[tuple(keep)]
+
+    return collected
 
 
-@pytest.mark.parametrize("gpu_checks", [False, True], ids=["cpu-machine", "gpu-machine"])
-def test_the_gates_pytest_runs_split_the_suite_without_losing_a_test(tmp_path, gpu_checks):
+def test_the_gates_pytest_runs_split_the_suite_without_losing_a_test(tmp_path):
     """gpu + cpu + perf select every test exactly once (running them side by side drops nothing); with a
     GPU, only the tests a check step runs anyway are left to that step."""
+    collected = _collector()
+    everything = collected([sys.executable, "-m", "pytest", "tests"])
     args = SimpleNamespace(require_gpu=False, perf_matrix=False, perf_args="")
-    commands = pytest_commands(args, tmp_path, workers=2, cpu_workers=3, gpu_checks=gpu_checks)
-    assert commands["gpu"][-4:] == ["-n", "2", "--dist", "loadgroup"] and "-n" not in commands["perf"]
-    runs = {name: _collected(cmd) for name, cmd in commands.items()}
-    everything = _collected([sys.executable, "-m", "pytest", "tests"])
-    left_to_checks = set(COVERED_BY_GPU_CHECKS) if gpu_checks else set()
-    assert left_to_checks <= everything
-    assert sum(map(len, runs.values())) == len(everything - left_to_checks)
-    assert set().union(*runs.values()) == everything - left_to_checks
-    assert any(t.startswith("tests/gpu/") for t in runs["gpu"]) and not any(t.startswith("tests/gpu/") for t in runs["cpu"])
-    assert any(t.startswith("tests/unit/") for t in runs["cpu"]) and all(t.startswith("tests/perf/") for t in runs["perf"])
+    for gpu_checks in (False, True):
+        commands = pytest_commands(args, tmp_path, workers=2, cpu_workers=3, gpu_checks=gpu_checks)
+        assert commands["gpu"][-4:] == ["-n", "2", "--dist", "loadgroup"] and "-n" not in commands["perf"]
+        runs = {name: collected(cmd) for name, cmd in commands.items()}
+        left_to_checks = set(COVERED_BY_GPU_CHECKS) if gpu_checks else set()
+        assert left_to_checks <= everything
+        assert sum(map(len, runs.values())) == len(everything - left_to_checks), gpu_checks
+        assert set().union(*runs.values()) == everything - left_to_checks, gpu_checks
+        assert any(t.startswith("tests/gpu/") for t in runs["gpu"]) and not any(t.startswith("tests/gpu/") for t in runs["cpu"])
+        assert any(t.startswith("tests/unit/") for t in runs["cpu"]) and all(t.startswith("tests/perf/") for t in runs["perf"])
 
 
 def test_verdict_keeps_the_exit_code_meanings():
