@@ -9,7 +9,8 @@ from bench import ladder
 
 def test_quick_cpu_run_writes_markdown_json_and_chart(tmp_path):
     assert ladder.main(["--quick", "--cpu", "--models", "vit_tiny", "--batches", "1", "--stages", "fp32", "fp32+nt",
-                        "--reference", "fp32", "--profile", "vit_tiny:1:fp32+nt", "--out", str(tmp_path)]) == 0
+                        "--reference", "fp32", "--profile", "vit_tiny:1:fp32+nt", "--warmup", "0", "--repeats", "1",
+                        "--out", str(tmp_path)]) == 0
     results = json.loads((tmp_path / "bench.json").read_text())["results"]
     assert [r["stage"] for r in results] == ["reference fp32", "fp32", "fp32+nt"]
     for r in results:
