@@ -18,7 +18,8 @@
      their meaning (2 = bad input);
    the background steps' output goes to reports/<step>.log, its tail printed when the step fails;
 3. `pytest tests/perf` alone on one GPU and an otherwise idle machine (pytest-benchmark times
-   nothing under xdist, and a timed row shares nothing);
+   nothing under xdist, and a timed row shares nothing); with --perf-early as soon as the GPU steps
+   are done, on PERF_CORES cores of its own, while the CPU layers finish on the others;
 4. reports/gate-time.md and .json: per layer the tests, their seconds and their compile seconds, and
    the wall time of each step; the cache is sealed when every step ran to a verdict (pytest exit
    0, 1 or 5, the checks 0 or 1), not after a crash or a refused input.
@@ -102,6 +103,8 @@ def check_env(environ=os.environ) -> dict[str, str]:
     return {"SAMFAST_COMPILE_MODE": "default", **environ}
 
 
+# With --perf-early, the cores perf keeps to itself while the CPU layers finish on the others.
+PERF_CORES = 2
 # Beyond this, more workers cost more in start-up (each imports torch) than they save on ~570 tests.
 MAX_CPU_WORKERS = 16
 
@@ -147,21 +150,38 @@ def run_check_step(check_args: list[str], out_json: Path) -> int:
     return code
 
 
-def _timed(cmd: list[str], env: dict[str, str] | None = None) -> tuple[int, float]:
+def split_cores(available: set[int], perf_early: bool) -> tuple[set[int] | None, set[int] | None]:
+    """(perf's cores, every other step's cores): with perf_early, perf keeps PERF_CORES of its own
+    (it is timed while the CPU layers finish on the rest); otherwise nobody is pinned (None, None)."""
+    if not perf_early:
+        return None, None
+    if len(available) <= PERF_CORES:
+        raise SystemExit(f"error: --perf-early keeps {PERF_CORES} cores for perf and needs more than that "
+                         f"(this process may use {len(available)})")
+    ordered = sorted(available)
+    return set(ordered[-PERF_CORES:]), set(ordered[:-PERF_CORES])
+
+
+def _pin(cores: set[int] | None):
+    """A preexec_fn that keeps a child (and everything it starts) on `cores`; None: no pinning."""
+    return None if cores is None else (lambda: os.sched_setaffinity(0, cores))
+
+
+def _timed(cmd: list[str], env: dict[str, str] | None = None, cores: set[int] | None = None) -> tuple[int, float]:
     print("+ " + " ".join(cmd), flush=True)
     start = time.perf_counter()
-    code = subprocess.call(cmd, env=env)
+    code = subprocess.call(cmd, env=env, preexec_fn=_pin(cores))
     return code, time.perf_counter() - start
 
 
 class Background:
     """A command running beside the gate's other steps, its output in a log file; wait() gives (code, seconds)."""
 
-    def __init__(self, cmd: list[str], env: dict[str, str], log: Path):
+    def __init__(self, cmd: list[str], env: dict[str, str], log: Path, cores: set[int] | None = None):
         print(f"+ (in the background, output in {log}) " + " ".join(cmd), flush=True)
         self.log, self.start = log, time.perf_counter()
         with open(log, "wb") as out:
-            self.process = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+            self.process = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_pin(cores))
         # The steps are waited for one after another; a step that ended while the gate waited for
         # another must report when it ended, not when the gate got round to it.
         self.ended = threading.Thread(target=self._stamp_end, daemon=True)
@@ -202,6 +222,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report-dir", type=Path, default=Path("reports"))
     parser.add_argument("--perf-args", default="", help="more pytest options for the perf run, e.g. "
                         "'--benchmark-compare=0001 --benchmark-compare-fail=mean:15%%'")
+    parser.add_argument("--perf-early", action="store_true", help=f"time perf as soon as the GPU steps are done, on "
+                        f"{PERF_CORES} cores of its own, while the CPU-only layers (which never touch the GPU) "
+                        "finish on the others; off by default until its timings are shown to equal a quiet run's")
     parser.add_argument("--_check-step", dest="check_step", type=Path, help=argparse.SUPPRESS)
     args, check_args = parser.parse_known_args(argv)
     if args.check_step:
@@ -217,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.workers_per_gpu < 1:
         raise SystemExit(f"error: --workers-per-gpu must be at least 1 (got {args.workers_per_gpu})")
     workers, why = choose_workers(args.workers, gpus, have_xdist, args.workers_per_gpu)
-    cores = os.cpu_count() or 1
+    perf_cores, other_cores = split_cores(os.sched_getaffinity(0), args.perf_early)
+    cores = len(other_cores) if other_cores else (os.cpu_count() or 1)
     checks = GPU_CHECKS if gpus else EMBEDDED_CHECKS
     spare = spare_cores(cores, other_processes=workers + len(checks))
     cpu_workers = choose_cpu_workers(args.cpu_workers, spare, have_xdist)
@@ -226,18 +250,21 @@ def main(argv: list[str] | None = None) -> int:
 
     commands = pytest_commands(args, args.report_dir, workers, cpu_workers, gpu_checks=bool(gpus))
     # Everything untimed at once: CPU layers, GPU layers and the two checks (compiling is CPU work, and
-    # the GPU has room for all); perf after, alone.
+    # the GPU has room for all); perf after, alone (or, --perf-early, once the GPU is free).
     background = {"pytest cpu": Background(commands["cpu"], cpu_layers_env(cpu_workers, spare),
-                                           args.report_dir / "pytest-cpu.log")}
+                                           args.report_dir / "pytest-cpu.log", other_cores)}
     for key, (layer, embedded) in checks.items():
         background[layer] = Background([sys.executable, "-m", "parity.gate", "--_check-step",
                                         str(args.report_dir / f"gate-time-{key}.json"), "--report-dir",
                                         str(args.report_dir), *embedded, *check_args,
                                         *(["--require-gpu"] if args.require_gpu and (gpus or key == "check") else [])],
-                                       check_env(), args.report_dir / f"{key}.log")
+                                       check_env(), args.report_dir / f"{key}.log", other_cores)
     codes, wall = {}, {}
-    codes["gpu"], wall["pytest gpu"] = _timed(commands["gpu"], {**os.environ, WORKERS_PER_GPU_ENV: str(args.workers_per_gpu)})
-    codes["cpu"], wall["pytest cpu"] = background.pop("pytest cpu").wait()
+    codes["gpu"], wall["pytest gpu"] = _timed(commands["gpu"], {**os.environ, WORKERS_PER_GPU_ENV: str(args.workers_per_gpu)},
+                                              other_cores)
+    cpu_layers = background.pop("pytest cpu")
+    if not args.perf_early:
+        codes["cpu"], wall["pytest cpu"] = cpu_layers.wait()
     check_codes, check_rows = {}, []
     for key, (layer, _) in checks.items():
         check_codes[layer], wall[layer] = background[layer].wait()
@@ -245,7 +272,9 @@ def main(argv: list[str] | None = None) -> int:
         check_compile = json.loads(check_json.read_text())["compile_seconds"] if check_json.exists() else 0.0
         check_rows.append({"layer": layer, "tests": 1, "failed": int(check_codes[layer] != 0),
                            "seconds": round(wall[layer], 1), "compile_seconds": round(check_compile, 1)})
-    codes["perf"], wall["pytest perf"] = _timed(commands["perf"])
+    codes["perf"], wall["pytest perf"] = _timed(commands["perf"], cores=perf_cores)
+    if args.perf_early:
+        codes["cpu"], wall["pytest cpu"] = cpu_layers.wait()
     # one code for both checks: 2 (a refused input) outranks any other failure (1, or a signal's negative code)
     check_code = 2 if 2 in check_codes.values() else int(any(check_codes.values()))
     wall["total"] = time.perf_counter() - started
@@ -255,7 +284,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = gate_time.summarize(tests, check_rows)
     notes = [f"compile cache {'empty (cold)' if cache.started_empty else 'reused (warm)'}: {cache.path}",
              f"pytest workers: {workers} for the gpu tests ({why}); {cpu_workers} for the others, with CUDA hidden "
-             f"({cores} CPU cores); these and the checks at the same time, perf alone afterwards (wall times overlap)",
+             f"({cores} CPU cores); these and the checks at the same time, then perf "
+             + (f"on cores {sorted(perf_cores)} of its own while the CPU layers finished" if perf_cores else "alone")
+             + " (wall times overlap)",
              f"checks compiled in mode {check_env()['SAMFAST_COMPILE_MODE']} (SAMFAST_COMPILE_MODE)",
              "exit codes: " + ", ".join(f"pytest {step} {code}" for step, code in codes.items())
              + ", " + ", ".join(f"{step} {code}" for step, code in check_codes.items())]

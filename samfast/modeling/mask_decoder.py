@@ -102,15 +102,23 @@ class MaskDecoder(nn.Module):
         output_tokens = output_tokens.unsqueeze(0).expand(num_prompts, -1, -1)
         tokens = torch.cat((output_tokens, sparse_prompt_embeddings), dim=1)
 
-        if image_index is None:
-            src = torch.repeat_interleave(image_embeddings, num_prompts, dim=0)
-        else:
-            src = image_embeddings.index_select(0, image_index)
-        src = src + dense_prompt_embeddings
-        pos_src = image_pe.expand(num_prompts, -1, -1, -1)
-        b, c, h, w = src.shape
+        if dense_prompt_embeddings.shape[0] == 1 or dense_prompt_embeddings.stride(0) == 0:
+            # One dense embedding for every prompt (no mask inputs: the broadcast no-mask embedding),
+            # so the image side is the same for all prompts of an image: the transformer's first
+            # layer works on each image once and gathers to the prompts (image_index) where they mix.
+            if image_index is None:
+                image_index = torch.zeros(num_prompts, dtype=torch.long, device=tokens.device)
+            src = image_embeddings + dense_prompt_embeddings[:1]
+        else:  # a mask input per prompt: each prompt's image side is its own
+            if image_index is None:
+                src = torch.repeat_interleave(image_embeddings, num_prompts, dim=0)
+            else:
+                src = image_embeddings.index_select(0, image_index)
+            src, image_index = src + dense_prompt_embeddings, None
+        _, c, h, w = src.shape
+        b = num_prompts
 
-        hs, src = self.transformer(src, pos_src, tokens)
+        hs, src = self.transformer(src, image_pe, tokens, image_index=image_index)
         iou_token_out = hs[:, 0, :]
         mask_tokens_out = hs[:, 1 : (1 + self.num_mask_tokens), :]
 

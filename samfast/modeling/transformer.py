@@ -34,13 +34,21 @@ class TwoWayTransformer(nn.Module):
         self.final_attn_token_to_image = Attention(embedding_dim, num_heads, attention_downsample_rate)
         self.norm_final_attn = nn.LayerNorm(embedding_dim)
 
-    def forward(self, image_embedding: Tensor, image_pe: Tensor, point_embedding: Tensor) -> tuple[Tensor, Tensor]:
-        """image_embedding, image_pe: (B, C, h, w); point_embedding: (B, N, C) -> (queries, keys)."""
+    def forward(
+        self, image_embedding: Tensor, image_pe: Tensor, point_embedding: Tensor, image_index: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """image_embedding, image_pe: (B, C, h, w); point_embedding: (P, N, C) -> (queries, keys), both per prompt.
+
+        Without image_index, B == P: one image embedding per prompt. With image_index (P,), prompt p
+        reads image image_index[p], and the first layer's image-side work (its projections of the
+        image tokens) runs once per image instead of once per prompt.
+        """
         image_embedding = image_embedding.flatten(2).permute(0, 2, 1)
         image_pe = image_pe.flatten(2).permute(0, 2, 1)
         queries, keys = point_embedding, image_embedding
         for layer in self.layers:
-            queries, keys = layer(queries, keys, query_pe=point_embedding, key_pe=image_pe)
+            queries, keys = layer(queries, keys, query_pe=point_embedding, key_pe=image_pe, image_index=image_index)
+            image_index = None  # from here on the keys hold each prompt's own image tokens
         q = queries + point_embedding
         k = keys + image_pe
         queries = self.norm_final_attn(queries + self.final_attn_token_to_image(q=q, k=k, v=keys))
@@ -69,7 +77,18 @@ class TwoWayAttentionBlock(nn.Module):
         self.cross_attn_image_to_token = Attention(embedding_dim, num_heads, attention_downsample_rate)
         self.skip_first_layer_pe = skip_first_layer_pe
 
-    def forward(self, queries: Tensor, keys: Tensor, query_pe: Tensor, key_pe: Tensor) -> tuple[Tensor, Tensor]:
+    def forward(
+        self, queries: Tensor, keys: Tensor, query_pe: Tensor, key_pe: Tensor, image_index: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """queries (P, N, C) per prompt; keys (P, L, C) per prompt, or per image (B, L, C) with image_index (P,).
+
+        Per-image keys are projected once per image and the projections gathered to the prompts:
+        the same numbers as projecting a per-prompt copy, without making that copy first.
+        """
+
+        def per_prompt(x: Tensor) -> Tensor:
+            return x if image_index is None else x.index_select(0, image_index)
+
         if self.skip_first_layer_pe:
             queries = self.self_attn(q=queries, k=queries, v=queries)
         else:
@@ -77,14 +96,23 @@ class TwoWayAttentionBlock(nn.Module):
             queries = queries + self.self_attn(q=q, k=q, v=queries)
         queries = self.norm1(queries)
 
-        q = queries + query_pe
+        to_image = self.cross_attn_token_to_image
         k = keys + key_pe
-        queries = self.norm2(queries + self.cross_attn_token_to_image(q=q, k=k, v=keys))
+        attended = to_image.attend(
+            to_image.heads(to_image.q_proj(queries + query_pe)),
+            per_prompt(to_image.heads(to_image.k_proj(k))),
+            per_prompt(to_image.heads(to_image.v_proj(keys))),
+        )
+        queries = self.norm2(queries + attended)
         queries = self.norm3(queries + self.mlp(queries))
 
-        q = queries + query_pe
-        k = keys + key_pe
-        keys = self.norm4(keys + self.cross_attn_image_to_token(q=k, k=q, v=queries))
+        to_token = self.cross_attn_image_to_token
+        attended = to_token.attend(
+            per_prompt(to_token.heads(to_token.q_proj(k))),
+            to_token.heads(to_token.k_proj(queries + query_pe)),
+            to_token.heads(to_token.v_proj(queries)),
+        )
+        keys = self.norm4(per_prompt(keys) + attended)
         return queries, keys
 
 
@@ -103,14 +131,13 @@ class Attention(nn.Module):
         self.out_proj = nn.Linear(self.internal_dim, embedding_dim)
         self.attn_impl = "math"
 
-    def _separate_heads(self, x: Tensor) -> Tensor:
+    def heads(self, x: Tensor) -> Tensor:
+        """(B, L, heads * d) -> (B, heads, L, d)."""
         b, n, c = x.shape
         return x.reshape(b, n, self.num_heads, c // self.num_heads).transpose(1, 2)
 
-    def forward(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        q = self._separate_heads(self.q_proj(q))
-        k = self._separate_heads(self.k_proj(k))
-        v = self._separate_heads(self.v_proj(v))
+    def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """Attention of projected, head-separated q, k, v, then the output projection."""
         if self.attn_impl == "math":
             # The reference's order of operations, so the fp32 stage equals it to rounding.
             attn = q @ k.permute(0, 1, 3, 2) / math.sqrt(q.shape[-1])
@@ -119,3 +146,6 @@ class Attention(nn.Module):
             out = F.scaled_dot_product_attention(q, k, v)
         b, heads, n, c = out.shape
         return self.out_proj(out.transpose(1, 2).reshape(b, n, heads * c))
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        return self.attend(self.heads(self.q_proj(q)), self.heads(self.k_proj(k)), self.heads(self.v_proj(v)))

@@ -18,13 +18,16 @@ from parity import compile_cache, gate_time
 from parity.gate import (
     COVERED_BY_GPU_CHECKS,
     MAX_CPU_WORKERS,
+    PERF_CORES,
     Background,
+    _timed,
     check_env,
     choose_cpu_workers,
     choose_workers,
     cpu_layers_env,
     pytest_commands,
     spare_cores,
+    split_cores,
     verdict,
 )
 from parity.gate_devices import WorkerAssignmentError, gpu_for_worker, visible_gpus
@@ -180,6 +183,23 @@ def test_a_background_step_reports_when_it_ended_not_when_it_was_waited_for(tmp_
     assert held.wait()[0] == 0
     code, seconds = quick.wait()
     assert code == 0 and seconds <= quick_ended_by
+
+
+def test_perf_early_keeps_cores_of_its_own_and_pins_every_other_step_off_them(tmp_path):
+    perf, others = split_cores({0, 1, 2, 3, 4, 5}, perf_early=True)
+    assert len(perf) == PERF_CORES and perf.isdisjoint(others) and perf | others == {0, 1, 2, 3, 4, 5}
+    assert split_cores({0, 1, 2, 3}, perf_early=False) == (None, None)  # the default pins nothing
+    with pytest.raises(SystemExit, match="needs more than that"):
+        split_cores(set(range(PERF_CORES)), perf_early=True)
+    # a pinned child (and what it starts) runs only on the cores it was given
+    mine = sorted(os.sched_getaffinity(0))
+    report = "import os, sys; open(sys.argv[1], 'w').write(repr(sorted(os.sched_getaffinity(0))))"
+    step = Background([sys.executable, "-c", report, str(tmp_path / "bg")], dict(os.environ), tmp_path / "bg.log", {mine[0]})
+    assert step.wait()[0] == 0 and (tmp_path / "bg").read_text() == repr([mine[0]])
+    assert _timed([sys.executable, "-c", report, str(tmp_path / "fg")], cores={mine[-1]})[0] == 0
+    assert (tmp_path / "fg").read_text() == repr([mine[-1]])
+    assert _timed([sys.executable, "-c", report, str(tmp_path / "free")])[0] == 0
+    assert (tmp_path / "free").read_text() == repr(mine)
 
 
 def test_checks_compile_in_mode_default_unless_told_otherwise():
