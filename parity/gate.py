@@ -85,6 +85,10 @@ def pytest_commands(args, report_dir: Path, workers: int, cpu_workers: int, gpu_
                                                     *shlex.split(args.perf_args)])}
 
 
+class GateUsageError(Exception):
+    """Options that cannot work together or on this machine: the gate exits 2 (bad input) naming them."""
+
+
 def spare_cores(cores: int, other_processes: int) -> int:
     """The cores left to the CPU layers: one goes to each process of the other steps running beside
     them (GPU-layer workers, checks), one to the gate and inductor's compile helpers."""
@@ -117,7 +121,7 @@ def choose_cpu_workers(requested: int | None, spare: int, have_xdist: bool) -> i
     """
     if requested is not None:
         if requested > 1 and not have_xdist:
-            raise SystemExit("error: --cpu-workers > 1 needs pytest-xdist (pip install pytest-xdist)")
+            raise GateUsageError("--cpu-workers > 1 needs pytest-xdist (pip install pytest-xdist)")
         return requested
     return max(1, min(MAX_CPU_WORKERS, spare)) if have_xdist else 1
 
@@ -126,10 +130,10 @@ def choose_workers(requested: int | None, gpus: list[str], have_xdist: bool, per
     """(workers, why) for the gpu tests: `per_gpu` per GPU when xdist is there, never more than that."""
     if requested is not None:
         if gpus and requested > len(gpus) * per_gpu:
-            raise SystemExit(f"error: --workers {requested} but {len(gpus)} GPU(s) and --workers-per-gpu {per_gpu}: "
+            raise GateUsageError(f"--workers {requested} but {len(gpus)} GPU(s) and --workers-per-gpu {per_gpu}: "
                              f"at most {len(gpus) * per_gpu}")
         if requested > 1 and not have_xdist:
-            raise SystemExit("error: --workers > 1 needs pytest-xdist (pip install pytest-xdist)")
+            raise GateUsageError("--workers > 1 needs pytest-xdist (pip install pytest-xdist)")
         return requested, "asked for"
     if not gpus or (len(gpus) * per_gpu == 1):
         return 1, f"{len(gpus)} GPU(s): one process"
@@ -156,7 +160,7 @@ def split_cores(available: set[int], perf_early: bool) -> tuple[set[int] | None,
     if not perf_early:
         return None, None
     if len(available) <= PERF_CORES:
-        raise SystemExit(f"error: --perf-early keeps {PERF_CORES} cores for perf and needs more than that "
+        raise GateUsageError(f"--perf-early keeps {PERF_CORES} cores for perf and needs more than that "
                          f"(this process may use {len(available)})")
     ordered = sorted(available)
     return set(ordered[-PERF_CORES:]), set(ordered[:-PERF_CORES])
@@ -230,21 +234,27 @@ def main(argv: list[str] | None = None) -> int:
     if args.check_step:
         return run_check_step([*check_args, "--report-dir", str(args.report_dir)], args.check_step)
 
+    # Every option is checked before anything is touched: a refused command line leaves the
+    # reports and the compile cache (which a run unseals while it uses it) as they were.
+    started = time.perf_counter()
+    if args.workers_per_gpu < 1:
+        parser.error(f"--workers-per-gpu must be at least 1 (got {args.workers_per_gpu})")
+    gpus = visible_gpus()
+    have_xdist = importlib.util.find_spec("xdist") is not None
+    checks = GPU_CHECKS if gpus else EMBEDDED_CHECKS
+    try:
+        workers, why = choose_workers(args.workers, gpus, have_xdist, args.workers_per_gpu)
+        perf_cores, other_cores = split_cores(os.sched_getaffinity(0), args.perf_early)
+        cores = len(other_cores) if other_cores else (os.cpu_count() or 1)
+        spare = spare_cores(cores, other_processes=workers + len(checks))
+        cpu_workers = choose_cpu_workers(args.cpu_workers, spare, have_xdist)
+    except GateUsageError as error:
+        parser.error(str(error))  # exit 2, bad input
+
     args.report_dir.mkdir(parents=True, exist_ok=True)
     for stale in (*(f"gate-time-{run}.json" for run in PYTEST_RUNS), *(f"gate-time-{k}.json" for k in EMBEDDED_CHECKS)):
         (args.report_dir / stale).unlink(missing_ok=True)  # a step that dies must not report an older run
-    started = time.perf_counter()
     cache = compile_cache.activate()
-    gpus = visible_gpus()
-    have_xdist = importlib.util.find_spec("xdist") is not None
-    if args.workers_per_gpu < 1:
-        raise SystemExit(f"error: --workers-per-gpu must be at least 1 (got {args.workers_per_gpu})")
-    workers, why = choose_workers(args.workers, gpus, have_xdist, args.workers_per_gpu)
-    perf_cores, other_cores = split_cores(os.sched_getaffinity(0), args.perf_early)
-    cores = len(other_cores) if other_cores else (os.cpu_count() or 1)
-    checks = GPU_CHECKS if gpus else EMBEDDED_CHECKS
-    spare = spare_cores(cores, other_processes=workers + len(checks))
-    cpu_workers = choose_cpu_workers(args.cpu_workers, spare, have_xdist)
     print(f"compile cache: {cache.path} ({'empty: cold run' if cache.started_empty else 'reused: warm run'}); "
           f"pytest workers: {workers} for the gpu tests ({why}), {cpu_workers} for the others", flush=True)
 

@@ -20,6 +20,7 @@ from parity.gate import (
     MAX_CPU_WORKERS,
     PERF_CORES,
     Background,
+    GateUsageError,
     _timed,
     check_env,
     choose_cpu_workers,
@@ -143,7 +144,7 @@ def test_workers_per_gpu_and_never_more():
     assert choose_workers(None, ["0", "1"], have_xdist=False, per_gpu=3)[0] == 1  # the gate runs without xdist
     assert choose_workers(None, ["0"], have_xdist=True)[0] == 1
     assert choose_workers(None, [], have_xdist=True, per_gpu=3)[0] == 1  # no GPU: the gpu tests skip in one process
-    with pytest.raises(SystemExit, match="at most 2"):
+    with pytest.raises(GateUsageError, match="at most 2"):
         choose_workers(4, ["0", "1"], have_xdist=True)
 
 
@@ -162,7 +163,7 @@ def test_cpu_layers_get_the_cores_the_other_steps_leave_and_no_gpu():
     assert choose_cpu_workers(None, spare=120, have_xdist=True) == MAX_CPU_WORKERS
     assert choose_cpu_workers(None, spare=10, have_xdist=False) == 1
     assert choose_cpu_workers(3, spare=1, have_xdist=True) == 3  # asked for
-    with pytest.raises(SystemExit, match="needs pytest-xdist"):
+    with pytest.raises(GateUsageError, match="needs pytest-xdist"):
         choose_cpu_workers(3, spare=10, have_xdist=False)
     env = cpu_layers_env(4, spare=8, environ={"CUDA_VISIBLE_DEVICES": "0,1", "PATH": "/bin"})
     assert env == {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "2", "PATH": "/bin"}
@@ -189,7 +190,7 @@ def test_perf_early_keeps_cores_of_its_own_and_pins_every_other_step_off_them(tm
     perf, others = split_cores({0, 1, 2, 3, 4, 5}, perf_early=True)
     assert len(perf) == PERF_CORES and perf.isdisjoint(others) and perf | others == {0, 1, 2, 3, 4, 5}
     assert split_cores({0, 1, 2, 3}, perf_early=False) == (None, None)  # the default pins nothing
-    with pytest.raises(SystemExit, match="needs more than that"):
+    with pytest.raises(GateUsageError, match="needs more than that"):
         split_cores(set(range(PERF_CORES)), perf_early=True)
     # a pinned child (and what it starts) runs only on the cores it was given
     mine = sorted(os.sched_getaffinity(0))
@@ -200,6 +201,24 @@ def test_perf_early_keeps_cores_of_its_own_and_pins_every_other_step_off_them(tm
     assert (tmp_path / "fg").read_text() == repr([mine[-1]])
     assert _timed([sys.executable, "-c", report, str(tmp_path / "free")])[0] == 0
     assert (tmp_path / "free").read_text() == repr(mine)
+
+
+@pytest.mark.parametrize("argv", [["--workers-per-gpu", "0"], ["--workers", "4"]], ids=["parser", "combination"])
+def test_a_refused_command_line_exits_2_before_touching_cache_or_reports(tmp_path, monkeypatch, capsys, argv):
+    """Exit 2 means bad input, and a bad argument must not cost the runner its warm cache: the gate
+    unseals the cache while it runs, so options are checked before it is opened."""
+    import parity.gate as gate
+
+    def touched(*args, **kwargs):
+        raise AssertionError("the compile cache was opened for a command line that is refused")
+
+    monkeypatch.setattr(gate.compile_cache, "activate", touched)
+    monkeypatch.setattr(gate, "visible_gpus", lambda: ["0"])  # 1 GPU: at most 3 workers
+    reports = tmp_path / "reports"
+    with pytest.raises(SystemExit) as exit_:
+        gate.main([*argv, "--report-dir", str(reports)])
+    assert exit_.value.code == 2 and not reports.exists()
+    assert ("at least 1" if argv[0] == "--workers-per-gpu" else "at most 3") in capsys.readouterr().err
 
 
 def test_checks_compile_in_mode_default_unless_told_otherwise():
