@@ -203,6 +203,37 @@ def test_perf_early_keeps_cores_of_its_own_and_pins_every_other_step_off_them(tm
     assert (tmp_path / "free").read_text() == repr(mine)
 
 
+def test_perf_early_times_perf_while_the_cpu_layers_still_run(tmp_path, monkeypatch):
+    """The gate's order with --perf-early, with stand-in steps: the CPU layers wait until perf has
+    finished, which they can only see if perf runs while they do; each step on its own cores."""
+    import parity.gate as gate
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 cores to give perf one of its own")
+    first, last = sorted(os.sched_getaffinity(0))[0], sorted(os.sched_getaffinity(0))[-1]
+    perf_done, cpu_saw = tmp_path / "perf-done", tmp_path / "cpu-saw.json"
+    cpu_layers = ("import json, os, sys, time\n"
+                  "deadline = time.time() + 120\n"
+                  "while not os.path.exists(sys.argv[1]) and time.time() < deadline: time.sleep(0.02)\n"
+                  "json.dump({'perf_done_first': os.path.exists(sys.argv[1]), 'cores': sorted(os.sched_getaffinity(0))},"
+                  " open(sys.argv[2], 'w'))")
+    perf = "import json, os, sys; json.dump(sorted(os.sched_getaffinity(0)), open(sys.argv[1], 'w'))"
+    monkeypatch.setattr(gate, "pytest_commands", lambda *args, **kwargs: {
+        "gpu": [sys.executable, "-c", "pass"],
+        "cpu": [sys.executable, "-c", cpu_layers, str(perf_done), str(cpu_saw)],
+        "perf": [sys.executable, "-c", perf, str(perf_done)]})
+    monkeypatch.setattr(gate, "EMBEDDED_CHECKS", {})
+    monkeypatch.setattr(gate, "visible_gpus", lambda: [])
+    monkeypatch.setattr(gate, "split_cores", lambda available, early: ({last}, {first}) if early else (None, None))
+    activate = compile_cache.activate  # a cache of its own, and this process's environment left alone
+    monkeypatch.setattr(gate.compile_cache, "activate", lambda: activate(tmp_path / "cache", KEY, env={}))
+    assert gate.main(["--perf-early", "--report-dir", str(tmp_path / "reports")]) == 0
+    saw = json.loads(cpu_saw.read_text())
+    assert saw == {"perf_done_first": True, "cores": [first]}
+    assert json.loads(perf_done.read_text()) == [last]
+    assert "of its own while the CPU layers finished" in (tmp_path / "reports" / "gate-time.md").read_text()
+
+
 @pytest.mark.parametrize("argv", [["--workers-per-gpu", "0"], ["--workers", "4"]], ids=["parser", "combination"])
 def test_a_refused_command_line_exits_2_before_touching_cache_or_reports(tmp_path, monkeypatch, capsys, argv):
     """Exit 2 means bad input, and a bad argument must not cost the runner its warm cache: the gate
