@@ -40,8 +40,9 @@ ENCODER_BATCH = 8  # crops per encoder call when the model has no static (compil
 UPSAMPLE_CHUNK = 64  # masks upsampled to full size at once to score them (~64 full-size fp32 logit maps)
 CPU_POINTS_PER_BATCH = 64  # points_per_batch=None on the CPU, where memory is not the limit
 # points_per_batch=None on CUDA: how many image-embedding-sized activations one prompt holds at the
-# decoder's peak (the repeated embedding, its positional copy, the two-way transformer's keys and
-# projections, the 4x upscaled features), and the share of free memory the decoder may take.
+# decoder's peak (the two-way transformer's per-prompt image tokens and projections, the 4x upscaled
+# features; counted from when the embedding was also copied per prompt, so an upper bound now that
+# the first layer works per image), and the share of free memory the decoder may take.
 DECODER_ACTIVATIONS_PER_PROMPT = 16
 DECODER_MEMORY_SHARE = 0.5
 

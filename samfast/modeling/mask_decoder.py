@@ -45,8 +45,9 @@ class MaskDecoder(nn.Module):
 
         Both counts vary from call to call, so they are marked dynamic; dynamo specializes sizes 0
         and 1, so `_predict_masks_compiled` pads each count to at least 2 (and always passes
-        image_index, making the per-image call the same graph as the batched one). What fuses: the prompt-repeated image
-        embedding with its dense-prompt add, layer norms, GELUs and the mask product.
+        image_index, making the per-image call the same graph as the batched one). What fuses: the
+        gathers of the image-side projections to the prompts with what follows them, layer norms,
+        GELUs and the mask product.
         """
         self.compiled_predict_masks = torch.compile(self.predict_masks, fullgraph=True)
 
@@ -62,7 +63,7 @@ class MaskDecoder(nn.Module):
         """Low-res mask logits (P, C, 256, 256) and IoU predictions (P, C) for P prompts.
 
         With image_index (P,), prompt p attends to image_embeddings[image_index[p]]: prompts of
-        many images decode in one batch. Without it the single image is repeated, as in the reference.
+        many images decode in one batch. Without it every prompt reads the single image, as in the reference.
         """
         args = (image_embeddings, image_pe, sparse_prompt_embeddings, dense_prompt_embeddings, image_index)
         if self.compiled_predict_masks is None:
@@ -75,7 +76,7 @@ class MaskDecoder(nn.Module):
     def _predict_masks_compiled(self, image_embeddings, image_pe, sparse, dense, image_index):
         """The compiled predict_masks on counts padded to >= 2 and marked dynamic; outputs cut back."""
         num_prompts = sparse.shape[0]
-        if image_index is None:  # one image, repeated for every prompt: the same as indexing image 0
+        if image_index is None:  # one image for every prompt: the same as indexing image 0
             image_index = sparse.new_zeros(num_prompts, dtype=torch.long)
         if image_embeddings.shape[0] < 2:
             image_embeddings = torch.cat([image_embeddings, torch.zeros_like(image_embeddings)])

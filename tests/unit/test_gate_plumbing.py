@@ -210,7 +210,8 @@ def test_perf_early_times_perf_while_the_cpu_layers_still_run(tmp_path, monkeypa
 
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs 2 cores to give perf one of its own")
-    first, last = sorted(os.sched_getaffinity(0))[0], sorted(os.sched_getaffinity(0))[-1]
+    cores = sorted(os.sched_getaffinity(0))
+    first, last = cores[0], cores[-1]
     perf_done, cpu_saw = tmp_path / "perf-done", tmp_path / "cpu-saw.json"
     cpu_layers = ("import json, os, sys, time\n"
                   "deadline = time.time() + 120\n"
