@@ -12,7 +12,7 @@ session's model cache, compiled in the row's `compile_mode` (max-autotune unless
 row's own), warms up, times image encoder + prompt encoder + mask decoder + upscaling on
 COCO-like prompts (bench.ladder's e2e, what the published img/s covers) and checks img/s and
 peak GiB against the row of the GPU found (or --budget-gpu). A GPU without that row skips with
-the row's name. Planted defects (a slowdown, an oversized allocation) prove the check fails.
+the row's name, or fails for a gating row under --require-gpu. Planted defects (a slowdown, an oversized allocation) prove the check fails.
 """
 
 from __future__ import annotations
@@ -31,14 +31,22 @@ GATE_ROWS = {("vit_b", "nt", 32), ("vit_h", "nt", 8)}
 ROUNDS = 5
 
 
+def budget_or_skip(gpu: str, model: str, stage: str, batch: int, require_gpu: bool) -> budgets.Budget:
+    """The row's budget. Without one the test skips, naming the row to add; with --require-gpu a row
+    that gates PRs fails instead: a gate on a GPU with no rows would otherwise pass having timed nothing."""
+    try:
+        return budgets.lookup(gpu, model, stage, batch)
+    except budgets.MissingBudget as missing:
+        if require_gpu and (model, stage, batch) in GATE_ROWS:
+            pytest.fail(f"{missing} With --require-gpu a row that gates PRs must be timed, not skipped.", pytrace=False)
+        pytest.skip(str(missing))
+
+
 @pytest.fixture
 def budget_for(request):
     def lookup(model: str, stage: str, batch: int) -> budgets.Budget:
         gpu = request.config.getoption("--budget-gpu") or torch.cuda.get_device_name()
-        try:
-            return budgets.lookup(gpu, model, stage, batch)
-        except budgets.MissingBudget as missing:
-            pytest.skip(str(missing))
+        return budget_or_skip(gpu, model, stage, batch, request.config.getoption("--require-gpu"))
 
     return lookup
 

@@ -131,3 +131,18 @@ def test_combined_stage_rows_are_allowed(tmp_path):
     path = tmp_path / "budgets.toml"
     path.write_text('[H100.vit_b]\n"bf16+sdpa+int8".8 = { min_img_s = 100, max_peak_gib = 2, source = "run 42" }')
     assert lookup("H100", "vit_b", "bf16+sdpa+int8", 8, budgets=load_budgets(path)).min_img_s == 100
+
+
+@pytest.mark.parametrize("gpu", ["NVIDIA H200", "NVIDIA Imaginary 9000"])  # a known GPU without the row; an unknown GPU
+def test_a_gating_perf_row_without_a_budget_fails_under_require_gpu_and_skips_otherwise(gpu):
+    # The H200 gate run of session 8 passed with every perf row skipped: [H200.vit_b.nt.32] did not exist.
+    from tests.perf.test_budgets_perf import GATE_ROWS, budget_or_skip
+
+    model, stage, batch = sorted(GATE_ROWS)[0]
+    with pytest.raises(pytest.fail.Exception, match=r"no budget row .*--require-gpu"):
+        budget_or_skip(gpu, model, stage, batch, require_gpu=True)
+    with pytest.raises(pytest.skip.Exception, match="no budget row"):
+        budget_or_skip(gpu, model, stage, batch, require_gpu=False)
+    with pytest.raises(pytest.skip.Exception, match="no budget row"):  # --perf-matrix rows inform, they do not gate
+        budget_or_skip(gpu, "vit_b", "fp32", 1, require_gpu=True)
+    assert budget_or_skip("H100", model, stage, batch, require_gpu=True).row.startswith("[H100.")
