@@ -244,8 +244,10 @@ def main(argv: list[str] | None = None) -> int:
     checks = GPU_CHECKS if gpus else EMBEDDED_CHECKS
     try:
         workers, why = choose_workers(args.workers, gpus, have_xdist, args.workers_per_gpu)
-        perf_cores, other_cores = split_cores(os.sched_getaffinity(0), args.perf_early)
-        cores = len(other_cores) if other_cores else (os.cpu_count() or 1)
+        # The cores this process may use (a container's CPU limit shows here, not in os.cpu_count()).
+        available = os.sched_getaffinity(0)
+        perf_cores, other_cores = split_cores(available, args.perf_early)
+        cores = len(other_cores or available)
         spare = spare_cores(cores, other_processes=workers + len(checks))
         cpu_workers = choose_cpu_workers(args.cpu_workers, spare, have_xdist)
     except GateUsageError as error:

@@ -203,6 +203,31 @@ def test_perf_early_keeps_cores_of_its_own_and_pins_every_other_step_off_them(tm
     assert (tmp_path / "free").read_text() == repr(mine)
 
 
+def stand_in_steps(monkeypatch, tmp_path, cpu=(sys.executable, "-c", "pass"), perf=(sys.executable, "-c", "pass")):
+    """parity.gate with stand-in pytest steps, no checks, no GPU and a compile cache of its own."""
+    import parity.gate as gate
+
+    monkeypatch.setattr(gate, "pytest_commands", lambda *args, **kwargs: {
+        "gpu": [sys.executable, "-c", "pass"], "cpu": list(cpu), "perf": list(perf)})
+    monkeypatch.setattr(gate, "EMBEDDED_CHECKS", {})
+    monkeypatch.setattr(gate, "visible_gpus", lambda: [])
+    activate = compile_cache.activate  # this process's environment left alone
+    monkeypatch.setattr(gate.compile_cache, "activate", lambda: activate(tmp_path / "cache", KEY, env={}))
+
+
+def test_cpu_workers_count_the_cores_this_process_may_use_not_the_machines(tmp_path, monkeypatch, capsys):
+    """A runner container limited to 8 of a host's 64 cores must not start 16 CPU-layer workers."""
+    import parity.gate as gate
+
+    stand_in_steps(monkeypatch, tmp_path)
+    monkeypatch.setattr(gate.os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(gate.os, "sched_getaffinity", lambda pid: set(range(8)))
+    monkeypatch.setattr(gate, "choose_workers", lambda *args: (1, "stand-in"))
+    assert gate.main(["--report-dir", str(tmp_path / "reports")]) == 0
+    # 8 cores - 1 GPU-layer worker - 1 for the gate = 6 (with the host's 64 it was 16)
+    assert "pytest workers: 1 for the gpu tests (stand-in), 6 for the others" in capsys.readouterr().out
+
+
 def test_perf_early_times_perf_while_the_cpu_layers_still_run(tmp_path, monkeypatch):
     """The gate's order with --perf-early, with stand-in steps: the CPU layers wait until perf has
     finished, which they can only see if perf runs while they do; each step on its own cores."""
@@ -219,15 +244,9 @@ def test_perf_early_times_perf_while_the_cpu_layers_still_run(tmp_path, monkeypa
                   "json.dump({'perf_done_first': os.path.exists(sys.argv[1]), 'cores': sorted(os.sched_getaffinity(0))},"
                   " open(sys.argv[2], 'w'))")
     perf = "import json, os, sys; json.dump(sorted(os.sched_getaffinity(0)), open(sys.argv[1], 'w'))"
-    monkeypatch.setattr(gate, "pytest_commands", lambda *args, **kwargs: {
-        "gpu": [sys.executable, "-c", "pass"],
-        "cpu": [sys.executable, "-c", cpu_layers, str(perf_done), str(cpu_saw)],
-        "perf": [sys.executable, "-c", perf, str(perf_done)]})
-    monkeypatch.setattr(gate, "EMBEDDED_CHECKS", {})
-    monkeypatch.setattr(gate, "visible_gpus", lambda: [])
+    stand_in_steps(monkeypatch, tmp_path, cpu=[sys.executable, "-c", cpu_layers, str(perf_done), str(cpu_saw)],
+                   perf=[sys.executable, "-c", perf, str(perf_done)])
     monkeypatch.setattr(gate, "split_cores", lambda available, early: ({last}, {first}) if early else (None, None))
-    activate = compile_cache.activate  # a cache of its own, and this process's environment left alone
-    monkeypatch.setattr(gate.compile_cache, "activate", lambda: activate(tmp_path / "cache", KEY, env={}))
     assert gate.main(["--perf-early", "--report-dir", str(tmp_path / "reports")]) == 0
     saw = json.loads(cpu_saw.read_text())
     assert saw == {"perf_done_first": True, "cores": [first]}
