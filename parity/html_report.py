@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 from parity.check import NEAR_FAILING, StageResult
-from parity.report import fmt, overall_verdict, stage_verdict
+from parity.report import fmt, overall_verdict, stage_verdict, stages_to_show
 
 CHROMIUM_INSTALL = "apt-get install -y chromium"
 WINDOW = (1280, 2000)
@@ -125,7 +125,8 @@ def render_html(header: dict, results: list[StageResult], plot_png: bytes) -> st
     notes = [f"<li><b>{html.escape(r.stage)}</b> not exercised: {html.escape(reason)}</li>"
              for r in results for reason in r.not_exercised]
     notes += [f"<li><b>{html.escape(r.stage)}</b> could not run: {html.escape(r.error)}</li>" for r in results if r.error]
-    shown = [r for r in results if r.failures or r.near_failing]
+    # errors and unexercised switches are the notes above; a section is about gates
+    shown = [r for r in stages_to_show(results) if r.failures or r.near_failing]
     body = [
         f'<div class="banner {BANNER_CLASS[verdict]}"><h1>{verdict}</h1><p>{html.escape(summary)}</p></div>',
         f"<p><b>parity report</b>: {html.escape(title)}</p>",

@@ -49,6 +49,12 @@ def stage_verdict(result: StageResult) -> str:
     return "pass"
 
 
+def stages_to_show(results: list[StageResult]) -> list[StageResult]:
+    """The stages a report details: those that fail the gate, then those near a limit (every report,
+    markdown or HTML, point or AMG, shows the same ones)."""
+    return [r for r in results if r.blocks] + [r for r in results if not r.blocks and r.near_failing]
+
+
 def failure_lines(result: StageResult) -> list[str]:
     """A failed (or near-failing) stage's section heading and its failed (or near-failing) gates with how
     far they use the limit, or why it could not run."""
@@ -72,7 +78,6 @@ def verdict_line(results: list[StageResult]) -> str:
 
 
 def render_markdown(header: dict, results: list[StageResult]) -> str:
-    failed = [r for r in results if r.blocks]
     lines = [
         f"# parity report: {header['model_type']} ({header['checkpoint']}) on {header['dataset']}",
         "",
@@ -96,7 +101,7 @@ def render_markdown(header: dict, results: list[StageResult]) -> str:
             f"{fmt(s['mask_iou_mean'])} | {fmt(s['mask_iou_p5'])} | {s['masks_below_half']} | "
             f"{s['best_mask_changed']} ({s['best_mask_near_ties']}) | {fmt(s['miou_gt'])} ({fmt(s['miou_gt_golden'])}) | {fmt(s['steady_img_s'], 2)} | {fmt(s['first_batch_seconds'], 1)} |"
         )
-    for r in failed:
+    for r in stages_to_show(results):
         lines += failure_lines(r)
         if r.error:
             continue

@@ -13,7 +13,7 @@ from parity import report as point_report
 from parity.amg.matching import MATCH_IOU
 from parity.check import StageResult
 from parity.report import (VERDICT_COLORS, failure_lines, fmt, render_junit, report_payload, stage_verdict,
-                           verdict_line)
+                           stages_to_show, verdict_line)
 
 COLUMNS = ("union IoU mean", "matched IoU mean", "matched p5", "golden / stage masks", "matched", "lost", "new",
            "images with another count", "score err", "stability err (not gated)", "ms/img")
@@ -42,7 +42,6 @@ def _row(r: StageResult) -> str:
 
 
 def render_markdown(header: dict, results: list[StageResult]) -> str:
-    shown = [r for r in results if r.blocks] + [r for r in results if not r.blocks and r.near_failing]
     params = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in header["amg_params"].items())
     lines = [
         f"# AMG parity report: {header['model_type']} ({header['checkpoint']}) on {header['dataset']}",
@@ -60,7 +59,7 @@ def render_markdown(header: dict, results: list[StageResult]) -> str:
         "|---|---|" + "---|" * len(COLUMNS),
     ]
     lines += [_row(r) for r in results]
-    for r in shown:
+    for r in stages_to_show(results):
         lines += failure_lines(r)
         if r.error:
             continue

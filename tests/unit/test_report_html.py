@@ -13,7 +13,7 @@ from parity.check import Gate, StageResult
 from parity.data import load_dataset
 from parity.html_report import CHROMIUM_INSTALL, dump_dom, find_chromium, render_html, screenshot
 from parity.pictures import mask_comparison_png
-from parity.report import _draw_limits
+from parity.report import _draw_limits, render_markdown, stages_to_show
 from parity.runner import ModelSource, make_golden, run_check
 from samfast.checkpoint import NAMED_CHECKPOINTS
 from tests.parity.test_gate import _perturbed_build
@@ -56,6 +56,20 @@ def test_page_is_self_contained_with_one_picture_per_worst_annotation():
     assert "fp32+triton</b> not exercised: fell back" in page
     assert re.findall(r'(?:src|href)="(?!data:image/png;base64,)', page) == []  # nothing loaded from elsewhere
     assert "<script" not in page
+
+
+def test_every_report_details_the_failing_stages_then_the_near_failing_ones():
+    """One rule (parity.report.stages_to_show): the point markdown used to leave out the near-failing
+    stages that the HTML page and the AMG markdown showed."""
+    results = [_stage("fp32", 0.999), _stage("nt", 0.9905), _stage("bf16", 0.9)]  # pass, near-failing, fail
+    for r in results:
+        r.summary = {key: 0.5 for key in ("logits_rel_l2", "score_max_abs_err", "mask_iou_mean", "mask_iou_p5",
+                                          "masks_below_half", "best_mask_changed", "best_mask_near_ties", "miou_gt",
+                                          "miou_gt_golden", "steady_img_s", "first_batch_seconds")}
+    assert [r.stage for r in stages_to_show(results)] == ["bf16", "nt"]
+    assert re.findall(r"^## (\S+): (.+)$", render_markdown(HEADER, results), re.M) == [
+        ("bf16", "what failed"), ("nt", "near the limit")]
+    assert re.findall(r"<h2>(\S+):", render_html(HEADER, results, _picture())) == ["bf16", "nt"]
 
 
 @pytest.mark.parametrize(("stages", "banner"), [(["fp32"], "pass"), (["fp32", "fp32+triton"], "notex")])
