@@ -303,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
              "exit codes: " + ", ".join(f"pytest {step} {code}" for step, code in codes.items())
              + ", " + ", ".join(f"{step} {code}" for step, code in check_codes.items())]
     wall = {step: round(seconds, 1) for step, seconds in wall.items()}
-    print("\nTime to verdict\n\n" + gate_time.write_table(args.report_dir, rows, wall, notes), flush=True)
+    print("\nTime to verdict\n\n" + gate_time.write_table(args.report_dir, rows, wall, notes, gate_time.slowest(tests)), flush=True)
     if all(c in (0, 1, 5) for c in codes.values()) and check_code in (0, 1):
         compile_cache.seal(cache)
     return verdict(list(codes.values()), check_code)

@@ -72,13 +72,27 @@ def summarize(tests: list[TestTime], steps: list[dict] = ()) -> list[dict]:
     return rows + [dict(step) for step in steps]
 
 
-def to_markdown(rows: list[dict], wall_seconds: dict[str, float], notes: list[str] = ()) -> str:
+SLOWEST = 12  # the tests a time table lists by name: where a layer's wall time goes
+
+
+def slowest(tests: list[TestTime], n: int = SLOWEST) -> list[dict]:
+    """The n slowest tests, slowest first: one long test (or xdist group) can set a layer's wall time."""
+    ranked = sorted(tests, key=lambda t: t.seconds, reverse=True)[:n]
+    return [{"test": t.nodeid, "layer": t.layer, "seconds": round(t.seconds, 1),
+             "compile_seconds": round(t.compile_seconds, 1)} for t in ranked]
+
+
+def to_markdown(rows: list[dict], wall_seconds: dict[str, float], notes: list[str] = (),
+                slowest_tests: list[dict] = ()) -> str:
     lines = ["| layer | tests | failed | seconds | compile seconds |", "|---|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['layer']} | {r['tests']} | {r['failed']} | {r['seconds']:.1f} | {r['compile_seconds']:.1f} |")
     lines.append("")
     lines += [f"- wall time, {name}: {seconds:.1f} s" for name, seconds in wall_seconds.items()]
     lines += [f"- {note}" for note in notes]
+    if slowest_tests:
+        lines += ["", "Slowest tests:", "", "| test | layer | seconds | compile seconds |", "|---|---|---:|---:|"]
+        lines += [f"| `{t['test']}` | {t['layer']} | {t['seconds']:.1f} | {t['compile_seconds']:.1f} |" for t in slowest_tests]
     return "\n".join(lines) + "\n"
 
 
@@ -92,11 +106,13 @@ def write_tests(path: Path, tests: list[TestTime]) -> None:
     path.write_text(json.dumps({"tests": [asdict(t) for t in tests]}, indent=1) + "\n")
 
 
-def write_table(out_dir: Path, rows: list[dict], wall_seconds: dict[str, float], notes: list[str] = ()) -> str:
+def write_table(out_dir: Path, rows: list[dict], wall_seconds: dict[str, float], notes: list[str] = (),
+                slowest_tests: list[dict] = ()) -> str:
     """reports/gate-time.md and .json; returns the markdown."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    markdown = to_markdown(rows, wall_seconds, notes)
+    markdown = to_markdown(rows, wall_seconds, notes, slowest_tests)
     (out_dir / "gate-time.md").write_text("# Time to verdict\n\n" + markdown)
-    (out_dir / "gate-time.json").write_text(json.dumps({"layers": rows, "wall_seconds": wall_seconds, "notes": list(notes)}, indent=1) + "\n")
+    (out_dir / "gate-time.json").write_text(json.dumps({"layers": rows, "wall_seconds": wall_seconds, "notes": list(notes),
+                                                        "slowest": list(slowest_tests)}, indent=1) + "\n")
     return markdown

@@ -344,9 +344,13 @@ def test_table_merges_workers_and_adds_the_check_step(tmp_path):
     rows = gate_time.summarize(merged, [check])
     assert [r["layer"] for r in rows] == ["unit", "gpu", "python -m parity check"]
     assert rows[1] == {"layer": "gpu", "tests": 2, "failed": 1, "seconds": 15.0, "compile_seconds": 9.0}
-    markdown = gate_time.write_table(tmp_path, rows, {"total": 45.5})
+    markdown = gate_time.write_table(tmp_path, rows, {"total": 45.5}, slowest_tests=gate_time.slowest(merged, n=2))
     assert "| gpu | 2 | 1 | 15.0 | 9.0 |" in markdown and "wall time, total: 45.5 s" in markdown
-    assert json.loads((tmp_path / "gate-time.json").read_text())["layers"] == rows
+    # the slowest tests by name, slowest first, across workers: where a layer's wall time goes
+    assert markdown.index("| `tests/gpu/a.py::t` | gpu | 10.0 | 8.0 |") < markdown.index("| `tests/gpu/b.py::t` | gpu | 5.0 | 1.0 |")
+    assert "c.py" not in markdown
+    table = json.loads((tmp_path / "gate-time.json").read_text())
+    assert table["layers"] == rows and [t["test"] for t in table["slowest"]] == ["tests/gpu/a.py::t", "tests/gpu/b.py::t"]
 
 
 @pytest.mark.parametrize("workers", [0, 2], ids=["one-process", "xdist"])
