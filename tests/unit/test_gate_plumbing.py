@@ -277,41 +277,53 @@ def test_checks_compile_in_mode_default_unless_told_otherwise():
     assert check_env({"SAMFAST_COMPILE_MODE": "max-autotune"})["SAMFAST_COMPILE_MODE"] == "max-autotune"
 
 
-def _collector():
-    """The test ids one of the gate's pytest commands selects (collection only, gate options dropped).
+def _selection(cmd: list[str]) -> tuple[str, ...]:
+    """What one of the gate's pytest commands selects: its arguments without the gate's own options."""
+    keep, skip = [], False
+    for arg in cmd[3:]:
+        if skip:
+            skip = False
+        elif arg in ("--gate-time", "--junitxml", "-n", "--dist"):  # options with a value
+            skip = True
+        else:
+            keep.append(arg)
+    return tuple(keep)
 
-    Each selection is collected once: the cpu and perf runs are the same on both kinds of machine,
-    and a collection (a pytest process importing torch and every test module) is the cost here."""
-    seen: dict[tuple[str, ...], set[str]] = {}
 
-    def collected(cmd: list[str]) -> set[str]:
-        keep, skip = [], False
-        for arg in cmd[3:]:
-            if skip:
-                skip = False
-            elif arg in ("--gate-time", "--junitxml", "-n", "--dist"):  # options with a value
-                skip = True
-            else:
-                keep.append(arg)
-        if tuple(keep) not in seen:
-            out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *keep],
-                                 cwd=ROOT, capture_output=True, text=True, check=True).stdout
-            seen[tuple(keep)] = {line for line in out.splitlines() if "::" in line}
-        return seen[tuple(keep)]
+_COLLECT_EACH = """
+import json, sys, pytest
+class Grab:
+    def pytest_collection_finish(self, session):
+        self.ids = [item.nodeid for item in session.items]
+found = []
+for args in json.loads(sys.argv[1]):
+    grab = Grab()
+    assert pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", *args], plugins=[grab]) == 0, args
+    found.append(grab.ids)
+print(json.dumps(found))
+"""
 
-    return collected
+
+def _collect(selections: list[tuple[str, ...]]) -> dict[tuple[str, ...], set[str]]:
+    """The test ids each selection collects, all in one pytest process: torch and the test modules are
+    imported once (a collection in a process of its own costs ~10 s; five of them were 88 s of CI)."""
+    done = subprocess.run([sys.executable, "-c", _COLLECT_EACH, json.dumps(selections)],
+                          cwd=ROOT, capture_output=True, text=True, check=True)
+    return {selection: set(ids) for selection, ids in zip(selections, json.loads(done.stdout.splitlines()[-1]))}
 
 
 def test_the_gates_pytest_runs_split_the_suite_without_losing_a_test(tmp_path):
     """gpu + cpu + perf select every test exactly once (running them side by side drops nothing); with a
     GPU, only the tests a check step runs anyway are left to that step."""
-    collected = _collector()
-    everything = collected([sys.executable, "-m", "pytest", "tests"])
     args = SimpleNamespace(require_gpu=False, perf_matrix=False, perf_args="")
-    for gpu_checks in (False, True):
-        commands = pytest_commands(args, tmp_path, workers=2, cpu_workers=3, gpu_checks=gpu_checks)
+    commands_with = {gpu_checks: pytest_commands(args, tmp_path, workers=2, cpu_workers=3, gpu_checks=gpu_checks)
+                     for gpu_checks in (False, True)}
+    selections = {("tests",)} | {_selection(cmd) for commands in commands_with.values() for cmd in commands.values()}
+    collected = _collect(sorted(selections))
+    everything = collected[("tests",)]
+    for gpu_checks, commands in commands_with.items():
         assert commands["gpu"][-4:] == ["-n", "2", "--dist", "loadgroup"] and "-n" not in commands["perf"]
-        runs = {name: collected(cmd) for name, cmd in commands.items()}
+        runs = {name: collected[_selection(cmd)] for name, cmd in commands.items()}
         left_to_checks = set(COVERED_BY_GPU_CHECKS) if gpu_checks else set()
         assert left_to_checks <= everything
         assert sum(map(len, runs.values())) == len(everything - left_to_checks), gpu_checks
