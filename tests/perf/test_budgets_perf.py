@@ -12,7 +12,8 @@ session's model cache, compiled in the row's `compile_mode` (max-autotune unless
 row's own), warms up, times image encoder + prompt encoder + mask decoder + upscaling on
 COCO-like prompts (bench.ladder's e2e, what the published img/s covers) and checks img/s and
 peak GiB against the row of the GPU found (or --budget-gpu). A GPU without that row skips with
-the row's name, or fails for a gating row under --require-gpu. Planted defects (a slowdown, an oversized allocation) prove the check fails.
+the row's name (a gating row fails instead under --require-gpu). Planted defects (a slowdown, an
+oversized allocation) prove the check fails.
 """
 
 from __future__ import annotations

@@ -219,6 +219,7 @@ def test_cpu_workers_count_the_cores_this_process_may_use_not_the_machines(tmp_p
     """A runner container limited to 8 of a host's 64 cores must not start 16 CPU-layer workers."""
     import parity.gate as gate
 
+    pytest.importorskip("xdist", reason="without pytest-xdist the CPU layers run in one process")
     stand_in_steps(monkeypatch, tmp_path)
     monkeypatch.setattr(gate.os, "cpu_count", lambda: 64)
     monkeypatch.setattr(gate.os, "sched_getaffinity", lambda pid: set(range(8)))
