@@ -154,7 +154,8 @@ def activate(root: Path | None = None, key: dict[str, str] | None = None, env: o
     else:
         print(f"compile cache {folder}: in use by another run; sharing it without validating or sealing")
         folder.mkdir(exist_ok=True)
-    started_empty = not any(p.name not in ("key.json", STAMP) for p in folder.iterdir())
+    # what was compiled lives in inductor/ and triton/ (the gate also keeps its test times here)
+    started_empty = not any(any(sub.iterdir()) for sub in (folder / "inductor", folder / "triton") if sub.is_dir())
     env.update({
         ENV_ACTIVE: str(folder),
         "TORCHINDUCTOR_CACHE_DIR": str(folder / "inductor"),

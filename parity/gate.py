@@ -40,7 +40,7 @@ import threading
 import time
 from pathlib import Path
 
-from parity import compile_cache, gate_time
+from parity import compile_cache, gate_time, run_order
 from parity.amg.embedded import EMBEDDED as EMBEDDED_AMG
 from parity.amg.embedded import EMBEDDED_GOLDEN as EMBEDDED_AMG_ALL_STAGES
 from parity.gate_devices import WORKERS_PER_GPU_ENV, visible_gpus
@@ -257,6 +257,8 @@ def main(argv: list[str] | None = None) -> int:
     for stale in (*(f"gate-time-{run}.json" for run in PYTEST_RUNS), *(f"gate-time-{k}.json" for k in EMBEDDED_CHECKS)):
         (args.report_dir / stale).unlink(missing_ok=True)  # a step that dies must not report an older run
     cache = compile_cache.activate()
+    times = cache.path / run_order.TIMES_FILE  # the previous run's, kept with the compile cache
+    os.environ[run_order.TIMES_ENV] = str(times)  # every pytest run below starts its slowest tests first
     print(f"compile cache: {cache.path} ({'empty: cold run' if cache.started_empty else 'reused: warm run'}); "
           f"pytest workers: {workers} for the gpu tests ({why}), {cpu_workers} for the others", flush=True)
 
@@ -305,6 +307,8 @@ def main(argv: list[str] | None = None) -> int:
     wall = {step: round(seconds, 1) for step, seconds in wall.items()}
     print("\nTime to verdict\n\n" + gate_time.write_table(args.report_dir, rows, wall, notes, gate_time.slowest(tests)), flush=True)
     if all(c in (0, 1, 5) for c in codes.values()) and check_code in (0, 1):
+        if cache.owned:  # nothing reads it while a run lasts: the next run orders its tests by it
+            gate_time.write_tests(times, tests)
         compile_cache.seal(cache)
     return verdict(list(codes.values()), check_code)
 

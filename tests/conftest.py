@@ -8,6 +8,7 @@
   parity.gate_models.
 * --gate-time PATH: per-test seconds and compile seconds (from xdist workers in their reports), written as
   each test ends: parity.gate_time.
+* under the gate (SAMFAST_TEST_TIMES), the slowest tests of its previous run start first: parity.run_order.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from parity import compile_cache, gate_time
+from parity import compile_cache, gate_time, run_order
 from parity.gate_devices import WORKERS_PER_GPU_ENV, gpu_for_worker, visible_gpus
 
 
@@ -112,6 +113,10 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 def pytest_collection_modifyitems(config, items):
+    times = os.environ.get(run_order.TIMES_ENV)
+    if times:  # the gate's runs: the slowest tests of its previous run first
+        items[:] = run_order.longest_first(items, run_order.read_seconds(Path(times)),
+                                           nodeid=lambda item: item.nodeid, group_of=run_order.xdist_group)
     if torch.cuda.is_available():
         return
     require = config.getoption("--require-gpu")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import importlib.util
 import json
 import os
 import subprocess
@@ -14,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 
-from parity import compile_cache, gate_time
+from parity import compile_cache, gate_time, run_order
 from parity.gate import (
     COVERED_BY_GPU_CHECKS,
     MAX_CPU_WORKERS,
@@ -213,6 +214,7 @@ def stand_in_steps(monkeypatch, tmp_path, cpu=(sys.executable, "-c", "pass"), pe
     monkeypatch.setattr(gate, "visible_gpus", lambda: [])
     activate = compile_cache.activate  # this process's environment left alone
     monkeypatch.setattr(gate.compile_cache, "activate", lambda: activate(tmp_path / "cache", KEY, env={}))
+    monkeypatch.setenv(run_order.TIMES_ENV, "")  # the gate sets it for its steps: undone after the test
 
 
 def test_cpu_workers_count_the_cores_this_process_may_use_not_the_machines(tmp_path, monkeypatch, capsys):
@@ -465,3 +467,56 @@ def test_compile_seconds_survive_a_dynamo_reset():
     compile_once()
     after_second = gate_time.compile_seconds_so_far()
     assert start < after_first < after_second
+
+
+# --- run order: the previous run's slowest tests first ------------------------------------------------
+def test_longest_first_keeps_groups_together_and_puts_untimed_tests_first():
+    items = ["a", "b1", "c", "b2", "new", "d"]
+    group = {"b1": "b", "b2": "b"}.get
+    seconds = {"a": 5.0, "b1": 20.0, "b2": 30.0, "c": 90.0, "d": 5.0}
+    ordered = run_order.longest_first(items, seconds, nodeid=str, group_of=lambda i: group(i, i))
+    # never timed (may be slow), then c 90 s, then group b (50 s, its two tests together in their order), then a and d tied
+    assert ordered == ["new", "c", "b1", "b2", "a", "d"]
+    assert run_order.longest_first(items, {}, nodeid=str, group_of=str) == items  # no history: collection order
+
+
+def test_unreadable_times_only_lose_the_order(tmp_path, capsys):
+    assert run_order.read_seconds(tmp_path / "none.json") == {}
+    (tmp_path / "bad.json").write_text('{"tests": [{"nodeid": "x"}]}')  # a field missing
+    assert run_order.read_seconds(tmp_path / "bad.json") == {}
+    assert "unreadable" in capsys.readouterr().err
+    gate_time.write_tests(tmp_path / "good.json", [gate_time.TestTime("t::a", "unit", 2.5, 0.0, "passed")])
+    assert run_order.read_seconds(tmp_path / "good.json") == {"t::a": 2.5}
+
+
+def test_pytest_under_the_gate_collects_the_slowest_first_and_xdist_workers_agree(tmp_path):
+    here = "tests/unit/test_gate_plumbing.py::"
+    names = ["test_layer_of_a_test", "test_verdict_keeps_the_exit_code_meanings", "test_checks_compile_in_mode_default_unless_told_otherwise"]
+    times = tmp_path / "times.json"  # last run: the last one collected was the slowest
+    gate_time.write_tests(times, [gate_time.TestTime(here + n, "unit", s, 0.0, "passed") for n, s in zip(names, (1.0, 2.0, 3.0))])
+    env = child_env(**{run_order.TIMES_ENV: str(times), "SAMFAST_CACHE_DIR": str(tmp_path / "cache")})
+    env.pop(compile_cache.ENV_ACTIVE, None)
+    base = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *(here + n for n in names)]
+    collected = subprocess.run([*base, "--collect-only", "-q"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert [line.removeprefix(here) for line in collected.stdout.splitlines() if "::" in line] == names[::-1]
+    if importlib.util.find_spec("xdist"):  # workers collect on their own: a different order would stop the run
+        done = subprocess.run([*base, "-q", "-n", "2"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0 and "3 passed" in done.stdout, done.stdout + done.stderr
+
+
+def test_the_gate_keeps_this_runs_times_for_the_next_and_names_them_to_its_steps(tmp_path, monkeypatch):
+    import parity.gate as gate
+
+    saw = tmp_path / "saw"
+    step = ("import os, sys; from parity import gate_time; open(sys.argv[1], 'w').write(os.environ['SAMFAST_TEST_TIMES']);"
+            "gate_time.write_tests(sys.argv[2], [gate_time.TestTime('tests/unit/x.py::t', 'unit', 7.5, 0.0, 'passed')])")
+    stand_in_steps(monkeypatch, tmp_path)
+    reports = tmp_path / "reports"
+    monkeypatch.setattr(gate, "pytest_commands", lambda *args, **kwargs: {
+        "gpu": [sys.executable, "-c", "pass"], "perf": [sys.executable, "-c", "pass"],
+        "cpu": [sys.executable, "-c", step, str(saw), str(reports / "gate-time-cpu.json")]})
+    assert gate.main(["--report-dir", str(reports)]) == 0
+    (cache,) = [p for p in (tmp_path / "cache").iterdir() if p.is_dir()]
+    assert saw.read_text() == str(cache / run_order.TIMES_FILE)  # the steps were told where the last run's times are
+    assert run_order.read_seconds(cache / run_order.TIMES_FILE) == {"tests/unit/x.py::t": 7.5}
+    assert compile_cache.why_untrusted(cache, json.loads((cache / "key.json").read_text())) is None  # written before the seal
