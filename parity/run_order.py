@@ -44,13 +44,14 @@ def longest_first(items: Sequence[Item], seconds: dict[str, float], nodeid: Call
     """`items` with the groups (tests that share an xdist group stay together; any other test is a
     group of one) ordered by their tests' seconds last time, longest first. A test never timed
     counts as the longest (it may be slow); equal groups keep the collection order."""
+    groups = [group_of(item) for item in items]
     totals: dict[Hashable, float] = {}
     first_seen: dict[Hashable, int] = {}
-    for index, item in enumerate(items):
-        group = group_of(item)
+    for index, (item, group) in enumerate(zip(items, groups)):
         totals[group] = totals.get(group, 0.0) + seconds.get(nodeid(item), math.inf)
         first_seen.setdefault(group, index)
-    return sorted(items, key=lambda item: (-totals[group_of(item)], first_seen[group_of(item)]))
+    order = sorted(range(len(items)), key=lambda i: (-totals[groups[i]], first_seen[groups[i]]))
+    return [items[i] for i in order]
 
 
 def xdist_group(item) -> Hashable:

@@ -510,11 +510,8 @@ def test_the_gate_keeps_this_runs_times_for_the_next_and_names_them_to_its_steps
     saw = tmp_path / "saw"
     step = ("import os, sys; from parity import gate_time; open(sys.argv[1], 'w').write(os.environ['SAMFAST_TEST_TIMES']);"
             "gate_time.write_tests(sys.argv[2], [gate_time.TestTime('tests/unit/x.py::t', 'unit', 7.5, 0.0, 'passed')])")
-    stand_in_steps(monkeypatch, tmp_path)
     reports = tmp_path / "reports"
-    monkeypatch.setattr(gate, "pytest_commands", lambda *args, **kwargs: {
-        "gpu": [sys.executable, "-c", "pass"], "perf": [sys.executable, "-c", "pass"],
-        "cpu": [sys.executable, "-c", step, str(saw), str(reports / "gate-time-cpu.json")]})
+    stand_in_steps(monkeypatch, tmp_path, cpu=[sys.executable, "-c", step, str(saw), str(reports / "gate-time-cpu.json")])
     assert gate.main(["--report-dir", str(reports)]) == 0
     (cache,) = [p for p in (tmp_path / "cache").iterdir() if p.is_dir()]
     assert saw.read_text() == str(cache / run_order.TIMES_FILE)  # the steps were told where the last run's times are
