@@ -40,7 +40,7 @@ import threading
 import time
 from pathlib import Path
 
-from parity import compile_cache, gate_time, run_order
+from parity import compile_cache, gate_time, run_order, vec_isa
 from parity.amg.embedded import EMBEDDED as EMBEDDED_AMG
 from parity.amg.embedded import EMBEDDED_GOLDEN as EMBEDDED_AMG_ALL_STAGES
 from parity.gate_devices import WORKERS_PER_GPU_ENV, visible_gpus
@@ -257,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     for stale in (*(f"gate-time-{run}.json" for run in PYTEST_RUNS), *(f"gate-time-{k}.json" for k in EMBEDDED_CHECKS)):
         (args.report_dir / stale).unlink(missing_ok=True)  # a step that dies must not report an older run
     cache = compile_cache.activate()
+    isa_note = vec_isa.settle(cache.path, may_write=cache.owned)  # before any step starts: they inherit it
     times = cache.path / run_order.TIMES_FILE  # the previous run's, kept with the compile cache
     os.environ[run_order.TIMES_ENV] = str(times)  # every pytest run below starts its slowest tests first
     print(f"compile cache: {cache.path} ({'empty: cold run' if cache.started_empty else 'reused: warm run'}); "
@@ -302,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
              + (f"on cores {sorted(perf_cores)} of its own while the CPU layers finished" if perf_cores else "alone")
              + " (wall times overlap)",
              f"checks compiled in mode {check_env()['SAMFAST_COMPILE_MODE']} (SAMFAST_COMPILE_MODE)",
+             isa_note,
              "exit codes: " + ", ".join(f"pytest {step} {code}" for step, code in codes.items())
              + ", " + ", ".join(f"{step} {code}" for step, code in check_codes.items())]
     wall = {step: round(seconds, 1) for step, seconds in wall.items()}

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from parity import compile_cache, gate_time, run_order
+from parity import compile_cache, gate_time, run_order, vec_isa
 from parity.gate_devices import WORKERS_PER_GPU_ENV, gpu_for_worker, visible_gpus
 
 
@@ -58,6 +58,7 @@ def pytest_configure(config):
         return
     if compile_cache.ENV_ACTIVE not in os.environ:
         config._samfast_cache = compile_cache.activate()
+        vec_isa.settle(config._samfast_cache.path, may_write=config._samfast_cache.owned)
     config.pluginmanager.register(GateTimes(config.getoption("--gate-time")), "gate-times")
 
 

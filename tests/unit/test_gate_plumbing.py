@@ -214,6 +214,7 @@ def stand_in_steps(monkeypatch, tmp_path, cpu=(sys.executable, "-c", "pass"), pe
     monkeypatch.setattr(gate, "visible_gpus", lambda: [])
     activate = compile_cache.activate  # this process's environment left alone
     monkeypatch.setattr(gate.compile_cache, "activate", lambda: activate(tmp_path / "cache", KEY, env={}))
+    monkeypatch.setattr(gate.vec_isa, "settle", lambda folder, may_write: "CPU vector ISA: left to each step")
     monkeypatch.setenv(run_order.TIMES_ENV, "")  # the gate sets it for its steps: undone after the test
 
 
