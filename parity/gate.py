@@ -18,8 +18,9 @@
      their meaning (2 = bad input);
    the background steps' output goes to reports/<step>.log, its tail printed when the step fails;
 3. `pytest tests/perf` alone on one GPU and an otherwise idle machine (pytest-benchmark times
-   nothing under xdist, and a timed row shares nothing); with --perf-early as soon as the GPU steps
-   are done, on PERF_CORES cores of its own, while the CPU layers finish on the others;
+   nothing under xdist, and a timed row shares nothing); with --perf-early (the default with a GPU
+   and 8+ cores) as soon as the GPU steps are done, on PERF_CORES cores of its own, while the CPU
+   layers finish on the others;
 4. reports/gate-time.md and .json: per layer the tests, their seconds and their compile seconds, and
    the wall time of each step; the cache is sealed when every step ran to a verdict (pytest exit
    0, 1 or 5, the checks 0 or 1), not after a crash or a refused input.
@@ -109,6 +110,8 @@ def check_env(environ=os.environ) -> dict[str, str]:
 
 # With --perf-early, the cores perf keeps to itself while the CPU layers finish on the others.
 PERF_CORES = 2
+# --perf-early is the default with a GPU and at least this many cores (6 left to the other steps).
+PERF_EARLY_MIN_CORES = 8
 # Beyond this, more workers cost more in start-up (each imports torch) than they save on ~570 tests.
 MAX_CPU_WORKERS = 16
 
@@ -152,6 +155,15 @@ def run_check_step(check_args: list[str], out_json: Path) -> int:
         code = exit_.code if isinstance(exit_.code, int) else 2
     out_json.write_text(json.dumps({"compile_seconds": round(gate_time.compile_seconds_so_far(), 3)}))
     return code
+
+
+def choose_perf_early(requested: bool | None, gpus: list[str], cores: int) -> bool:
+    """Perf early unless told otherwise, where it can be: with a GPU (without one nothing is timed)
+    and PERF_EARLY_MIN_CORES. On the H100 runner its rows equalled a quiet run's within 1%
+    (docs/gpu-gate.md) and it took perf's ~80 s off the warm gate's wall."""
+    if requested is not None:
+        return requested
+    return bool(gpus) and cores >= PERF_EARLY_MIN_CORES
 
 
 def split_cores(available: set[int], perf_early: bool) -> tuple[set[int] | None, set[int] | None]:
@@ -226,9 +238,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report-dir", type=Path, default=Path("reports"))
     parser.add_argument("--perf-args", default="", help="more pytest options for the perf run, e.g. "
                         "'--benchmark-compare=0001 --benchmark-compare-fail=mean:15%%'")
-    parser.add_argument("--perf-early", action="store_true", help=f"time perf as soon as the GPU steps are done, on "
-                        f"{PERF_CORES} cores of its own, while the CPU-only layers (which never touch the GPU) "
-                        "finish on the others; off by default until its timings are shown to equal a quiet run's")
+    parser.add_argument("--perf-early", action=argparse.BooleanOptionalAction, help=f"time perf as soon as the GPU "
+                        f"steps are done, on {PERF_CORES} cores of its own, while the CPU-only layers (which never "
+                        f"touch the GPU) finish on the others (default: on with a GPU and {PERF_EARLY_MIN_CORES}+ cores); "
+                        "--no-perf-early times it alone after everything else")
     parser.add_argument("--_check-step", dest="check_step", type=Path, help=argparse.SUPPRESS)
     args, check_args = parser.parse_known_args(argv)
     if args.check_step:
@@ -246,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         workers, why = choose_workers(args.workers, gpus, have_xdist, args.workers_per_gpu)
         # The cores this process may use (a container's CPU limit shows here, not in os.cpu_count()).
         available = os.sched_getaffinity(0)
+        args.perf_early = choose_perf_early(args.perf_early, gpus, len(available))
         perf_cores, other_cores = split_cores(available, args.perf_early)
         cores = len(other_cores or available)
         spare = spare_cores(cores, other_processes=workers + len(checks))

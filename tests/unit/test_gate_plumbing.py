@@ -20,10 +20,12 @@ from parity.gate import (
     COVERED_BY_GPU_CHECKS,
     MAX_CPU_WORKERS,
     PERF_CORES,
+    PERF_EARLY_MIN_CORES,
     Background,
     GateUsageError,
     _timed,
     check_env,
+    choose_perf_early,
     choose_cpu_workers,
     choose_workers,
     cpu_layers_env,
@@ -185,6 +187,14 @@ def test_a_background_step_reports_when_it_ended_not_when_it_was_waited_for(tmp_
     assert held.wait()[0] == 0
     code, seconds = quick.wait()
     assert code == 0 and seconds <= quick_ended_by
+
+
+def test_perf_early_is_the_default_only_with_a_gpu_and_cores_to_spare():
+    assert choose_perf_early(None, ["H100"], cores=16) is True
+    assert choose_perf_early(None, ["H100"], cores=PERF_EARLY_MIN_CORES - 1) is False
+    assert choose_perf_early(None, [], cores=64) is False  # no GPU: the perf rows skip, nothing to time early
+    assert choose_perf_early(False, ["H100"], cores=16) is False  # --no-perf-early
+    assert choose_perf_early(True, [], cores=2) is True  # asked for: split_cores then says why it cannot
 
 
 def test_perf_early_keeps_cores_of_its_own_and_pins_every_other_step_off_them(tmp_path):
