@@ -83,3 +83,12 @@ def test_on_this_machine_trusting_the_cpu_picks_what_the_probe_picks(tmp_path):
     trusted, picked = json.loads(out.strip().splitlines()[-1])
     assert trusted == record["probed"]
     assert picked == record["probed"][0]
+
+
+def test_an_inductor_without_the_probe_leaves_each_process_probing(tmp_path):
+    def moved():
+        raise AttributeError("valid_vec_isa_list has no __wrapped__")
+
+    env = {}
+    note = vec_isa.settle(tmp_path, may_write=True, env=env, run_probe=moved, fingerprint=lambda: "m")
+    assert env == {} and "not settled (AttributeError" in note and not (tmp_path / vec_isa.RECORD).exists()
