@@ -209,6 +209,10 @@ def test_docs_show_commands():
     assert {"nox -s parity", "nox -s tests"} <= readme
 
 
+# One worker under --dist loadgroup (the gate's): `helps` starts an interpreter that imports torch and
+# every documented module, and each worker running one of these tests built it again (8 workers on the
+# H100 runner: ~13 s each, 170 test-seconds for this file).
+@pytest.mark.xdist_group("docs-commands")
 @pytest.mark.parametrize("command", COMMANDS, ids=[f"{c.doc}:{c.line}:{c.tool}:{c.target}" for c in COMMANDS])
 def test_command_runs(command, helps):
     assert command_problem(command, helps, nox_sessions(REPO / "noxfile.py")) is None

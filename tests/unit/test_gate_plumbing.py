@@ -528,3 +528,29 @@ def test_the_gate_keeps_this_runs_times_for_the_next_and_names_them_to_its_steps
     assert saw.read_text() == str(cache / run_order.TIMES_FILE)  # the steps were told where the last run's times are
     assert run_order.read_seconds(cache / run_order.TIMES_FILE) == {"tests/unit/x.py::t": 7.5}
     assert compile_cache.why_untrusted(cache, json.loads((cache / "key.json").read_text())) is None  # written before the seal
+
+
+def test_xdist_groups_run_on_one_worker_with_the_installed_pytest(tmp_path):
+    """The gate shares a built model between the tests of one xdist group (`--dist loadgroup`). pytest
+    9.2's structured node ids silently broke pytest-xdist 3.8's grouping (pytest-dev/pytest-xdist#1386:
+    it appends the group to `item._nodeid`, which 9.2 no longer reads), so every test of a group could
+    land on another worker and build the model again. This fails if the installed pair does that."""
+    pytest.importorskip("xdist", reason="without pytest-xdist the gate runs one process: nothing to group")
+    suite = ("import os, pytest\n"
+             "@pytest.mark.xdist_group('{g}')\n"
+             "@pytest.mark.parametrize('i', range(6))\n"
+             "def test_{g}(i):\n"
+             "    open(os.environ['SEEN'] + f'/{g}-{{i}}', 'w').write(os.environ['PYTEST_XDIST_WORKER'])\n")
+    for group in ("a", "b"):
+        (tmp_path / f"test_{group}.py").write_text(suite.format(g=group))
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")  # not this project's settings or conftest
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadgroup",
+                           "test_a.py", "test_b.py"], cwd=tmp_path, env=child_env(SEEN=str(seen)),
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and "12 passed" in done.stdout, done.stdout + done.stderr
+    for group in ("a", "b"):
+        workers = {(seen / f"{group}-{i}").read_text() for i in range(6)}
+        assert len(workers) == 1, (f"xdist group {group!r} ran on workers {sorted(workers)}: --dist loadgroup does "
+                                   f"not group with pytest {pytest.__version__}; install pytest<9.2 (pyproject.toml pins it)")
