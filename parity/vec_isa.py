@@ -51,7 +51,8 @@ def probe() -> dict[str, list[str]]:
     from torch._inductor import config
     from torch._inductor.cpu_vec_isa import valid_vec_isa_list
 
-    probed = [str(isa) for isa in valid_vec_isa_list.__wrapped__()]  # the uncached function: a fresh check
+    with config.patch({"cpp.vec_isa_ok": None}):  # a real build-and-load check, whatever the environment says
+        probed = [str(isa) for isa in valid_vec_isa_list.__wrapped__()]  # the uncached function: a fresh check
     with config.patch({"cpp.vec_isa_ok": True}):
         claimed = [str(isa) for isa in valid_vec_isa_list.__wrapped__()]
     return {"probed": probed, "claimed": claimed}
