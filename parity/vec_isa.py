@@ -80,9 +80,8 @@ def settle(folder: Path, may_write: bool, env: os._Environ | dict = os.environ,
             if not may_write:
                 return "CPU vector ISA: no verdict for this machine in a cache another run owns; each process probes"
             record = {"fingerprint": mine, **run_probe()}
-            tmp = folder / (RECORD + ".tmp")
-            tmp.write_text(json.dumps(record, indent=1) + "\n")
-            tmp.replace(folder / RECORD)
+            # a plain write: the folder is trusted only once sealed after the run, and a torn record reads as none
+            (folder / RECORD).write_text(json.dumps(record, indent=1) + "\n")
     except Exception as err:  # an inductor without these helpers: leave the per-process probe as it is
         return f"CPU vector ISA: not settled ({type(err).__name__}: {err}); each process probes"
     best = record["probed"][0] if record["probed"] else "none"
