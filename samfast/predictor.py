@@ -7,11 +7,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from samfast.resize import pil_bilinear_resize, same_as_pil
 from samfast.transforms import (
     InputError,
     as_numbers,
     check_inside,
     check_labels,
+    preprocess_shape,
     resize_longest_side,
     scale_coords,
     to_rgb_uint8,
@@ -238,8 +240,18 @@ class SamPredictor:
         return tensor.pin_memory().to(self.device, non_blocking=True)
 
     def _to_input(self, rgb: np.ndarray) -> torch.Tensor:
-        resized = resize_longest_side(rgb, self.long_side)
-        return self._to_device(resized, torch.uint8).permute(2, 0, 1).contiguous()
+        """3xhxw uint8 on the model's device, the longest side resized to the encoder's, PIL's exact pixels.
+
+        On a GPU the original (smaller, usually) is copied and resized there (samfast.resize): a host
+        resize plus the copy of its result cost more than the vit_b encoder. Where the device resize
+        may not equal the installed PIL's, PIL resizes on the host as the reference does.
+        """
+        size = preprocess_shape(*rgb.shape[:2], self.long_side)
+        if self.device.type == "cuda" and same_as_pil(rgb.shape[:2], size):
+            resized = pil_bilinear_resize(self._to_device(np.ascontiguousarray(rgb), torch.uint8), size)
+        else:
+            resized = self._to_device(resize_longest_side(rgb, self.long_side), torch.uint8)
+        return resized.permute(2, 0, 1).contiguous()
 
     def _points_to_torch(self, coords: np.ndarray, labels: np.ndarray, original_size, what: str):
         """Checked (N, k, 2) coordinates and (N, k) labels -> device tensors in the resized frame."""

@@ -1,0 +1,150 @@
+"""Where a segment-everything call spends its time, per step and per kernel, with and without the decoder and resize changes.
+
+    python -m bench.amg_profile [--models vit_b vit_h] [--stage nt] [--variants before all] [--out reports/bench]
+
+For every model and variant: one samfast generate on sam-demo dog.jpg (points_per_side 32, default
+thresholds, seeded weights), one warm-up then the median of --repeats, and the time of each step
+of the generator (CUDA-synchronised timers around _embed, _decode, the per-crop filters and the
+records); for the last variant a torch.profiler table of the CUDA kernels. The variants undo, in
+this process only, what the later sessions changed, so one run shows what each change is worth:
+
+- before: PIL resize on the host, flash attention for the few-key attentions, cuDNN transposed convs;
+- resize: + the image resized on the device (samfast.resize);
+- attention: + few-key attention as matmuls (samfast.modeling.transformer.FEW_KEYS);
+- all: + the upscaling as GEMMs (MaskDecoder.upscale_as_gemm): what build_sam gives now.
+
+Writes amg-profile.md under --out and prints it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import samfast
+import samfast.predictor as predictor_module
+from bench.amg import load_image
+from bench.ladder import _sync, device_name
+from samfast.amg.generator import SamAutomaticMaskGenerator
+from samfast.modeling import transformer
+
+VARIANTS = ("before", "resize", "attention", "all")
+STEPS = ("_embed", "_decode", "_filter_crop", "_records")
+
+
+@contextlib.contextmanager
+def variant(model, name: str):
+    """The model and modules as they were before the changes that `name` leaves out."""
+    level = VARIANTS.index(name)
+    saved = (predictor_module.same_as_pil, transformer.FEW_KEYS, model.mask_decoder.upscale_as_gemm)
+    if level < 1:
+        predictor_module.same_as_pil = lambda *_: False
+    if level < 2:
+        transformer.FEW_KEYS = 0
+    if level < 3:
+        model.mask_decoder.upscale_as_gemm = False
+    try:
+        yield
+    finally:
+        predictor_module.same_as_pil, transformer.FEW_KEYS, model.mask_decoder.upscale_as_gemm = saved
+
+
+@contextlib.contextmanager
+def step_timers(generator: SamAutomaticMaskGenerator, device: torch.device, totals: dict[str, float]):
+    """Wrap the generator's steps with synchronised timers adding up ms into `totals`."""
+    for step in STEPS:
+        inner = getattr(generator, step)
+
+        def timed(*args, _inner=inner, _step=step, **kwargs):
+            _sync(device)
+            start = time.perf_counter()
+            out = _inner(*args, **kwargs)
+            _sync(device)
+            totals[_step] = totals.get(_step, 0.0) + (time.perf_counter() - start) * 1e3
+            return out
+
+        setattr(generator, step, timed)
+    try:
+        yield
+    finally:
+        for step in STEPS:
+            delattr(generator, step)
+
+
+def median_ms(generator, image: np.ndarray, device: torch.device, repeats: int) -> tuple[float, int]:
+    records = generator.generate(image)
+    runs = []
+    for _ in range(repeats):
+        _sync(device)
+        start = time.perf_counter()
+        records = generator.generate(image)
+        runs.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(runs), len(records)
+
+
+def kernel_table(generator, image: np.ndarray, rows: int = 25) -> str:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        generator.generate(image)
+    return prof.key_averages().table(sort_by="cuda_time_total", row_limit=rows, max_name_column_width=70)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.amg_profile", description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", nargs="+", default=["vit_b", "vit_h"], choices=samfast.MODEL_TYPES)
+    p.add_argument("--stage", default="nt")
+    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    p.add_argument("--compile-mode", default="default", help="SAMFAST_COMPILE_MODE for the build")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--out", default="reports/bench")
+    args = p.parse_args(argv)
+    import os
+
+    os.environ["SAMFAST_COMPILE_MODE"] = args.compile_mode
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    image, source = load_image()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    lines = [
+        "# segment everything: time per step",
+        "",
+        f"- device: {device_name(device)}; torch {torch.__version__}; stage {args.stage}; compile mode {args.compile_mode}",
+        f"- command: `python -m bench.amg_profile {' '.join(sys.argv[1:] if argv is None else argv)}`",
+        f"- image: {source}; points_per_side 32; default thresholds; seeded synthetic weights; median of {args.repeats}",
+        "",
+        "| model | variant | ms per image | masks | " + " | ".join(f"{s} ms" for s in STEPS) + " |",
+        "|---|---|---:|---:|" + "---:|" * len(STEPS),
+    ]
+    tables = []
+    for model_type in args.models:
+        model = samfast.build_sam(model_type, device=device, stages=args.stage, batch_size=1)
+        generator = SamAutomaticMaskGenerator(model, points_per_batch=None)
+        for name in args.variants:
+            with variant(model, name):
+                ms, masks = median_ms(generator, image, device, args.repeats)
+                totals: dict[str, float] = {}
+                with step_timers(generator, device, totals):
+                    generator.generate(image)
+                if name == args.variants[-1] and device.type == "cuda":
+                    tables.append(f"## {model_type} {name}: CUDA kernels over one generate\n\n```\n{kernel_table(generator, image)}\n```\n")
+            lines.append(f"| {model_type} | {name} | {ms:.1f} | {masks} | " + " | ".join(f"{totals.get(s, 0):.1f}" for s in STEPS) + " |")
+            print(lines[-1], file=sys.stderr, flush=True)
+            (out / "amg-profile.md").write_text("\n".join(lines) + "\n\n" + "\n".join(tables))
+        del model, generator
+        torch.cuda.empty_cache() if device.type == "cuda" else None
+    text = "\n".join(lines) + "\n\n" + "\n".join(tables)
+    (out / "amg-profile.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
