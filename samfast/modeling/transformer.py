@@ -116,8 +116,8 @@ class TwoWayAttentionBlock(nn.Module):
         return queries, keys
 
 
-# Up to this many keys, attention runs as explicit matmuls and softmax (see Attention.attend).
-FEW_KEYS = 16
+# With this many queries or keys or fewer, attention runs as explicit matmuls and softmax (see Attention.attend).
+FEW_TOKENS = 16
 
 
 class Attention(nn.Module):
@@ -142,12 +142,12 @@ class Attention(nn.Module):
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """Attention of projected, head-separated q, k, v, then the output projection."""
-        if self.attn_impl == "math" or k.shape[-2] <= FEW_KEYS:
-            # The reference's order of operations, so the fp32 stage equals it to rounding. Also for
-            # a handful of keys (the image tokens attending to the ~7 prompt tokens) whatever the
-            # switch: flash and cuDNN kernels are built for long keys, and spent 15 ms of the 67 ms
-            # decoder call over 1024 AMG prompts on an H100 there (docs/amg.md); as two small
-            # matmuls inductor fuses the softmax between them.
+        if self.attn_impl == "math" or min(q.shape[-2], k.shape[-2]) <= FEW_TOKENS:
+            # The reference's order of operations, so the fp32 stage equals it to rounding. Also when
+            # one side is a handful of prompt tokens (~7), whatever the switch: flash kernels tile
+            # queries by 64 or more, and with 7 queries against 4096 image tokens cuDNN's took 10.8 ms
+            # of the 46 ms decoder call over 1024 AMG prompts on an H100 (docs/amg.md), for 15 GFLOP;
+            # as two small matmuls inductor fuses the softmax between them.
             attn = q @ k.permute(0, 1, 3, 2) / math.sqrt(q.shape[-1])
             out = torch.softmax(attn, dim=-1) @ v
         else:
