@@ -202,6 +202,9 @@ class SamAutomaticMaskGenerator:
         if self.model.device.type != "cuda":
             return min(n_points, CPU_POINTS_PER_BATCH)
         free, _ = torch.cuda.mem_get_info(self.model.device)
+        # blocks the caching allocator holds but nothing uses are free to the decoder too: without them
+        # the count depended on what earlier calls had left cached (1024 points split into 1014 + 10)
+        free += torch.cuda.memory_reserved(self.model.device) - torch.cuda.memory_allocated(self.model.device)
         embedding = self.model.prompt_encoder.no_mask_embed.weight
         h, w = self.model.prompt_encoder.image_embedding_size
         per_prompt = DECODER_ACTIVATIONS_PER_PROMPT * embedding.shape[1] * h * w * embedding.element_size()

@@ -142,14 +142,12 @@ class Attention(nn.Module):
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """Attention of projected, head-separated q, k, v, then the output projection."""
-        if self.attn_impl == "math" or min(q.shape[-2], k.shape[-2]) <= FEW_TOKENS:
-            # The reference's order of operations, so the fp32 stage equals it to rounding. Also when
-            # one side is a handful of prompt tokens (~7), whatever the switch: flash kernels tile
-            # queries by 64 or more, and with 7 queries against 4096 image tokens cuDNN's took 10.8 ms
-            # of the 46 ms decoder call over 1024 AMG prompts on an H100 (docs/amg.md), for 15 GFLOP;
-            # as two small matmuls inductor fuses the softmax between them.
+        if self.attn_impl == "math":
+            # The reference's order of operations, so the fp32 stage equals it to rounding.
             attn = q @ k.permute(0, 1, 3, 2) / math.sqrt(q.shape[-1])
             out = torch.softmax(attn, dim=-1) @ v
+        elif min(q.shape[-2], k.shape[-2]) <= FEW_TOKENS:
+            out = _few_token_attention(q, k, v)
         else:
             out = F.scaled_dot_product_attention(q, k, v)
         b, heads, n, c = out.shape
@@ -157,3 +155,18 @@ class Attention(nn.Module):
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         return self.attend(self.heads(self.q_proj(q)), self.heads(self.k_proj(k)), self.heads(self.v_proj(v)))
+
+
+def _few_token_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """softmax(q k^T / sqrt(d)) v where the queries or the keys are a handful of prompt tokens.
+
+    Flash kernels tile queries by 64 or more: with 7 prompt tokens attending to 4096 image tokens,
+    cuDNN's took 8.8-10.8 ms of a 46-49 ms decoder call over 1024 segment-everything prompts on an
+    H100 (docs/amg.md), for 15 GFLOP. Two batched matmuls with the softmax between them do the same
+    work in a few passes over the tensors. The softmax is written out (max, exp, sum) on purpose:
+    inductor's attention pattern matcher rewrites matmul-softmax-matmul back into SDPA, the call
+    this avoids.
+    """
+    scores = (q @ k.transpose(-2, -1)).float() * (q.shape[-1] ** -0.5)  # the softmax in fp32, as SDPA's
+    weights = torch.exp(scores - scores.amax(dim=-1, keepdim=True))
+    return (weights / weights.sum(dim=-1, keepdim=True)).to(v.dtype) @ v
