@@ -6,12 +6,11 @@ For every model and variant: one samfast generate on sam-demo dog.jpg (points_pe
 thresholds, seeded weights), one warm-up then the median of --repeats, and the time of each step
 of the generator (CUDA-synchronised timers around _embed, _decode, the per-crop filters and the
 records); for the last variant a torch.profiler table of the CUDA kernels. The variants undo, in
-this process only, what the later sessions changed, so one run shows what each change is worth:
+this process only, what session 10 changed, so one run shows what each change is worth:
 
-- before: PIL resize on the host, flash attention where one side is a few prompt tokens, cuDNN transposed convs;
+- before: PIL resize on the host, cuDNN's transposed convolutions in the decoder;
 - resize: + the image resized on the device (samfast.resize);
-- attention: + few-key attention as matmuls (samfast.modeling.transformer.FEW_TOKENS);
-- all: + the upscaling as GEMMs (MaskDecoder.upscale_as_gemm): what build_sam gives now.
+- all: + the decoder's upscaling as GEMMs (MaskDecoder.upscale_as_gemm): what build_sam gives now.
 
 Writes amg-profile.md under --out and prints it.
 """
@@ -33,9 +32,8 @@ import samfast.predictor as predictor_module
 from bench.amg import load_image
 from bench.ladder import _sync, device_name
 from samfast.amg.generator import SamAutomaticMaskGenerator
-from samfast.modeling import transformer
 
-VARIANTS = ("before", "resize", "attention", "all")
+VARIANTS = ("before", "resize", "all")
 STEPS = ("_embed", "_decode", "_filter_crop", "_records")
 
 
@@ -43,17 +41,15 @@ STEPS = ("_embed", "_decode", "_filter_crop", "_records")
 def variant(model, name: str):
     """The model and modules as they were before the changes that `name` leaves out."""
     level = VARIANTS.index(name)
-    saved = (predictor_module.same_as_pil, transformer.FEW_TOKENS, model.mask_decoder.upscale_as_gemm)
+    saved = (predictor_module.same_as_pil, model.mask_decoder.upscale_as_gemm)
     if level < 1:
         predictor_module.same_as_pil = lambda *_: False
     if level < 2:
-        transformer.FEW_TOKENS = 0
-    if level < 3:
         model.mask_decoder.upscale_as_gemm = False
     try:
         yield
     finally:
-        predictor_module.same_as_pil, transformer.FEW_TOKENS, model.mask_decoder.upscale_as_gemm = saved
+        predictor_module.same_as_pil, model.mask_decoder.upscale_as_gemm = saved
 
 
 @contextlib.contextmanager

@@ -116,10 +116,6 @@ class TwoWayAttentionBlock(nn.Module):
         return queries, keys
 
 
-# With this many queries or keys or fewer, attention runs as explicit matmuls and softmax (see Attention.attend).
-FEW_TOKENS = 16
-
-
 class Attention(nn.Module):
     """Multi-head attention whose projections may shrink the width by downsample_rate."""
 
@@ -146,8 +142,6 @@ class Attention(nn.Module):
             # The reference's order of operations, so the fp32 stage equals it to rounding.
             attn = q @ k.permute(0, 1, 3, 2) / math.sqrt(q.shape[-1])
             out = torch.softmax(attn, dim=-1) @ v
-        elif min(q.shape[-2], k.shape[-2]) <= FEW_TOKENS:
-            out = _few_token_attention(q, k, v)
         else:
             out = F.scaled_dot_product_attention(q, k, v)
         b, heads, n, c = out.shape
@@ -155,18 +149,3 @@ class Attention(nn.Module):
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         return self.attend(self.heads(self.q_proj(q)), self.heads(self.k_proj(k)), self.heads(self.v_proj(v)))
-
-
-def _few_token_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-    """softmax(q k^T / sqrt(d)) v where the queries or the keys are a handful of prompt tokens.
-
-    Flash kernels tile queries by 64 or more: with 7 prompt tokens attending to 4096 image tokens,
-    cuDNN's took 8.8-10.8 ms of a 46-49 ms decoder call over 1024 segment-everything prompts on an
-    H100 (docs/amg.md), for 15 GFLOP. Two batched matmuls with the softmax between them do the same
-    work in a few passes over the tensors. The softmax is written out (max, exp, sum) on purpose:
-    inductor's attention pattern matcher rewrites matmul-softmax-matmul back into SDPA, the call
-    this avoids.
-    """
-    scores = (q @ k.transpose(-2, -1)).float() * (q.shape[-1] ** -0.5)  # the softmax in fp32, as SDPA's
-    weights = torch.exp(scores - scores.amax(dim=-1, keepdim=True))
-    return (weights / weights.sum(dim=-1, keepdim=True)).to(v.dtype) @ v
