@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import statistics
 import sys
 import time
@@ -102,8 +103,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--out", default="reports/bench")
     args = p.parse_args(argv)
-    import os
-
     os.environ["SAMFAST_COMPILE_MODE"] = args.compile_mode
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     image, source = load_image()
@@ -135,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
             print(lines[-1], file=sys.stderr, flush=True)
             (out / "amg-profile.md").write_text("\n".join(lines) + "\n\n" + "\n".join(tables))
         del model, generator
-        torch.cuda.empty_cache() if device.type == "cuda" else None
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
     text = "\n".join(lines) + "\n\n" + "\n".join(tables)
     (out / "amg-profile.md").write_text(text)
     print(text)

@@ -61,8 +61,10 @@ class LayerNorm2d(nn.Module):
         self.bias = nn.Parameter(torch.zeros(num_channels))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        u = x.mean(1, keepdim=True)
-        s = (x - u).pow(2).mean(1, keepdim=True)
+    def forward(self, x: torch.Tensor, channels_last: bool = False) -> torch.Tensor:
+        """x is NCHW, or (..., C) with channels_last (the decoder's upscaling as GEMMs); the same arithmetic."""
+        dim, shape = (-1, (-1,)) if channels_last else (1, (-1, 1, 1))
+        u = x.mean(dim, keepdim=True)
+        s = (x - u).pow(2).mean(dim, keepdim=True)
         x = (x - u) / torch.sqrt(s + self.eps)
-        return self.weight[:, None, None] * x + self.bias[:, None, None]
+        return self.weight.view(shape) * x + self.bias.view(shape)

@@ -140,12 +140,12 @@ class MaskDecoder(nn.Module):
 
         A 2x2 stride-2 transposed convolution is one GEMM per input pixel (C_in -> C_out x 2 x 2)
         followed by placing the 4 outputs in their 2x2 block. cuDNN ran the two of them on NCHW
-        bf16 in 8.8 ms of the 67 ms decoder call over 1024 AMG prompts on an H100 (docs/amg.md),
-        and the transformer's tokens are already channels-last, so the NCHW transpose goes too.
-        Same weights, same products up to the order of summation.
+        bf16 in 8.8 ms of a decoder call over 1024 AMG prompts on an H100, and the transformer's
+        tokens are already channels-last, so the NCHW transpose goes too: 4-5 ms off that call
+        (docs/amg.md, session 10). Same weights, same products up to the order of summation.
         """
         conv1, norm, act1, conv2, act2 = self.output_upscaling
-        x = act1(_layer_norm_last(_conv_transpose_2x2(src, conv1), norm))
+        x = act1(norm(_conv_transpose_2x2(src, conv1), channels_last=True))
         x = act2(_conv_transpose_2x2(x, conv2))  # (P, 4h, 4w, C / 8)
         p, h4, w4, c8 = x.shape
         return (hyper_in @ x.view(p, h4 * w4, c8).transpose(1, 2)).view(p, -1, h4, w4)
@@ -159,13 +159,6 @@ def _conv_transpose_2x2(x: torch.Tensor, conv: nn.ConvTranspose2d) -> torch.Tens
     y = x @ conv.weight.flatten(1)  # (P, h, w, C_out * 4) in (C_out, a, b) order
     y = y.view(p, h, w, c_out, 2, 2).permute(0, 1, 4, 2, 5, 3).reshape(p, 2 * h, 2 * w, c_out)
     return y + conv.bias
-
-
-def _layer_norm_last(x: torch.Tensor, norm: LayerNorm2d) -> torch.Tensor:
-    """LayerNorm2d's arithmetic over the last (channel) axis of a channels-last tensor."""
-    u = x.mean(-1, keepdim=True)
-    s = (x - u).pow(2).mean(-1, keepdim=True)
-    return norm.weight * ((x - u) / torch.sqrt(s + norm.eps)) + norm.bias
 
 
 class MLP(nn.Module):
