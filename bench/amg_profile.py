@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -30,7 +29,7 @@ import torch
 
 import samfast
 import samfast.predictor as predictor_module
-from bench.amg import load_image
+from bench.amg import load_image, time_generate
 from bench.ladder import _sync, device_name
 from samfast.amg.generator import SamAutomaticMaskGenerator
 
@@ -75,17 +74,6 @@ def step_timers(generator: SamAutomaticMaskGenerator, device: torch.device, tota
             delattr(generator, step)
 
 
-def median_ms(generator, image: np.ndarray, device: torch.device, repeats: int) -> tuple[float, int]:
-    records = generator.generate(image)
-    runs = []
-    for _ in range(repeats):
-        _sync(device)
-        start = time.perf_counter()
-        records = generator.generate(image)
-        runs.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(runs), len(records)
-
-
 def kernel_table(generator, image: np.ndarray, rows: int = 25) -> str:
     from torch.profiler import ProfilerActivity, profile
 
@@ -124,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         generator = SamAutomaticMaskGenerator(model, points_per_batch=None)
         for name in args.variants:
             with variant(model, name):
-                ms, masks = median_ms(generator, image, device, args.repeats)
+                ms, masks, _ = time_generate(generator, image, device, args.repeats)
                 totals: dict[str, float] = {}
                 with step_timers(generator, device, totals):
                     generator.generate(image)
@@ -132,12 +120,11 @@ def main(argv: list[str] | None = None) -> int:
                     tables.append(f"## {model_type} {name}: CUDA kernels over one generate\n\n```\n{kernel_table(generator, image)}\n```\n")
             lines.append(f"| {model_type} | {name} | {ms:.1f} | {masks} | " + " | ".join(f"{totals.get(s, 0):.1f}" for s in STEPS) + " |")
             print(lines[-1], file=sys.stderr, flush=True)
-            (out / "amg-profile.md").write_text("\n".join(lines) + "\n\n" + "\n".join(tables))
+            text = "\n".join(lines) + "\n\n" + "\n".join(tables)
+            (out / "amg-profile.md").write_text(text)  # after every variant: a killed run keeps what it has
         del model, generator
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    text = "\n".join(lines) + "\n\n" + "\n".join(tables)
-    (out / "amg-profile.md").write_text(text)
     print(text)
     return 0
 

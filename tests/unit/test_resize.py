@@ -53,7 +53,7 @@ def test_real_photos_equal_the_predictor_resize(data_root):
             np.testing.assert_array_equal(pil_bilinear_resize(torch.from_numpy(image), want.shape[:2]).numpy(), want, err_msg=path.name)
 
 
-def test_a_planted_off_by_one_weight_is_caught():
+def test_a_planted_off_by_one_weight_is_caught(monkeypatch):
     """The equality above can fail: one fixed-point weight one unit off changes PIL-equal pixels."""
     import samfast.resize as resize
 
@@ -66,12 +66,8 @@ def test_a_planted_off_by_one_weight_is_caught():
         first, weights = real(in_size, out_size)
         return first, weights + (weights > 0)
 
-    resize.pil_coefficients = off_by_one
-    try:
-        got = pil_bilinear_resize(torch.from_numpy(image), size).numpy()
-    finally:
-        resize.pil_coefficients = real
-    assert not np.array_equal(got, _pil(image, size))
+    monkeypatch.setattr(resize, "pil_coefficients", off_by_one)
+    assert not np.array_equal(pil_bilinear_resize(torch.from_numpy(image), size).numpy(), _pil(image, size))
 
 
 @pytest.mark.parametrize("bad", [np.zeros((4, 4), np.uint8), np.zeros((4, 4, 3), np.float32)])
