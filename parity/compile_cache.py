@@ -6,7 +6,7 @@
 
 Layout: $SAMFAST_CACHE_DIR (default $XDG_CACHE_HOME/samfast, else ~/.cache/samfast) / <key> /
 inductor (TORCHINDUCTOR_CACHE_DIR: FX-graph, AOT-autograd and autotune caches), triton
-(TRITON_CACHE_DIR) and stamp.json. The key names torch, Triton, CUDA and the GPU(s), so a runner
+(TRITON_CACHE_DIR), pycache (PYTHONPYCACHEPREFIX: the child processes' Python bytecode) and stamp.json. The key names torch, Triton, CUDA and the GPU(s), so a runner
 that upgrades torch or changes GPU starts a fresh folder instead of reading kernels built for another.
 
 Trust rule: a folder is used as it is only when stamp.json is readable, names this key, and its
@@ -156,6 +156,7 @@ def activate(root: Path | None = None, key: dict[str, str] | None = None, env: o
         folder.mkdir(exist_ok=True)
     # what was compiled lives in inductor/ and triton/ (the gate also keeps its test times here)
     started_empty = not any(any(sub.iterdir()) for sub in (folder / "inductor", folder / "triton") if sub.is_dir())
+    env.update(bytecode_env(folder, env))
     env.update({
         ENV_ACTIVE: str(folder),
         "TORCHINDUCTOR_CACHE_DIR": str(folder / "inductor"),
@@ -164,6 +165,22 @@ def activate(root: Path | None = None, key: dict[str, str] | None = None, env: o
         "TORCHINDUCTOR_AUTOGRAD_CACHE": "1",
     })
     return CacheFolder(folder, owned, started_empty)
+
+
+def bytecode_env(folder: Path, env: os._Environ | dict) -> dict[str, str]:
+    """Child processes keep their Python bytecode in the folder, unless the caller chose a prefix.
+
+    Container images often set PYTHONDONTWRITEBYTECODE or install site-packages without bytecode
+    (the H100 runner's torch: no .pyc among 2141 .py files), and then every process the gate starts
+    (xdist workers, inductor's compile workers, the CLI tests' interpreters) compiles torch's source
+    again: on that runner a CPU compile check took 75 s warm, and 58 s with bytecode
+    (docs/gpu-gate.md, session 11). Under a prefix the bytecode stays out of the installed tree, which
+    is what PYTHONDONTWRITEBYTECODE is usually set to protect; a corrupt file fails the folder's digest.
+    """
+    if env.get("PYTHONPYCACHEPREFIX"):
+        return {}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return {"PYTHONPYCACHEPREFIX": str(folder / "pycache")}
 
 
 def seal(cache: CacheFolder) -> None:

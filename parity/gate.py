@@ -318,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
              + " (wall times overlap)",
              f"checks compiled in mode {check_env()['SAMFAST_COMPILE_MODE']} (SAMFAST_COMPILE_MODE)",
              isa_note,
+             f"Python bytecode of every step under {os.environ['PYTHONPYCACHEPREFIX']} (PYTHONPYCACHEPREFIX)",
              "exit codes: " + ", ".join(f"pytest {step} {code}" for step, code in codes.items())
              + ", " + ", ".join(f"{step} {code}" for step, code in check_codes.items())]
     wall = {step: round(seconds, 1) for step, seconds in wall.items()}

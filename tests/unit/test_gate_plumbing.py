@@ -58,6 +58,21 @@ def _run_that_compiles(root: Path, key=KEY, seal=True) -> compile_cache.CacheFol
     return cache
 
 
+def test_children_keep_their_bytecode_in_the_folder_even_where_the_image_forbids_writing_it(tmp_path):
+    """A runner image with PYTHONDONTWRITEBYTECODE made every child compile torch's source again."""
+    env = {"PYTHONDONTWRITEBYTECODE": "1", "PATH": os.environ["PATH"]}
+    cache = compile_cache.activate(tmp_path / "c", KEY, env)
+    assert "PYTHONDONTWRITEBYTECODE" not in env and env["PYTHONPYCACHEPREFIX"] == str(cache.path / "pycache")
+    (tmp_path / "child_module.py").write_text("X = 1\n")
+    subprocess.run([sys.executable, "-c", "import child_module"], cwd=tmp_path, env=env, check=True)
+    assert list((cache.path / "pycache").rglob("child_module*.pyc")), "the child wrote no bytecode under the prefix"
+    assert not (tmp_path / "__pycache__").exists()  # nothing beside the source
+    compile_cache.release(cache)
+    mine = {"PYTHONPYCACHEPREFIX": "/mine", "PYTHONDONTWRITEBYTECODE": "1"}
+    compile_cache.release(compile_cache.activate(tmp_path / "d", KEY, mine))
+    assert mine["PYTHONPYCACHEPREFIX"] == "/mine" and mine["PYTHONDONTWRITEBYTECODE"] == "1"  # the caller's choice stands
+
+
 def test_cache_env_points_inductor_and_triton_into_the_key_folder(tmp_path):
     env: dict = {}
     cache = compile_cache.activate(tmp_path, KEY, env)
