@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from samfast.resize import pil_bilinear_resize, same_as_pil
+from samfast.transfer import to_device
 from samfast.transforms import (
     InputError,
     as_numbers,
@@ -232,12 +233,8 @@ class SamPredictor:
         )
 
     def _to_device(self, array, dtype: torch.dtype) -> torch.Tensor:
-        """Host array -> model device without a sync: a copy from pageable memory makes the CPU
-        wait for the GPU (cudaStreamSynchronize, found by parity.checks.syncs); pinned does not."""
-        tensor = torch.as_tensor(np.asarray(array), dtype=dtype)
-        if self.device.type != "cuda":
-            return tensor
-        return tensor.pin_memory().to(self.device, non_blocking=True)
+        """Host array -> model device without a sync (samfast.transfer)."""
+        return to_device(array, dtype, self.device)
 
     def _to_input(self, rgb: np.ndarray) -> torch.Tensor:
         """3xhxw uint8 on the model's device, the longest side resized to the encoder's, PIL's exact pixels.

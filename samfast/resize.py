@@ -29,6 +29,8 @@ import math
 import numpy as np
 import torch
 
+from samfast.transfer import to_device
+
 PRECISION_BITS = 32 - 8 - 2  # Pillow's fixed point for 8-bit images
 BILINEAR_SUPPORT = 1.0
 
@@ -71,8 +73,9 @@ def _resample_axis(image: torch.Tensor, out_size: int, axis: int) -> torch.Tenso
         return image
     first, weights = pil_coefficients(in_size, out_size)
     device = image.device
-    first = torch.as_tensor(first, device=device)
-    weights = torch.as_tensor(weights, dtype=torch.int32, device=device)
+    # through pinned memory: a plain copy of host arrays would make the CPU wait for the GPU (a sync)
+    first = to_device(first, torch.int64, device)
+    weights = to_device(weights, torch.int32, device)
     shape = [1] * image.ndim
     shape[axis] = out_size
     pixels = image.to(torch.int32)

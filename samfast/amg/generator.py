@@ -33,6 +33,7 @@ from samfast.amg.masks import mask_boxes, near_crop_edge, stability_score
 from samfast.amg.small_regions import postprocess_small_regions
 from samfast.predictor import SamPredictor
 from samfast.transforms import InputError, preprocess_shape, scale_coords, to_rgb_uint8
+from samfast.transfer import to_device
 
 OUTPUT_MODES = ("binary_mask", "uncompressed_rle", "coco_rle")
 MASKS_PER_POINT = 3  # multimask output: every point prompt gives 3 masks, flattened point-major
@@ -173,8 +174,8 @@ class SamAutomaticMaskGenerator:
         coords = np.concatenate([scale_coords(c.points, c.size, long_side) for c in crops])
         crop_index = np.concatenate([np.full(len(c.points), i) for i, c in enumerate(crops)])
         # float64 as the reference feeds them: the prompt encoder rounds after adding the half pixel
-        coords = self.predictor._to_device(coords[:, None, :], torch.float64)
-        crop_index = self.predictor._to_device(crop_index, torch.int64)
+        coords = to_device(coords[:, None, :], torch.float64, self.predictor.device)
+        crop_index = to_device(crop_index, torch.int64, self.predictor.device)
         labels = torch.ones(len(coords), 1, dtype=torch.int, device=self.model.device)
         image_pe = self.model.prompt_encoder.get_dense_pe()
         step = self._points_per_call(len(coords))
