@@ -6,8 +6,9 @@
 
 Layout: $SAMFAST_CACHE_DIR (default $XDG_CACHE_HOME/samfast, else ~/.cache/samfast) / <key> /
 inductor (TORCHINDUCTOR_CACHE_DIR: FX-graph, AOT-autograd and autotune caches), triton
-(TRITON_CACHE_DIR), pycache (PYTHONPYCACHEPREFIX: the child processes' Python bytecode) and stamp.json. The key names torch, Triton, CUDA and the GPU(s), so a runner
-that upgrades torch or changes GPU starts a fresh folder instead of reading kernels built for another.
+(TRITON_CACHE_DIR), pycache (PYTHONPYCACHEPREFIX: the child processes' Python bytecode) and
+stamp.json. The key names torch, Triton, CUDA and the GPU(s), so a runner that upgrades torch or
+changes GPU starts a fresh folder instead of reading kernels built for another.
 
 Trust rule: a folder is used as it is only when stamp.json is readable, names this key, and its
 manifest digest (relative path, size and sha256 of every file) matches the files on disk.
@@ -156,7 +157,7 @@ def activate(root: Path | None = None, key: dict[str, str] | None = None, env: o
         folder.mkdir(exist_ok=True)
     # what was compiled lives in inductor/ and triton/ (the gate also keeps its test times here)
     started_empty = not any(any(sub.iterdir()) for sub in (folder / "inductor", folder / "triton") if sub.is_dir())
-    env.update(bytecode_env(folder, env))
+    keep_bytecode_in(folder, env)
     env.update({
         ENV_ACTIVE: str(folder),
         "TORCHINDUCTOR_CACHE_DIR": str(folder / "inductor"),
@@ -167,8 +168,8 @@ def activate(root: Path | None = None, key: dict[str, str] | None = None, env: o
     return CacheFolder(folder, owned, started_empty)
 
 
-def bytecode_env(folder: Path, env: os._Environ | dict) -> dict[str, str]:
-    """Child processes keep their Python bytecode in the folder, unless the caller chose a prefix.
+def keep_bytecode_in(folder: Path, env: os._Environ | dict) -> None:
+    """Child processes keep their Python bytecode in the folder (set in `env`), unless the caller chose a prefix.
 
     Container images often set PYTHONDONTWRITEBYTECODE or install site-packages without bytecode
     (the H100 runner's torch: no .pyc among 2141 .py files), and then every process the gate starts
@@ -178,9 +179,9 @@ def bytecode_env(folder: Path, env: os._Environ | dict) -> dict[str, str]:
     is what PYTHONDONTWRITEBYTECODE is usually set to protect; a corrupt file fails the folder's digest.
     """
     if env.get("PYTHONPYCACHEPREFIX"):
-        return {}
+        return
     env.pop("PYTHONDONTWRITEBYTECODE", None)
-    return {"PYTHONPYCACHEPREFIX": str(folder / "pycache")}
+    env["PYTHONPYCACHEPREFIX"] = str(folder / "pycache")
 
 
 def seal(cache: CacheFolder) -> None:
