@@ -117,7 +117,7 @@ class SamPredictor:
                 raise InputError(
                     f"mask_input must be {expected}, e.g. low_res_logits[i][None] of an earlier predict, got {mask.shape}"
                 )
-            mask_t = self._to_device(mask, torch.float)[None]
+            mask_t = to_device(mask, torch.float, self.device)[None]
         masks, iou, low_res = self.predict_torch(coords_t, labels_t, box_t, mask_t, multimask_output, return_logits)
         return masks[0].cpu().numpy(), iou[0].float().cpu().numpy(), low_res[0].float().cpu().numpy()
 
@@ -200,7 +200,7 @@ class SamPredictor:
         counts = [len(tp[0] if tp[0] is not None else tp[2]) for tp in torch_prompts]
         # Offsets from the host-side counts through a pinned copy: as_nested_tensor would build them
         # on the host and copy them from pageable memory (a cudaStreamSynchronize per tensor).
-        offsets = self._to_device(np.cumsum([0, *counts]), torch.int64)
+        offsets = to_device(np.cumsum([0, *counts]), torch.int64, self.device)
 
         def jagged(i: int):
             if torch_prompts[0][i] is None:
@@ -232,10 +232,6 @@ class SamPredictor:
             image_index=image_index,
         )
 
-    def _to_device(self, array, dtype: torch.dtype) -> torch.Tensor:
-        """Host array -> model device without a sync (samfast.transfer)."""
-        return to_device(array, dtype, self.device)
-
     def _to_input(self, rgb: np.ndarray) -> torch.Tensor:
         """3xhxw uint8 on the model's device, the longest side resized to the encoder's, PIL's exact pixels.
 
@@ -245,9 +241,9 @@ class SamPredictor:
         """
         size = preprocess_shape(*rgb.shape[:2], self.long_side)
         if self.device.type == "cuda" and same_as_pil(rgb.shape[:2], size):
-            resized = pil_bilinear_resize(self._to_device(np.ascontiguousarray(rgb), torch.uint8), size)
+            resized = pil_bilinear_resize(to_device(np.ascontiguousarray(rgb), torch.uint8, self.device), size)
         else:
-            resized = self._to_device(resize_longest_side(rgb, self.long_side), torch.uint8)
+            resized = to_device(resize_longest_side(rgb, self.long_side), torch.uint8, self.device)
         return resized.permute(2, 0, 1).contiguous()
 
     def _points_to_torch(self, coords: np.ndarray, labels: np.ndarray, original_size, what: str):
@@ -261,7 +257,7 @@ class SamPredictor:
         check_labels(labels, what)
         check_inside(coords, original_size, what)
         coords = scale_coords(coords, original_size, self.long_side)
-        return self._to_device(coords, torch.float), self._to_device(labels, torch.int)
+        return to_device(coords, torch.float, self.device), to_device(labels, torch.int, self.device)
 
     def _boxes_to_torch(self, boxes: np.ndarray, original_size, what: str):
         """Checked (N, 4) boxes -> a device tensor in the resized frame."""
@@ -274,7 +270,7 @@ class SamPredictor:
                 "with x1 >= x0 and y1 >= y0"
             )
         scaled = scale_coords(corners, original_size, self.long_side).reshape(-1, 4)
-        return self._to_device(scaled, torch.float)
+        return to_device(scaled, torch.float, self.device)
 
     def _prompts_to_torch(self, prompts: Prompts, original_size, where: str):
         """(coords, labels, boxes) device tensors of one image's checked prompts; None when it has none."""
