@@ -50,7 +50,7 @@ def watch_switches(switches: frozenset[str]) -> Iterator[SwitchUse]:
     use.kernel_fallbacks = dict(kernels.fallback_counts())
     if "triton" in switches and use.kernel_fallbacks:
         reasons = ", ".join(f"{n}x {reason}" for reason, n in use.kernel_fallbacks.items())
-        use.not_exercised.append(f"the fused rel-pos kernel fell back to the reference path ({reasons})")
+        use.not_exercised.append(f"a Triton kernel fell back to its reference path ({reasons})")
     if "compile" in switches:
         use.graphs_compiled = _graphs_compiled_so_far() - graphs_before
         if use.graphs_compiled == 0:

@@ -72,11 +72,13 @@ def apply_stages(model, switches: frozenset[str]) -> None:
     if "triton" in switches:
         for block in model.image_encoder.blocks:
             block.attn.attn_impl = "triton"
+        model.mask_decoder.upscale_impl = "triton"  # the upscaling and mask product fused: kernels.upscaled_masks
     if switches & {"int8", "sparse", FP8}:
         quantize_encoder(model.image_encoder, int8="int8" in switches, sparse="sparse" in switches, fp8=FP8 in switches)
     if "compile" in switches:
         model.image_encoder.patch_embed.as_gemm = True  # see PatchEmbed: cuDNN's conv for it is slow
-        model.mask_decoder.upscale_as_gemm = True  # likewise its transposed convs (MaskDecoder._upscaled_masks_as_gemm)
+        if "triton" not in switches:  # likewise the decoder's transposed convs: kernels.upscaled_masks_reference
+            model.mask_decoder.upscale_impl = "gemm"
         if "bf16" in switches and not switches & {"int8", "sparse", FP8}:
             # see MLPBlock: lin1 + GELU as one GEMM; the tanh GELU is within bf16's rounding, not fp32's,
             # and a quantized lin1 is no plain weight for cuBLASLt

@@ -1,14 +1,14 @@
-"""Hand-written kernels: the fused rel-pos attention (Triton) with its reference path."""
+"""Hand-written Triton kernels with their reference paths: the fused rel-pos attention of the
+encoder and the decoder's fused upscaling; fallbacks of both are counted in dispatch."""
 
+from samfast.kernels.dispatch import FALLBACK_COUNTS, fallback_counts, reset_fallback_counts
+from samfast.kernels.mask_upscale import upscaled_masks, upscaled_masks_reference
 from samfast.kernels.relpos_attention import (
-    FALLBACK_COUNTS,
-    fallback_counts,
     forms_bias_from_tables,
     rel_factors_from_tables,
     relpos_attention,
     relpos_attention_from_tables,
     relpos_attention_reference,
-    reset_fallback_counts,
 )
 
 __all__ = [
@@ -20,4 +20,6 @@ __all__ = [
     "relpos_attention_from_tables",
     "relpos_attention_reference",
     "reset_fallback_counts",
+    "upscaled_masks",
+    "upscaled_masks_reference",
 ]

@@ -19,18 +19,16 @@ tests keep a private switch (``_bias_log2e=False``) that replays that defect and
 Public API: :func:`relpos_attention` (the kernel, with a counted and logged fallback),
 :func:`relpos_attention_from_tables` (the kernel forming rel_h / rel_w from q itself, for
 SAM's windows; :func:`forms_bias_from_tables` says where it serves, :func:`rel_factors_from_tables`
-is the same product in PyTorch), :func:`relpos_attention_reference` (materialized bias + SDPA),
-:func:`fallback_counts`, :func:`reset_fallback_counts`.
+is the same product in PyTorch), :func:`relpos_attention_reference` (materialized bias + SDPA).
+Fallbacks are counted in samfast.kernels.dispatch.
 """
 
 from __future__ import annotations
 
-import collections
-import logging
-import os
-
 import torch
 import torch.nn.functional as F
+
+from samfast.kernels.dispatch import interpreting, launcher, note_fallback, unsupported_reason
 
 try:  # Triton is Linux-only; without it every call takes the counted fallback.
     import triton
@@ -40,46 +38,20 @@ except ImportError:  # pragma: no cover - exercised only where triton is missing
     tl = None
 
 __all__ = [
-    "FALLBACK_COUNTS",
-    "fallback_counts",
     "forms_bias_from_tables",
     "rel_factors_from_tables",
     "relpos_attention",
     "relpos_attention_from_tables",
     "relpos_attention_reference",
-    "reset_fallback_counts",
 ]
-
-logger = logging.getLogger("samfast.kernels")
 
 LOG2E = 1.4426950408889634  # log2(e): exp(x) == exp2(x * LOG2E)
 
-#: Calls that took the reference path instead of the kernel, keyed by reason.
-FALLBACK_COUNTS: collections.Counter[str] = collections.Counter()
-_LOGGED_REASONS: set[str] = set()
-
 SUPPORTED_HEAD_DIMS = tuple(range(16, 129, 16))  # 64 (vit_b/l) and 80 (vit_h) among them
-_GPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-_INTERPRETER_DTYPES = (torch.float16, torch.float32)  # the interpreter's tl.dot has no bf16
 
 #: Block sizes the interpreter uses (no autotuning there). Tests may change these.
 _INTERPRET_BLOCK_M = 16
 _INTERPRET_BLOCK_N = 16
-
-
-def fallback_counts() -> dict[str, int]:
-    """How often each fallback reason sent a call to the reference path (a copy)."""
-    return dict(FALLBACK_COUNTS)
-
-
-def reset_fallback_counts() -> None:
-    """Zero the counters and let every reason log its warning once more."""
-    FALLBACK_COUNTS.clear()
-    _LOGGED_REASONS.clear()
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "yes", "on")
 
 
 # --------------------------------------------------------------------------- reference path
@@ -343,7 +315,7 @@ def _launch(q, k, v, rel_h, rel_w, out, scale: float, bias_log2e: bool, launcher
     else:
         KH, KW = rel_h.shape[-1], rel_w.shape[-1]
         rel_strides = (*rel_h.stride(), *rel_w.stride())
-    if _interpreting():
+    if interpreting():
         kernel, meta = _interpreted_kernel, {"BLOCK_M": _INTERPRET_BLOCK_M, "BLOCK_N": _INTERPRET_BLOCK_N}
     elif config is not None:
         kernel, meta = _compiled_kernel.fn, config.all_kwargs()
@@ -382,9 +354,7 @@ def _empty_out(q: torch.Tensor) -> torch.Tensor:
 
 def _relpos_attention_impl(q, k, v, rel_h, rel_w, scale: float, bias_log2e: bool) -> torch.Tensor:
     out = _empty_out(q)
-    # The interpreter's kernel is launched as is (older torch's wrap_triton refuses it).
-    launcher = (lambda kern: kern) if _interpreting() else torch.library.wrap_triton
-    _launch(q, k, v, rel_h, rel_w, out, scale, bias_log2e, launcher)
+    _launch(q, k, v, rel_h, rel_w, out, scale, bias_log2e, launcher())
     return out
 
 
@@ -425,40 +395,10 @@ else:  # pragma: no cover - old torch: plain launch, still correct, not traceabl
 
 def _unsupported_reason(q, k, v, rel_h, rel_w) -> str | None:
     """Why the kernel cannot serve these inputs, or None when it can."""
-    if triton is None:
-        return "triton is not installed"
-    interpret = _interpreting()
-    if interpret and torch.compiler.is_compiling():
-        return "TRITON_INTERPRET under torch.compile"
-    if not interpret and q.device.type != "cuda":
-        return f"{q.device.type} tensors without TRITON_INTERPRET=1"
-    tensors = (q, k, v, rel_h, rel_w)
-    if any(t.device != q.device for t in tensors):
-        return "inputs on different devices"
-    if any(t.dtype != q.dtype for t in tensors):
-        return "inputs of mixed dtypes"
-    allowed = _INTERPRETER_DTYPES if interpret else _GPU_DTYPES
-    if q.dtype not in allowed:
-        where = "the Triton interpreter" if interpret else "the kernel"
-        return f"dtype {str(q.dtype).removeprefix('torch.')} not supported by {where}"
-    if q.shape[-1] not in SUPPORTED_HEAD_DIMS:
-        return f"head dim {q.shape[-1]} not supported (a multiple of 16 up to 128)"
-    if not interpret and q.dtype == torch.bfloat16 and torch.cuda.get_device_capability(q.device)[0] < 8:
-        return "bfloat16 needs compute capability 8.0 or newer"
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        return "autograd (the kernel has no backward)"
-    return None
-
-
-# Under torch.compile this runs once per trace, at trace time (dynamo treats its result as a
-# constant), instead of breaking the graph: compiled code counts a fallback once per compile.
-@torch.compiler.assume_constant_result
-def _note_fallback(reason: str) -> bool:
-    FALLBACK_COUNTS[reason] += 1
-    if reason not in _LOGGED_REASONS:
-        _LOGGED_REASONS.add(reason)
-        logger.warning("relpos_attention: %s; using the materialized-bias SDPA reference path", reason)
-    return True
+    reason = unsupported_reason((q, k, v, rel_h, rel_w))
+    if reason is None and q.shape[-1] not in SUPPORTED_HEAD_DIMS:
+        reason = f"head dim {q.shape[-1]} not supported (a multiple of 16 up to 128)"
+    return reason
 
 
 def relpos_attention(q, k, v, rel_h, rel_w, scale=None, *, _bias_log2e: bool = True):
@@ -474,7 +414,7 @@ def relpos_attention(q, k, v, rel_h, rel_w, scale=None, *, _bias_log2e: bool = T
 
     Runs the fused Triton kernel on CUDA (fp16, bf16, fp32) or, under TRITON_INTERPRET=1, on
     any device (fp16, fp32). Otherwise it runs :func:`relpos_attention_reference`, counts the
-    reason in :data:`FALLBACK_COUNTS` and logs a warning once per reason.
+    reason in :data:`samfast.kernels.dispatch.FALLBACK_COUNTS` and logs a warning once per reason.
     ``_bias_log2e=False`` replays the published defect (bias not scaled by log2 e): tests only.
     """
     _check_shapes(q, k, v, rel_h, rel_w)
@@ -482,7 +422,7 @@ def relpos_attention(q, k, v, rel_h, rel_w, scale=None, *, _bias_log2e: bool = T
         scale = q.shape[-1] ** -0.5
     reason = _unsupported_reason(q, k, v, rel_h, rel_w)
     if reason is not None:
-        _note_fallback(reason)
+        note_fallback("relpos_attention", reason, "the materialized-bias SDPA reference path")
         return relpos_attention_reference(q, k, v, rel_h, rel_w, scale=scale)
     return _run_kernel(q, k, v, rel_h, rel_w, float(scale), bool(_bias_log2e))
 

@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from samfast import kernels
+
 from .common import LayerNorm2d
 from .transformer import TwoWayTransformer
 
@@ -39,7 +41,10 @@ class MaskDecoder(nn.Module):
         )
         self.iou_prediction_head = MLP(transformer_dim, iou_head_hidden_dim, self.num_mask_tokens, iou_head_depth)
         self.compiled_predict_masks = None  # set by compile_for_any_prompt_count (the compile switch)
-        self.upscale_as_gemm = False  # set by the compile switch: see _upscaled_masks_as_gemm
+        # How the upscaling and mask product run: "conv" (as the reference), "gemm" (the compile
+        # switch; samfast.kernels.upscaled_masks_reference) or "triton" (the triton switch: one
+        # fused kernel, samfast.kernels.upscaled_masks)
+        self.upscale_impl = "conv"
 
     def compile_for_any_prompt_count(self) -> None:
         """torch.compile predict_masks into one graph for every prompt count and image count.
@@ -127,38 +132,15 @@ class MaskDecoder(nn.Module):
         hyper_in = torch.stack(
             [mlp(mask_tokens_out[:, i, :]) for i, mlp in enumerate(self.output_hypernetworks_mlps)], dim=1
         )
-        if self.upscale_as_gemm:
-            masks = self._upscaled_masks_as_gemm(src.view(b, h, w, c), hyper_in)
+        if self.upscale_impl == "triton":
+            masks = kernels.upscaled_masks(src.view(b, h, w, c), self.output_upscaling, hyper_in)
+        elif self.upscale_impl == "gemm":
+            masks = kernels.upscaled_masks_reference(src.view(b, h, w, c), self.output_upscaling, hyper_in)
         else:
             upscaled = self.output_upscaling(src.transpose(1, 2).reshape(b, c, h, w))
             b, c, h, w = upscaled.shape
             masks = (hyper_in @ upscaled.view(b, c, h * w)).view(b, -1, h, w)
         return masks, self.iou_prediction_head(iou_token_out)
-
-    def _upscaled_masks_as_gemm(self, src: torch.Tensor, hyper_in: torch.Tensor) -> torch.Tensor:
-        """output_upscaling and the mask product on channels-last (P, h, w, C) tokens, as matrix multiplies.
-
-        A 2x2 stride-2 transposed convolution is one GEMM per input pixel (C_in -> C_out x 2 x 2)
-        followed by placing the 4 outputs in their 2x2 block. cuDNN ran the two of them on NCHW
-        bf16 in 8.8 ms of a decoder call over 1024 AMG prompts on an H100, and the transformer's
-        tokens are already channels-last, so the NCHW transpose goes too: 4-5 ms off that call
-        (docs/amg.md, session 10). Same weights, same products up to the order of summation.
-        """
-        conv1, norm, act1, conv2, act2 = self.output_upscaling
-        x = act1(norm(_conv_transpose_2x2(src, conv1), channels_last=True))
-        x = act2(_conv_transpose_2x2(x, conv2))  # (P, 4h, 4w, C / 8)
-        p, h4, w4, c8 = x.shape
-        return (hyper_in @ x.view(p, h4 * w4, c8).transpose(1, 2)).view(p, -1, h4, w4)
-
-
-def _conv_transpose_2x2(x: torch.Tensor, conv: nn.ConvTranspose2d) -> torch.Tensor:
-    """conv (kernel 2, stride 2) of channels-last x (P, h, w, C_in) -> channels-last (P, 2h, 2w, C_out)."""
-    p, h, w, _ = x.shape
-    c_out = conv.out_channels
-    # weight (C_in, C_out, 2, 2): out[2i + a, 2j + b] = x[i, j] @ weight[:, :, a, b] + bias
-    y = x @ conv.weight.flatten(1)  # (P, h, w, C_out * 4) in (C_out, a, b) order
-    y = y.view(p, h, w, c_out, 2, 2).permute(0, 1, 4, 2, 5, 3).reshape(p, 2 * h, 2 * w, c_out)
-    return y + conv.bias
 
 
 class MLP(nn.Module):

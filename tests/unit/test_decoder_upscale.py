@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 
 import samfast
-from samfast.modeling import mask_decoder
+
+mask_upscale = importlib.import_module("samfast.kernels.mask_upscale")
 
 
-def _decode(model, upscale_as_gemm: bool):
+def _decode(model, upscale_impl: str):
     torch.manual_seed(0)
     embeddings = torch.randn(2, 256, 64, 64)
     sparse, dense = model.prompt_encoder(
         points=(torch.rand(5, 2, 2) * 1024, torch.ones(5, 2, dtype=torch.int)), boxes=None, masks=None)
-    model.mask_decoder.upscale_as_gemm = upscale_as_gemm
+    model.mask_decoder.upscale_impl = upscale_impl
     return model.mask_decoder(embeddings, model.prompt_encoder.get_dense_pe(), sparse, dense, True, torch.tensor([0, 1, 1, 0, 1]))
 
 
@@ -24,18 +27,18 @@ def model():
 
 
 def test_upscaling_as_gemm_equals_the_transposed_convolutions(model):
-    (want, want_iou), (got, got_iou) = _decode(model, False), _decode(model, True)
+    (want, want_iou), (got, got_iou) = _decode(model, "conv"), _decode(model, "gemm")
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got_iou, want_iou, rtol=0, atol=0)  # the IoU head does not depend on the upscaling
 
 
 def test_a_planted_sub_pixel_swap_is_caught(model, monkeypatch):
     """The comparison can fail: the 2x2 block's outputs placed transposed (a and b swapped)."""
-    real = mask_decoder._conv_transpose_2x2
+    real = mask_upscale._conv_transpose_2x2
 
     def swapped(x, conv):
         return real(x, conv).unflatten(1, (-1, 2)).unflatten(3, (-1, 2)).transpose(2, 4).flatten(3, 4).flatten(1, 2)
 
-    monkeypatch.setattr(mask_decoder, "_conv_transpose_2x2", swapped)
-    want, got = _decode(model, False)[0], _decode(model, True)[0]
+    monkeypatch.setattr(mask_upscale, "_conv_transpose_2x2", swapped)
+    want, got = _decode(model, "conv")[0], _decode(model, "gemm")[0]
     assert (got - want).abs().max() > 1e-3

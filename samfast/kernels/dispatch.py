@@ -1,0 +1,90 @@
+"""What every hand-written kernel shares: the interpreter switch, the launcher, and counted fallbacks.
+
+A kernel that cannot serve a call (no Triton, CPU tensors without TRITON_INTERPRET=1, a dtype or
+shape it does not handle, autograd) runs its PyTorch reference instead; the reason is counted in
+:data:`FALLBACK_COUNTS` and logged once, so a stage whose kernels silently stopped running shows
+up in the parity gate (parity.exercised) instead of passing on the slow path.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+
+import torch
+
+try:  # Triton is Linux-only; without it every call takes the counted fallback.
+    import triton
+except ImportError:  # pragma: no cover - exercised only where triton is missing
+    triton = None
+
+logger = logging.getLogger("samfast.kernels")
+
+#: Calls that took a reference path instead of a kernel, keyed by reason.
+FALLBACK_COUNTS: collections.Counter[str] = collections.Counter()
+_LOGGED: set[tuple[str, str]] = set()
+
+GPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+INTERPRETER_DTYPES = (torch.float16, torch.float32)  # the interpreter's tl.dot has no bf16
+
+
+def fallback_counts() -> dict[str, int]:
+    """How often each fallback reason sent a call to a reference path (a copy)."""
+    return dict(FALLBACK_COUNTS)
+
+
+def reset_fallback_counts() -> None:
+    """Zero the counters and let every reason log its warning once more."""
+    FALLBACK_COUNTS.clear()
+    _LOGGED.clear()
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+def launcher():
+    """How to launch a kernel now: wrapped for torch.compile, or as is under the interpreter
+    (older torch's wrap_triton refuses an interpreted kernel)."""
+    return (lambda kern: kern) if interpreting() else torch.library.wrap_triton
+
+
+def unsupported_reason(tensors, dtypes_ok=None) -> str | None:
+    """Why no Triton kernel can take these tensors (device, dtype, autograd), or None.
+
+    The first tensor sets the device and dtype the others must share; kernels add their own
+    shape checks after this one.
+    """
+    if triton is None:
+        return "triton is not installed"
+    interpret = interpreting()
+    if interpret and torch.compiler.is_compiling():
+        return "TRITON_INTERPRET under torch.compile"
+    first = tensors[0]
+    if not interpret and first.device.type != "cuda":
+        return f"{first.device.type} tensors without TRITON_INTERPRET=1"
+    if any(t.device != first.device for t in tensors):
+        return "inputs on different devices"
+    if any(t.dtype != first.dtype for t in tensors):
+        return "inputs of mixed dtypes"
+    allowed = INTERPRETER_DTYPES if interpret else (dtypes_ok or GPU_DTYPES)
+    if first.dtype not in allowed:
+        where = "the Triton interpreter" if interpret else "the kernel"
+        return f"dtype {str(first.dtype).removeprefix('torch.')} not supported by {where}"
+    if not interpret and first.dtype == torch.bfloat16 and torch.cuda.get_device_capability(first.device)[0] < 8:
+        return "bfloat16 needs compute capability 8.0 or newer"
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return "autograd (the kernel has no backward)"
+    return None
+
+
+# Under torch.compile this runs once per trace, at trace time (dynamo treats its result as a
+# constant), instead of breaking the graph: compiled code counts a fallback once per compile.
+@torch.compiler.assume_constant_result
+def note_fallback(kernel: str, reason: str, instead: str) -> bool:
+    FALLBACK_COUNTS[reason] += 1
+    if (kernel, reason) not in _LOGGED:
+        _LOGGED.add((kernel, reason))
+        logger.warning("%s: %s; using %s", kernel, reason, instead)
+    return True
