@@ -1,16 +1,21 @@
-"""The mask decoder's upscaling and mask product as one Triton kernel.
+"""The mask decoder's upscaling and mask product: one GEMM and one fused Triton kernel.
 
 SAM turns the transformer's (P, 64, 64, 256) image tokens into masks with two 2x2 stride-2
 transposed convolutions (256 -> 64 channels, layer norm, GELU; 64 -> 32, GELU) and a product with
 each mask token's hypernetwork output (P, 4, 32). A 2x2 stride-2 transposed convolution maps each
-input pixel to its own 2x2 output block, so the whole chain is local to one low-res pixel: its
-256 channels become a 4x4 block of every mask. The kernel runs that chain per tile of pixels in
-registers; the GEMM path (:func:`upscaled_masks_reference`) writes and reads the (P, 128, 128, 64)
-and (P, 256, 256, 32) activations, which for segment-everything's 1024 prompts are 2 and 4 GiB
-in bf16 and were ~13 ms of a ~46 ms decoder call on an H100 (docs/amg.md, session 10).
+input pixel to its own 2x2 output block, so after the first one every (pixel, sub-pixel) row of 64
+channels is independent: its layer norm, GELU, the second convolution (all four of its sub-pixels
+at once, 64 -> 4 x 32), GELU and the mask product (a block-diagonal product with the hypernetwork
+outputs, 4 x 32 -> 4 x masks) run in registers, and only the masks are written. The GEMM path
+(:func:`upscaled_masks_reference`) writes and reads the (P, 128, 128, 64) and (P, 256, 256, 32)
+activations, 2 and 4 GiB in bf16 for segment-everything's 1024 prompts.
 
-Arithmetic: fp32 accumulation and fp32 layer norm and GELU (exact, erf) inside the tile; the two
-activations are rounded to the input dtype before their products, as the GEMM path rounds them.
+Measured on an H100 (bf16, P = 1024, docs/amg.md, session 12): 7.8 ms for this path vs 13.1 ms for
+the GEMM path compiled by inductor; a kernel doing the first convolution too was slower (13.9 ms
+with 64-wide products per sub-pixel, 38.8 ms with 32-wide ones): cuBLAS does that GEMM best.
+
+Arithmetic: fp32 accumulation, layer norm and GELU (exact, erf); the first convolution's output and
+the activations are rounded to the input dtype before their products, as the GEMM path rounds them.
 """
 
 from __future__ import annotations
@@ -29,10 +34,10 @@ except ImportError:  # pragma: no cover - exercised only where triton is missing
 
 __all__ = ["upscaled_masks", "upscaled_masks_reference"]
 
-MAX_MASKS = 16  # the mask product is one tensor-core product padded to 16 masks
+MAX_MASKS = 4  # the mask product of a row's 4 sub-pixels is one tensor-core product, 4 x masks wide
 
-#: Pixels per program under the interpreter (no autotuning there). Tests may change it.
-_INTERPRET_BLOCK_N = 16
+#: Rows per program under the interpreter (no autotuning there). Tests may change it.
+_INTERPRET_BLOCK_R = 64
 
 
 # --------------------------------------------------------------------------- reference path
@@ -69,97 +74,71 @@ def _conv_transpose_2x2(x: torch.Tensor, conv: nn.ConvTranspose2d) -> torch.Tens
 
 
 def _upscale_masks_fwd(
-    X, W1, B1, G, BETA, W2, B2, HYP, Out,
-    stride_xp, stride_xi, stride_xj, stride_xc,
-    stride_w1i, stride_w1o, stride_w1a, stride_w1b,
-    stride_w2i, stride_w2o, stride_w2a, stride_w2b,
-    stride_hp, stride_hm, stride_hc,
+    Y, B1, G, BETA, W2, B2, HBD, Out,
+    stride_hp, stride_hk, stride_ht,
     stride_op, stride_om, stride_oy, stride_ox,
     GRID_W,
-    NUM_PIXELS,
+    ROWS_PER_PROMPT,  # 4 sub-pixels x h x w
     EPS: tl.constexpr,
-    C: tl.constexpr,  # input channels (256)
-    C1: tl.constexpr,  # after the first transposed conv (64)
-    C2: tl.constexpr,  # after the second (32)
+    C1: tl.constexpr,  # channels after the first transposed conv (64)
+    N2: tl.constexpr,  # 4 sub-pixels x channels after the second (4 x 32)
     M: tl.constexpr,  # masks (4)
-    M_PAD: tl.constexpr,
+    MT: tl.constexpr,  # 4 sub-pixels x masks, padded to >= 16
     IEEE: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    BLOCK_R: tl.constexpr,
 ):
     # Builtins only (tl.reduce with the standard combine, not tl.sum), as in relpos_attention.py:
     # library helpers are bound to the TRITON_INTERPRET of import time.
-    pid_n = tl.program_id(0)
+    pid_r = tl.program_id(0)
     p = tl.program_id(1).to(tl.int64)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = offs_n < NUM_PIXELS
-    row, col = offs_n // GRID_W, offs_n % GRID_W
-    offs_c = tl.arange(0, C)
+    local = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)  # row = (pixel, sub-pixel a, b) of this prompt
+    r_mask = local < ROWS_PER_PROMPT
+    pixel, sub = local // 4, local % 4
+    row, col = pixel // GRID_W, pixel % GRID_W
     offs_c1 = tl.arange(0, C1)
-    offs_c2 = tl.arange(0, C2)
-    offs_m = tl.arange(0, M_PAD)
-    m_mask = offs_m < M
+    offs_n2 = tl.arange(0, N2)
+    offs_t = tl.arange(0, MT)
 
-    x = tl.load(
-        X + p * stride_xp + row[:, None] * stride_xi + col[:, None] * stride_xj + offs_c[None, :] * stride_xc,
-        mask=n_mask[:, None],
-        other=0.0,
-    )
-    b1 = tl.load(B1 + offs_c1).to(tl.float32)
+    y = tl.load(Y + (p * ROWS_PER_PROMPT + local)[:, None] * C1 + offs_c1[None, :], mask=r_mask[:, None], other=0.0)
+    y = y.to(tl.float32) + tl.load(B1 + offs_c1).to(tl.float32)[None, :]
+    mean = tl.reduce(y, 1, tl.standard._sum_combine) / C1
+    centred = y - mean[:, None]
+    var = tl.reduce(centred * centred, 1, tl.standard._sum_combine) / C1
     gamma = tl.load(G + offs_c1).to(tl.float32)
     beta = tl.load(BETA + offs_c1).to(tl.float32)
-    b2 = tl.load(B2 + offs_c2).to(tl.float32)
-    hyper = tl.load(  # (M_PAD, C2), rows past M zero
-        HYP + p * stride_hp + offs_m[:, None] * stride_hm + offs_c2[None, :] * stride_hc,
-        mask=m_mask[:, None],
-        other=0.0,
+    y = centred * tl.math.rsqrt(var + EPS)[:, None] * gamma[None, :] + beta[None, :]
+    y = (0.5 * y * (1.0 + tl.math.erf(y * 0.7071067811865476))).to(Y.dtype.element_ty)
+
+    # second transposed conv, its 4 sub-pixels (c, d) at once: (BLOCK_R, C1) @ (C1, 4 x C2)
+    w2 = tl.load(W2 + offs_c1[:, None] * N2 + offs_n2[None, :])
+    if IEEE:
+        z = tl.dot(y, w2, input_precision="ieee")
+    else:
+        z = tl.dot(y, w2)
+    z = z + tl.load(B2 + offs_n2).to(tl.float32)[None, :]
+    z = (0.5 * z * (1.0 + tl.math.erf(z * 0.7071067811865476))).to(Y.dtype.element_ty)
+
+    # mask product, block-diagonal over the sub-pixels: column t = (c, d, mask)
+    hbd = tl.load(HBD + p * stride_hp + offs_n2[:, None] * stride_hk + offs_t[None, :] * stride_ht)
+    if IEEE:
+        masks = tl.dot(z, hbd, input_precision="ieee")
+    else:
+        masks = tl.dot(z, hbd)
+    cd, m = offs_t // M, offs_t % M
+    out_row = 4 * row[:, None] + 2 * (sub // 2)[:, None] + (cd // 2)[None, :]
+    out_col = 4 * col[:, None] + 2 * (sub % 2)[:, None] + (cd % 2)[None, :]
+    tl.store(
+        Out + p * stride_op + m[None, :] * stride_om + out_row * stride_oy + out_col * stride_ox,
+        masks.to(Out.dtype.element_ty),
+        mask=r_mask[:, None] & (offs_t < 4 * M)[None, :],
     )
-    out_base = Out + p * stride_op + offs_m[None, :] * stride_om
-    store_mask = n_mask[:, None] & m_mask[None, :]
-
-    for a in tl.static_range(2):
-        for b in tl.static_range(2):
-            # first transposed conv, sub-pixel (a, b): (BLOCK_N, C) @ (C, C1)
-            w1 = tl.load(W1 + offs_c[:, None] * stride_w1i + offs_c1[None, :] * stride_w1o + a * stride_w1a + b * stride_w1b)
-            if IEEE:
-                y = tl.dot(x, w1, input_precision="ieee")
-            else:
-                y = tl.dot(x, w1)
-            y = y + b1[None, :]
-            mean = tl.reduce(y, 1, tl.standard._sum_combine) / C1
-            centred = y - mean[:, None]
-            var = tl.reduce(centred * centred, 1, tl.standard._sum_combine) / C1
-            y = centred * tl.math.rsqrt(var + EPS)[:, None] * gamma[None, :] + beta[None, :]
-            y = (0.5 * y * (1.0 + tl.math.erf(y * 0.7071067811865476))).to(x.dtype)
-            for c in tl.static_range(2):
-                for d in tl.static_range(2):
-                    w2 = tl.load(
-                        W2 + offs_c1[:, None] * stride_w2i + offs_c2[None, :] * stride_w2o + c * stride_w2a + d * stride_w2b
-                    )
-                    if IEEE:
-                        z = tl.dot(y, w2, input_precision="ieee")
-                    else:
-                        z = tl.dot(y, w2)
-                    z = z + b2[None, :]
-                    z = (0.5 * z * (1.0 + tl.math.erf(z * 0.7071067811865476))).to(x.dtype)
-                    if IEEE:
-                        masks = tl.dot(z, tl.trans(hyper), input_precision="ieee")  # (BLOCK_N, M_PAD)
-                    else:
-                        masks = tl.dot(z, tl.trans(hyper))
-                    out_row = 4 * row + 2 * a + c
-                    out_col = 4 * col + 2 * b + d
-                    tl.store(
-                        out_base + out_row[:, None] * stride_oy + out_col[:, None] * stride_ox,
-                        masks.to(Out.dtype.element_ty),
-                        mask=store_mask,
-                    )
 
 
+# BLOCK_R 64 / 4 warps won on an H100 at P = 1024 (session 12)
 _AUTOTUNE_CONFIGS = (
     [
-        triton.Config({"BLOCK_N": 64}, num_warps=4, num_stages=2),
-        triton.Config({"BLOCK_N": 64}, num_warps=8, num_stages=2),
-        triton.Config({"BLOCK_N": 128}, num_warps=8, num_stages=2),
-        triton.Config({"BLOCK_N": 32}, num_warps=4, num_stages=2),
+        triton.Config({"BLOCK_R": r}, num_warps=w, num_stages=2)
+        for r, w in ((64, 4), (128, 4), (128, 8), (256, 8))
     ]
     if triton is not None
     else []
@@ -170,7 +149,7 @@ if triton is not None:
     from triton.runtime.jit import JITFunction
 
     # Built explicitly, as in relpos_attention.py: compiled or interpreted is chosen per call.
-    _compiled_kernel = triton.autotune(configs=_AUTOTUNE_CONFIGS, key=["C", "C1", "C2", "M"])(
+    _compiled_kernel = triton.autotune(configs=_AUTOTUNE_CONFIGS, key=["C1", "N2", "M"])(
         JITFunction(_upscale_masks_fwd)
     )
     _interpreted_kernel = InterpretedFunction(_upscale_masks_fwd)
@@ -185,25 +164,34 @@ def _empty_out(src: torch.Tensor, hyper_in: torch.Tensor) -> torch.Tensor:
 
 def _launch(src, w1, b1, gamma, beta, w2, b2, hyper_in, out, eps: float) -> None:
     p, h, w, c = src.shape
+    c1, c2, m = w1.shape[1], w2.shape[1], hyper_in.shape[1]
+    # the first transposed conv as one GEMM, columns in (a, b, C1) order: its output is rows
+    # (pixel, sub-pixel) of C1 channels, bias added in the kernel
+    y = src.reshape(p * h * w, c) @ w1.permute(0, 2, 3, 1).reshape(c, 4 * c1)
+    w2_all = w2.permute(0, 2, 3, 1).reshape(c1, 4 * c2).contiguous()  # columns (c, d, C2)
+    mt = max(16, 4 * m)
+    # hbd[:, (c, d, k), (c, d, mask)] = hyper_in[:, mask, k]: the mask product of all 4 sub-pixels at once
+    hbd = torch.block_diag(*[torch.ones(c2, m, dtype=hyper_in.dtype, device=hyper_in.device)] * 4)
+    hbd = hbd * hyper_in.transpose(1, 2).repeat(1, 4, 4)
+    hbd = torch.nn.functional.pad(hbd, (0, mt - 4 * m))
     if interpreting():
-        kernel, meta = _interpreted_kernel, {"BLOCK_N": _INTERPRET_BLOCK_N}
+        kernel, meta = _interpreted_kernel, {"BLOCK_R": _INTERPRET_BLOCK_R}
     else:
         kernel, meta = _compiled_kernel, {}
 
-    def grid(m):
-        return (triton.cdiv(h * w, m["BLOCK_N"]), p)
+    def grid(meta_):
+        return (triton.cdiv(4 * h * w, meta_["BLOCK_R"]), p)
 
     launcher()(kernel)[grid](
-        src, w1, b1, gamma, beta, w2, b2, hyper_in, out,
-        *src.stride(), *w1.stride(), *w2.stride(), *hyper_in.stride(), *out.stride(),
+        y, b1, gamma, beta, w2_all, b2.repeat(4), hbd, out,
+        *hbd.stride(), *out.stride(),
         w,
-        h * w,
+        4 * h * w,
         EPS=eps,
-        C=c,
-        C1=w1.shape[1],
-        C2=w2.shape[1],
-        M=hyper_in.shape[1],
-        M_PAD=MAX_MASKS,
+        C1=c1,
+        N2=4 * c2,
+        M=m,
+        MT=mt,
         IEEE=src.dtype == torch.float32,
         **meta,
     )
@@ -255,8 +243,8 @@ def _unsupported_reason(src, upscaling, hyper_in) -> str | None:
     reason = unsupported_reason((src, hyper_in, *params))
     if reason is not None:
         return reason
-    if not all(_is_pow2_at_least_16(n) for n in (src.shape[-1], conv1.out_channels, conv2.out_channels)):
-        return "channel counts not powers of 2 >= 16"
+    if not all(_is_pow2_at_least_16(n) for n in (conv1.out_channels, 4 * conv2.out_channels)):
+        return "upscaling widths not powers of 2 >= 16"
     if hyper_in.shape[1] > MAX_MASKS:
         return f"more than {MAX_MASKS} masks"
     if any(conv.kernel_size != (2, 2) or conv.stride != (2, 2) for conv in (conv1, conv2)):

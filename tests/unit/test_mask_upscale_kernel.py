@@ -76,8 +76,8 @@ def _seed(request) -> int:
 @pytest.mark.parametrize(
     "p, h, w, c, c1, c2, m",
     [
-        (2, 3, 5, 256, 64, 32, 4),  # SAM's widths; 15 pixels: one partial tile
-        (3, 5, 7, 64, 16, 16, 4),  # 35 pixels over 3 tiles of 16
+        (2, 3, 5, 256, 64, 32, 4),  # SAM's widths; 60 rows: one partial tile
+        (3, 5, 7, 64, 16, 16, 4),  # 140 rows over 3 tiles of 64
         (1, 4, 4, 32, 32, 16, 1),  # one mask (the single-mask output)
     ],
 )
@@ -161,7 +161,7 @@ def test_other_upscalings_fall_back(request, change, reason_part):
 @torch.no_grad()
 def test_decoder_with_the_kernel_equals_the_gemm_path(request, monkeypatch):
     """The trained-shape decoder of vit_tiny (64x64 tokens, 256 channels) end to end, fp32."""
-    monkeypatch.setattr(mu, "_INTERPRET_BLOCK_N", 64)  # fewer interpreted programs: same arithmetic
+    monkeypatch.setattr(mu, "_INTERPRET_BLOCK_R", 256)  # fewer interpreted programs: same arithmetic
     model = samfast.build_sam("vit_tiny", device="cpu")
     torch.manual_seed(0)
     embeddings = torch.randn(2, 256, 64, 64)
