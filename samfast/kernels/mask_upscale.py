@@ -10,9 +10,10 @@ outputs, 4 x 32 -> 4 x masks) run in registers, and only the masks are written. 
 (:func:`upscaled_masks_reference`) writes and reads the (P, 128, 128, 64) and (P, 256, 256, 32)
 activations, 2 and 4 GiB in bf16 for segment-everything's 1024 prompts.
 
-Measured on an H100 (bf16, P = 1024, docs/amg.md, session 12): 7.8 ms for this path vs 13.1 ms for
-the GEMM path compiled by inductor; a kernel doing the first convolution too was slower (13.9 ms
-with 64-wide products per sub-pixel, 38.8 ms with 32-wide ones): cuBLAS does that GEMM best.
+Measured on an H100 (bf16, P = 1024, docs/amg.md, session 12): 8.1 ms for this path vs 13.1 ms for
+the GEMM path compiled by inductor. A kernel doing the first convolution as well was slower (13.9 ms
+with the second convolution's sub-pixels as one product, 38.8 ms with one product per sub-pixel):
+cuBLAS does that GEMM best.
 
 Arithmetic: fp32 accumulation, layer norm and GELU (exact, erf); the first convolution's output and
 the activations are rounded to the input dtype before their products, as the GEMM path rounds them.

@@ -175,3 +175,13 @@ def test_decoder_with_the_kernel_equals_the_gemm_path(request, monkeypatch):
     assert fallback_counts() == {}
     torch.testing.assert_close(outputs["triton"][0], outputs["gemm"][0], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(outputs["triton"][1], outputs["gemm"][1], rtol=0, atol=0)
+
+
+@torch.no_grad()
+def test_mismatched_shapes_are_refused_with_the_expected_ones(request):
+    upscaling = make_upscaling(_seed(request), 64, 16, 16)
+    src, hyper_in = make_inputs(_seed(request), 2, 3, 5, 64, 16, 4, torch.float32)
+    with pytest.raises(ValueError, match=r"hyper_in \(P, masks, 16\)"):
+        upscaled_masks(src, upscaling, hyper_in[..., :8])
+    with pytest.raises(ValueError, match=r"src \(P, h, w, 64\)"):
+        upscaled_masks(src[..., :32], upscaling, hyper_in)
