@@ -135,6 +135,31 @@ def _fail_without_gpu():
     pytest.fail("--require-gpu was given but torch.cuda.is_available() is False")
 
 
+@pytest.fixture
+def triton_interpreted(monkeypatch):
+    """Triton kernels run under the interpreter (TRITON_INTERPRET=1, on the CPU), fallback counts from zero."""
+    yield from _kernels_with(monkeypatch, interpret=True)
+
+
+@pytest.fixture
+def triton_compiled(monkeypatch):
+    """Triton kernels compiled for the GPU (no TRITON_INTERPRET), fallback counts from zero."""
+    yield from _kernels_with(monkeypatch, interpret=False)
+
+
+def _kernels_with(monkeypatch, interpret: bool):
+    # samfast.kernels picks interpreted or compiled kernels per call, so the variable set here is enough
+    from samfast.kernels import reset_fallback_counts
+
+    if interpret:
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    else:
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    reset_fallback_counts()
+    yield
+    reset_fallback_counts()
+
+
 @pytest.fixture(scope="session")
 def model_cache():
     """Shared built models (eval + no_grad use only; see parity.gate_models). Fails at the end if one was changed."""

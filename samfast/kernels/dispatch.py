@@ -50,7 +50,7 @@ def launcher():
     return (lambda kern: kern) if interpreting() else torch.library.wrap_triton
 
 
-def unsupported_reason(tensors, dtypes_ok=None) -> str | None:
+def unsupported_reason(tensors) -> str | None:
     """Why no Triton kernel can take these tensors (device, dtype, autograd), or None.
 
     The first tensor sets the device and dtype the others must share; kernels add their own
@@ -68,7 +68,7 @@ def unsupported_reason(tensors, dtypes_ok=None) -> str | None:
         return "inputs on different devices"
     if any(t.dtype != first.dtype for t in tensors):
         return "inputs of mixed dtypes"
-    allowed = INTERPRETER_DTYPES if interpret else (dtypes_ok or GPU_DTYPES)
+    allowed = INTERPRETER_DTYPES if interpret else GPU_DTYPES
     if first.dtype not in allowed:
         where = "the Triton interpreter" if interpret else "the kernel"
         return f"dtype {str(first.dtype).removeprefix('torch.')} not supported by {where}"

@@ -15,21 +15,13 @@ import pytest
 import torch
 
 import samfast
-from samfast.kernels import fallback_counts, reset_fallback_counts, upscaled_masks, upscaled_masks_reference
+from samfast.kernels import fallback_counts, upscaled_masks, upscaled_masks_reference
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("triton_compiled")]
 
 pytest.importorskip("triton", reason="Triton is not installed")
 
 MAX_RELATIVE = {torch.bfloat16: 3e-2, torch.float16: 5e-3, torch.float32: 1e-4}
-
-
-@pytest.fixture(autouse=True)
-def _clean(monkeypatch):
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    reset_fallback_counts()
-    yield
-    reset_fallback_counts()
 
 
 def _inputs(prompts: int, dtype, seed: int = 0):

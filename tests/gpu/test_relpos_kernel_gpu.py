@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("triton_compiled")]
 
 triton = pytest.importorskip("triton", reason="Triton is not installed")
 
@@ -24,7 +24,6 @@ from samfast.kernels import (  # noqa: E402
     rel_factors_from_tables,
     relpos_attention,
     relpos_attention_from_tables,
-    reset_fallback_counts,
 )
 
 MAX_ERR = 2e-3  # in the output's scale, beyond the output's own rounding; bf16 and fp16
@@ -40,14 +39,6 @@ SHAPES = {
     "vit_h-window-B8x25": (200, 16, 14, 14, 80),
 }
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-@pytest.fixture(autouse=True)
-def _clean(monkeypatch):
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    reset_fallback_counts()
-    yield
-    reset_fallback_counts()
 
 
 def make_inputs(B, H, kh, kw, D, dtype, seed, rel_std=2.0):

@@ -20,21 +20,15 @@ from torch import nn
 pytest.importorskip("triton", reason="Triton is not installed")
 
 import samfast  # noqa: E402
-from samfast.kernels import fallback_counts, reset_fallback_counts, upscaled_masks, upscaled_masks_reference  # noqa: E402
+from samfast.kernels import fallback_counts, upscaled_masks, upscaled_masks_reference  # noqa: E402
 from samfast.modeling.common import LayerNorm2d  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("triton_interpreted")
 
 mu = importlib.import_module("samfast.kernels.mask_upscale")
 
 # max |kernel - fp64| relative to max |fp64|: fp32 (IEEE products) sits near 1e-6, fp16 near 1e-3
 RELATIVE_TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2}
-
-
-@pytest.fixture(autouse=True)
-def interpreter(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    reset_fallback_counts()
-    yield
-    reset_fallback_counts()
 
 
 def make_upscaling(seed: int, c: int, c1: int, c2: int) -> nn.Sequential:

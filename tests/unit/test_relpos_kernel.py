@@ -28,19 +28,13 @@ from samfast.kernels import (  # noqa: E402
     reset_fallback_counts,
 )
 
+pytestmark = pytest.mark.usefixtures("triton_interpreted")
+
 # The module (samfast.kernels.relpos_attention as an attribute is the function, not the module).
 rpa = importlib.import_module("samfast.kernels.relpos_attention")
 
 FP32_RTOL, FP32_ATOL = 1e-4, 1e-5
 FP16_MAX_ABS = 2e-3
-
-
-@pytest.fixture(autouse=True)
-def interpreter(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    reset_fallback_counts()
-    yield
-    reset_fallback_counts()
 
 
 def _seed(request) -> int:
