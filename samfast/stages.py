@@ -75,6 +75,10 @@ def apply_stages(model, switches: frozenset[str]) -> None:
         model.mask_decoder.upscale_impl = "triton"  # the upscaling and mask product fused: kernels.upscaled_masks
     if switches & {"int8", "sparse", FP8}:
         quantize_encoder(model.image_encoder, int8="int8" in switches, sparse="sparse" in switches, fp8=FP8 in switches)
+    if {FP8, "triton"} <= switches:
+        # lin1's GELU and lin2's activation quantization in one pass: kernels.gelu_quantize_fp8
+        for block in model.image_encoder.blocks:
+            block.mlp.gelu_impl = "fp8_kernel"
     if "compile" in switches:
         model.image_encoder.patch_embed.as_gemm = True  # see PatchEmbed: cuDNN's conv for it is slow
         if "triton" not in switches:  # likewise the decoder's transposed convs: kernels.upscaled_masks_reference
@@ -83,7 +87,7 @@ def apply_stages(model, switches: frozenset[str]) -> None:
             # see MLPBlock: lin1 + GELU as one GEMM; the tanh GELU is within bf16's rounding, not fp32's,
             # and a quantized lin1 is no plain weight for cuBLASLt
             for block in model.image_encoder.blocks:
-                block.mlp.gelu_epilogue = True
+                block.mlp.gelu_impl = "epilogue"
         model.image_encoder.compile(mode=compile_mode(model.device), dynamic=False, fullgraph=True)
         model.mask_decoder.compile_for_any_prompt_count()
     model.switches = switches

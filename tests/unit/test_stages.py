@@ -157,7 +157,7 @@ def test_linear_gelu_tanh_is_the_tanh_gelu_of_the_linear_and_compiles_whole():
 
     mlp = MLPBlock(16, 48).double().requires_grad_(False)
     exact = mlp(x)
-    mlp.gelu_epilogue = True
+    mlp.gelu_impl = "epilogue"
     fused = mlp(x)
     torch.testing.assert_close(fused, mlp.lin2(torch.nn.functional.gelu(mlp.lin1(x), approximate="tanh")), rtol=1e-12, atol=1e-12)
     assert (fused - exact).abs().max() < 1e-3  # the same MLP to the tanh form's accuracy
@@ -172,4 +172,4 @@ def test_linear_gelu_tanh_is_the_tanh_gelu_of_the_linear_and_compiles_whole():
 def test_compile_switch_fuses_the_mlp_gelu_only_on_a_plain_bf16_encoder(stages, fused):
     """The tanh GELU is within bf16's rounding, not fp32's; a quantized lin1 has no plain weight for the fused GEMM."""
     model = samfast.build_sam("vit_tiny", device="cpu", stages=stages)
-    assert {block.mlp.gelu_epilogue for block in model.image_encoder.blocks} == {fused}
+    assert {block.mlp.gelu_impl for block in model.image_encoder.blocks} == {"epilogue" if fused else "module"}

@@ -1,0 +1,196 @@
+"""The fp8 stage's MLP middle: GELU and the per-token fp8 quantization of its output in one pass.
+
+With dynamic fp8 (torchao's Float8DynamicActivationFloat8WeightConfig, rowwise) an MLP runs
+lin1's scaled GEMM, then a GELU pass over the (tokens, 4 x dim) activation, then lin2's own
+quantization of it: the row's amax, the scale and the e4m3 cast, which inductor builds as a
+looped reduction that reads the activation twice. The bf16 stack instead keeps the GELU in
+lin1's cuBLASLt epilogue, which a scaled fp8 GEMM does not offer. This kernel reads lin1's
+output once, holds each row in registers, and writes only the e4m3 row and its scale, which go
+straight into lin2's scaled GEMM (:func:`fp8_linear`, the `torch._scaled_mm` call torchao makes).
+
+Arithmetic (the reference :func:`gelu_quantize_fp8_reference` is the same in PyTorch): the exact
+(erf) GELU in fp32, amax per row floored at ``amax_floor`` (an all-zero row would otherwise get a
+zero scale and 0 / 0), scale = amax / 448 in fp32, and the cast of ``gelu / scale`` clamped to
++-448, rounded to nearest even. Unlike torchao's cast, the GELU output is not rounded to bf16
+first and the scale stays fp32: one rounding fewer.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from samfast.kernels.dispatch import interpreting, launcher, note_fallback, unsupported_reason
+
+try:  # Triton is Linux-only; without it every call takes the counted fallback.
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - exercised only where triton is missing
+    triton = None
+    tl = None
+
+__all__ = ["FP8_DTYPE", "fp8_linear", "gelu_quantize_fp8", "gelu_quantize_fp8_reference"]
+
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = float(torch.finfo(FP8_DTYPE).max)  # 448
+#: Widest row held in registers (vit_h's MLP is 5120 wide).
+MAX_ROW = 8192
+
+#: Rows per program under the interpreter (no autotuning there). Tests may change it.
+_INTERPRET_BLOCK_M = 4
+
+
+# --------------------------------------------------------------------------- reference path
+
+
+def gelu_quantize_fp8_reference(h: torch.Tensor, amax_floor: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(e4m3 gelu(h) / scale, scale) with one fp32 scale per row of h (..., N): scale has shape (..., 1)."""
+    g = F.gelu(h.float())
+    scale = g.abs().amax(-1, keepdim=True).clamp(min=amax_floor) / FP8_MAX
+    return (g / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale
+
+
+def fp8_linear(q: torch.Tensor, scale: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x @ weight.T + bias for x given as e4m3 rows q (..., K) with fp32 row scales (..., 1).
+
+    `weight` is torchao's rowwise Float8Tensor (qdata (N, K) e4m3, scale (N, 1)). On CUDA this
+    is the scaled GEMM torchao's own linear calls; elsewhere (CPU tests) the same product on the
+    dequantized operands in fp32. Returns the dtype of `bias` (the model's dtype).
+    """
+    out_dtype = bias.dtype if bias is not None else torch.bfloat16
+    rows = q.reshape(-1, q.shape[-1])
+    row_scale = scale.reshape(-1, 1)
+    if q.device.type == "cuda":
+        out = torch._scaled_mm(
+            rows, weight.qdata.t(), scale_a=row_scale, scale_b=weight.scale.t(), bias=bias, out_dtype=out_dtype
+        )
+    else:
+        out = (rows.float() * row_scale) @ (weight.qdata.float() * weight.scale).t()
+        out = (out if bias is None else out + bias.float()).to(out_dtype)
+    return out.view(*q.shape[:-1], out.shape[-1])
+
+
+# --------------------------------------------------------------------------- the kernel
+
+
+def _gelu_quantize_fp8_fwd(
+    H, Q, S,
+    M, N,
+    stride_hm, stride_qm,
+    amax_floor,
+    QMAX: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+):
+    # Builtins only (tl.reduce with the standard combine, not tl.max), as in relpos_attention.py:
+    # library helpers are bound to the TRITON_INTERPRET of import time.
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    mask = (rows < M)[:, None] & (cols < N)[None, :]
+    x = tl.load(H + rows[:, None] * stride_hm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    g = 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))  # gelu(0) = 0: padded columns add nothing
+    amax = tl.maximum(tl.reduce(tl.abs(g), 1, tl.standard._elementwise_max), amax_floor)
+    scale = amax / QMAX
+    q = tl.minimum(tl.maximum(g / scale[:, None], -QMAX), QMAX)
+    # Rounded to the e4m3 grid here, in fp32, so that the cast below is exact: the same values from
+    # the GPU's cvt and from the interpreter, whose fp8 cast does not round to nearest even. The
+    # grid step is 2^(e - 3) for a value of exponent e (3 mantissa bits), 2^-9 below the smallest
+    # normal 2^-6; adding and subtracting 1.5 x 2^23 rounds q / step (|q / step| < 16) to the
+    # nearest integer, ties to even, as fp32 addition does.
+    exponent = tl.maximum((q.to(tl.int32, bitcast=True) >> 23) & 0xFF, 127 - 6)
+    step = ((exponent - 3) << 23).to(tl.float32, bitcast=True)
+    q = ((q / step + 12582912.0) - 12582912.0) * step
+    tl.store(Q + rows[:, None] * stride_qm + cols[None, :], q.to(Q.dtype.element_ty), mask=mask)
+    tl.store(S + rows, scale, mask=rows < M)
+
+
+_AUTOTUNE_CONFIGS = (
+    [triton.Config({"BLOCK_M": m}, num_warps=w) for m, w in ((1, 4), (2, 4), (2, 8), (4, 8), (8, 8))]
+    if triton is not None
+    else []
+)
+
+if triton is not None:
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    # Built explicitly, as in relpos_attention.py: compiled or interpreted is chosen per call.
+    _compiled_kernel = triton.autotune(configs=_AUTOTUNE_CONFIGS, key=["BLOCK_N"])(JITFunction(_gelu_quantize_fp8_fwd))
+    _interpreted_kernel = InterpretedFunction(_gelu_quantize_fp8_fwd)
+else:  # pragma: no cover
+    _compiled_kernel = _interpreted_kernel = None
+
+
+def _empty_outputs(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return h.new_empty(h.shape, dtype=FP8_DTYPE), h.new_empty(*h.shape[:-1], 1, dtype=torch.float32)
+
+
+def _launch(h: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, amax_floor: float) -> None:
+    n = h.shape[-1]
+    rows = h.view(-1, n)
+    m = rows.shape[0]
+    if interpreting():
+        kernel, meta = _interpreted_kernel, {"BLOCK_M": _INTERPRET_BLOCK_M}
+    else:
+        kernel, meta = _compiled_kernel, {}
+
+    def grid(meta_):
+        return (triton.cdiv(m, meta_["BLOCK_M"]),)
+
+    launcher()(kernel)[grid](
+        rows, q, scale, m, n, rows.stride(0), n, amax_floor, QMAX=FP8_MAX, BLOCK_N=triton.next_power_of_2(n), **meta
+    )
+
+
+if triton is not None and hasattr(torch.library, "triton_op"):
+    # A custom op, so torch.compile sees one node and no graph break (see relpos_attention.py).
+    @torch.library.triton_op("samfast::gelu_quantize_fp8", mutates_args=())
+    def _gelu_quantize_fp8_op(h: torch.Tensor, amax_floor: float) -> tuple[torch.Tensor, torch.Tensor]:
+        q, scale = _empty_outputs(h)
+        _launch(h, q, scale, amax_floor)
+        return q, scale
+
+    @_gelu_quantize_fp8_op.register_fake
+    def _(h, amax_floor):
+        return _empty_outputs(h)
+
+    def _run_kernel(h: torch.Tensor, amax_floor: float) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.ops.samfast.gelu_quantize_fp8(h, amax_floor)
+
+else:  # pragma: no cover - old torch: plain launch, still correct, not traceable
+
+    def _run_kernel(h: torch.Tensor, amax_floor: float) -> tuple[torch.Tensor, torch.Tensor]:
+        q, scale = _empty_outputs(h)
+        _launch(h, q, scale, amax_floor)
+        return q, scale
+
+
+# --------------------------------------------------------------------------- dispatch
+
+
+def _unsupported_reason(h: torch.Tensor) -> str | None:
+    reason = unsupported_reason((h,))
+    if reason is not None:
+        return reason
+    if h.shape[-1] > MAX_ROW:
+        return f"rows wider than {MAX_ROW}"
+    if not h.is_contiguous():
+        return "a non-contiguous input"
+    return None
+
+
+def gelu_quantize_fp8(h: torch.Tensor, amax_floor: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q, scale): gelu(h) (exact GELU) quantized per row to e4m3, q * scale ~ gelu(h).
+
+    h (..., N) -> q (..., N) float8_e4m3fn and scale (..., 1) float32. Runs the fused kernel on
+    CUDA (fp16, bf16, fp32) or under TRITON_INTERPRET=1 (fp16, fp32); otherwise
+    :func:`gelu_quantize_fp8_reference`, with the reason counted in
+    samfast.kernels.dispatch.FALLBACK_COUNTS.
+    """
+    if h.dim() == 0 or h.shape[-1] == 0:
+        raise ValueError(f"need rows to quantize, a tensor (..., N) with N > 0; got shape {tuple(h.shape)}")
+    reason = _unsupported_reason(h)
+    if reason is not None:
+        note_fallback("gelu_quantize_fp8", reason, "the PyTorch reference")
+        return gelu_quantize_fp8_reference(h, amax_floor)
+    return _run_kernel(h, amax_floor)
