@@ -114,7 +114,9 @@ def _compile_with_inductor_flags(module: nn.Module, flags: dict) -> None:
 
 # --- fp8 -----------------------------------------------------------------------------------------
 FP8_MIN_CAPABILITY = (8, 9)
-FP8_AMAX_FLOOR = 1e-12  # far below any real activation (O(1)), far above fp32's smallest normal
+# Per-token amax floor of activation quantization (fp8 here, fp8 and int8 in kernels.gelu_quantize):
+# far below any real activation (O(1)), far above fp32's smallest normal.
+ACTIVATION_AMAX_FLOOR = 1e-12
 
 
 def check_fp8_supported(weight: torch.Tensor) -> None:
@@ -141,7 +143,7 @@ def _fp8(image_encoder: nn.Module, linears: dict[str, nn.Linear]) -> None:
     # activation_value_lb: an all-zero token row (the zero padding of 14x14 windows, padded batch
     # slots) has amax 0, and torchao's scale amax / 448 would then be 0 and the cast 0 / 0 = NaN.
     config = Float8DynamicActivationFloat8WeightConfig(
-        granularity=PerRow(), activation_value_lb=FP8_AMAX_FLOOR, set_inductor_config=False)
+        granularity=PerRow(), activation_value_lb=ACTIVATION_AMAX_FLOOR, set_inductor_config=False)
     quantize_(image_encoder, config, filter_fn=_is_block_linear)
 
 

@@ -75,10 +75,10 @@ def apply_stages(model, switches: frozenset[str]) -> None:
         model.mask_decoder.upscale_impl = "triton"  # the upscaling and mask product fused: kernels.upscaled_masks
     if switches & {"int8", "sparse", FP8}:
         quantize_encoder(model.image_encoder, int8="int8" in switches, sparse="sparse" in switches, fp8=FP8 in switches)
-    if {FP8, "triton"} <= switches:
-        # lin1's GELU and lin2's activation quantization in one pass: kernels.gelu_quantize_fp8
+    if "triton" in switches and switches & {FP8, "int8"} and "sparse" not in switches:
+        # lin1's GELU and lin2's activation quantization in one pass: kernels.gelu_quantize
         for block in model.image_encoder.blocks:
-            block.mlp.gelu_impl = "fp8_kernel"
+            block.mlp.gelu_impl = "quantized_kernel"
     if "compile" in switches:
         model.image_encoder.patch_embed.as_gemm = True  # see PatchEmbed: cuDNN's conv for it is slow
         if "triton" not in switches:  # likewise the decoder's transposed convs: kernels.upscaled_masks_reference

@@ -1,9 +1,9 @@
 """Hand-written Triton kernels with their reference paths: the fused rel-pos attention of the
-encoder, the fp8 MLP's GELU + quantization and the decoder's fused upscaling; fallbacks of all
+encoder, the quantized MLP's GELU + quantization and the decoder's fused upscaling; fallbacks of all
 are counted in dispatch."""
 
 from samfast.kernels.dispatch import FALLBACK_COUNTS, fallback_counts, reset_fallback_counts
-from samfast.kernels.fp8_gelu import fp8_linear, gelu_quantize_fp8, gelu_quantize_fp8_reference
+from samfast.kernels.gelu_quantize import gelu_quantize, gelu_quantize_reference, quantized_linear
 from samfast.kernels.mask_upscale import upscaled_masks, upscaled_masks_reference
 from samfast.kernels.relpos_attention import (
     forms_bias_from_tables,
@@ -17,9 +17,9 @@ __all__ = [
     "FALLBACK_COUNTS",
     "fallback_counts",
     "forms_bias_from_tables",
-    "fp8_linear",
-    "gelu_quantize_fp8",
-    "gelu_quantize_fp8_reference",
+    "gelu_quantize",
+    "gelu_quantize_reference",
+    "quantized_linear",
     "rel_factors_from_tables",
     "relpos_attention",
     "relpos_attention_from_tables",

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from samfast import kernels
-from samfast.quantize import FP8_AMAX_FLOOR
+from samfast.quantize import ACTIVATION_AMAX_FLOOR
 
 
 @torch.library.custom_op("samfast::linear_gelu_tanh", mutates_args=())
@@ -41,9 +41,10 @@ class MLPBlock(nn.Module):
       (`linear_gelu_tanh`): on an H100 the separate GELU pass over the 4x-wide activation took 8%
       of vit_b's encoder time. cuBLASLt's GELU is the tanh form, at most 4.7e-4 from the exact one
       (at x = 2.7, where a bf16 ulp of the output is 0.0156): below bf16's own rounding.
-    * "fp8_kernel" (fp8 with the triton switch; lin1 and lin2 hold torchao's rowwise fp8 weights):
-      the GELU and lin2's per-token e4m3 quantization in one pass (`kernels.gelu_quantize_fp8`),
-      whose output goes straight into lin2's scaled GEMM (`kernels.fp8_linear`).
+    * "quantized_kernel" (fp8 or int8 with the triton switch; lin1 and lin2 hold torchao's
+      quantized weights): the GELU and lin2's per-token quantization in one pass
+      (`kernels.gelu_quantize`), whose output goes straight into lin2's GEMM
+      (`kernels.quantized_linear`).
     """
 
     def __init__(self, embedding_dim: int, mlp_dim: int, act: type[nn.Module] = nn.GELU) -> None:
@@ -56,9 +57,9 @@ class MLPBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gelu_impl == "epilogue":
             return self.lin2(linear_gelu_tanh(x, self.lin1.weight, self.lin1.bias))
-        if self.gelu_impl == "fp8_kernel":
-            q, scale = kernels.gelu_quantize_fp8(self.lin1(x), FP8_AMAX_FLOOR)
-            return kernels.fp8_linear(q, scale, self.lin2.weight, self.lin2.bias)
+        if self.gelu_impl == "quantized_kernel":
+            q, scale = kernels.gelu_quantize(self.lin1(x), self.lin2.weight.qdata.dtype, ACTIVATION_AMAX_FLOOR)
+            return kernels.quantized_linear(q, scale, self.lin2.weight, self.lin2.bias)
         return self.lin2(self.act(self.lin1(x)))
 
 

@@ -166,10 +166,20 @@ def test_linear_gelu_tanh_is_the_tanh_gelu_of_the_linear_and_compiles_whole():
 
 
 @pytest.mark.parametrize(
-    "stages,fused",
-    [("fp32", False), ("bf16", False), ("compile", True), ("fp32+compile", False), ("int8", False), ("bf16+compile+int8", False)],
+    "stages,gelu_impl",
+    [
+        ("fp32", "module"),
+        ("bf16", "module"),
+        ("compile", "epilogue"),
+        ("fp32+compile", "module"),
+        ("int8", "quantized_kernel"),
+        ("bf16+compile+int8", "module"),
+        ("bf16+triton+int8", "quantized_kernel"),
+    ],
 )
-def test_compile_switch_fuses_the_mlp_gelu_only_on_a_plain_bf16_encoder(stages, fused):
-    """The tanh GELU is within bf16's rounding, not fp32's; a quantized lin1 has no plain weight for the fused GEMM."""
+def test_each_stage_picks_its_mlp_gelu_path(stages, gelu_impl):
+    """The GELU epilogue only on a plain bf16 encoder (the tanh GELU is within bf16's rounding, not
+    fp32's; a quantized lin1 has no plain weight for the fused GEMM); the quantization kernel with
+    a quantizing switch and the triton switch."""
     model = samfast.build_sam("vit_tiny", device="cpu", stages=stages)
-    assert {block.mlp.gelu_impl for block in model.image_encoder.blocks} == {"epilogue" if fused else "module"}
+    assert {block.mlp.gelu_impl for block in model.image_encoder.blocks} == {gelu_impl}
