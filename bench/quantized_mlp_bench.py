@@ -42,6 +42,7 @@ def compiled_mlp(mlp: nn.Module, switch: str, gelu_impl: str, mode: str) -> nn.M
     """A compiled copy of `mlp` with this switch's quantization (samfast.quantize; none for bf16) and GELU path."""
     from samfast.quantize import quantize_encoder
 
+    torch._dynamo.reset()  # one compiled instance at a time: dynamo would count each as a recompile
     one = OneMLP(copy.deepcopy(mlp))
     if switch != "bf16":
         quantize_encoder(one, int8=switch == "int8", sparse=False, fp8=switch == "fp8")
@@ -81,10 +82,10 @@ def main(argv=None) -> int:
         x = torch.randn(M, C, device="cuda").bfloat16()
         want = copy.deepcopy(mlp).double()(x[:4096].double())
         mlp.bfloat16()
-        mlps = {"bf16, GELU in lin1's epilogue (nt)": compiled_mlp(mlp, "bf16", "epilogue", args.compile_mode)}
+        ways = {"bf16, GELU in lin1's epilogue (nt)": ("bf16", "epilogue")}
         for switch in ("fp8", "int8"):
-            mlps[f"{switch}, torchao + inductor"] = compiled_mlp(mlp, switch, "module", args.compile_mode)
-            mlps[f"{switch}, kernels.gelu_quantize"] = compiled_mlp(mlp, switch, "quantized_kernel", args.compile_mode)
+            ways[f"{switch}, torchao + inductor"] = (switch, "module")
+            ways[f"{switch}, kernels.gelu_quantize"] = (switch, "quantized_kernel")
         h = F.linear(x, mlp.lin1.weight, mlp.lin1.bias)
         gelu_quant = {}
         for dtype in (torch.float8_e4m3fn, torch.int8):
@@ -93,7 +94,8 @@ def main(argv=None) -> int:
             gelu_quant[f"GELU + quantize to {target} alone: inductor"] = torch.compile(
                 lambda d=dtype: kernels.gelu_quantize_reference(h, d, FLOOR), fullgraph=True
             )
-        for way, fn in mlps.items():
+        for way, (switch, gelu_impl) in ways.items():
+            fn = compiled_mlp(mlp, switch, gelu_impl, args.compile_mode)
             with torch.no_grad():
                 got = fn(x)[:4096].double()
                 err = ((got - want).norm() / want.norm()).item()
