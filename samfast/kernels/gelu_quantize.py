@@ -117,7 +117,7 @@ def _gelu_quantize_fwd(
     amax = tl.maximum(tl.reduce(tl.abs(g), 1, tl.standard._elementwise_max), AMAX_FLOOR)
     q = g * (QMAX / amax)[:, None]
     # Adding and subtracting 1.5 x 2^23 rounds |v| < 2^22 to an integer, ties to even, as fp32
-    # addition does: int8's rounding, and below the e4m3 grid's.
+    # addition does: int8's rounding here, and the e4m3 grid's (in units of its step) below.
     if TO_INT8:
         q = tl.minimum(tl.maximum((q + 12582912.0) - 12582912.0, -128.0), 127.0)
     else:
