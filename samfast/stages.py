@@ -76,7 +76,8 @@ def apply_stages(model, switches: frozenset[str]) -> None:
     if switches & {"int8", "sparse", FP8}:
         quantize_encoder(model.image_encoder, int8="int8" in switches, sparse="sparse" in switches, fp8=FP8 in switches)
     if "triton" in switches and switches & {FP8, "int8"} and "sparse" not in switches:
-        # lin1's GELU and lin2's activation quantization in one pass: kernels.gelu_quantize
+        # lin1's GELU and lin2's activation quantization in one pass: kernels.gelu_quantize (an
+        # int8 2:4 weight, where torchao still has one, is another tensor type: not for this path)
         for block in model.image_encoder.blocks:
             block.mlp.gelu_impl = "quantized_kernel"
     if "compile" in switches:
