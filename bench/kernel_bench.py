@@ -191,7 +191,7 @@ def main(argv=None) -> int:
     shapes = shapes_for(args.images)
     for key in args.shapes.split(","):
         rows += bench_shape(shapes[key], dtype, ways, args.check_batch)
-        best = getattr(getattr(rpa, "_compiled_kernel", None), "best_config", None)
+        best = getattr(rpa._KERNEL.compiled, "best_config", None)
         if "triton" in wanted and best is not None:
             tuned.append(f"{shapes[key].name}: {best}")
         torch.cuda.empty_cache()

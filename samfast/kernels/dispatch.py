@@ -50,6 +50,28 @@ def launcher():
     return (lambda kern: kern) if interpreting() else torch.library.wrap_triton
 
 
+class TritonKernel:
+    """One kernel body, compiled (autotuned over `configs`, keyed on `key`) or interpreted, chosen per call.
+
+    Built explicitly (not via @triton.jit) so the choice follows TRITON_INTERPRET at each call,
+    not once at import time. Without Triton both are None (every call takes the counted fallback).
+    """
+
+    def __init__(self, fn, configs, key: list[str]) -> None:
+        self.compiled = self.interpreted = None
+        if triton is not None:
+            from triton.runtime.interpreter import InterpretedFunction
+            from triton.runtime.jit import JITFunction
+
+            self.compiled = triton.autotune(configs=configs, key=key)(JITFunction(fn))
+            self.interpreted = InterpretedFunction(fn)
+
+    def pick(self, **interpret_meta):
+        """(kernel, meta) for a call now: interpreted with these fixed block sizes (no autotuning
+        there), or the autotuned compiled kernel."""
+        return (self.interpreted, interpret_meta) if interpreting() else (self.compiled, {})
+
+
 def unsupported_reason(tensors) -> str | None:
     """Why no Triton kernel can take these tensors (device, dtype, autograd), or None.
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from samfast.kernels.dispatch import interpreting, launcher, note_fallback, unsupported_reason
+from samfast.kernels.dispatch import TritonKernel, interpreting, launcher, note_fallback, unsupported_reason
 
 try:  # Triton is Linux-only; without it every call takes the counted fallback.
     import triton
@@ -142,17 +142,7 @@ _AUTOTUNE_CONFIGS = (
     else []
 )
 
-if triton is not None:
-    from triton.runtime.interpreter import InterpretedFunction
-    from triton.runtime.jit import JITFunction
-
-    # Built explicitly, as in relpos_attention.py: compiled or interpreted is chosen per call.
-    _compiled_kernel = triton.autotune(configs=_AUTOTUNE_CONFIGS, key=["BLOCK_N", "TO_INT8"])(
-        JITFunction(_gelu_quantize_fwd)
-    )
-    _interpreted_kernel = InterpretedFunction(_gelu_quantize_fwd)
-else:  # pragma: no cover
-    _compiled_kernel = _interpreted_kernel = None
+_KERNEL = TritonKernel(_gelu_quantize_fwd, _AUTOTUNE_CONFIGS, key=["BLOCK_N", "TO_INT8"])
 
 
 def _empty_outputs(h: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -163,10 +153,7 @@ def _launch(h: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, amax_floor: f
     n = h.shape[-1]
     rows = h.view(-1, n)
     m = rows.shape[0]
-    if interpreting():
-        kernel, meta = _interpreted_kernel, {"BLOCK_M": _INTERPRET_BLOCK_M}
-    else:
-        kernel, meta = _compiled_kernel, {}
+    kernel, meta = _KERNEL.pick(BLOCK_M=_INTERPRET_BLOCK_M)
 
     def grid(meta_):
         return (triton.cdiv(m, meta_["BLOCK_M"]),)

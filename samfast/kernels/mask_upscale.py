@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from samfast.kernels.dispatch import interpreting, launcher, note_fallback, unsupported_reason
+from samfast.kernels.dispatch import TritonKernel, launcher, note_fallback, unsupported_reason
 
 try:  # Triton is Linux-only; without it every call takes the counted fallback.
     import triton
@@ -143,17 +143,7 @@ _AUTOTUNE_CONFIGS = (
     else []
 )
 
-if triton is not None:
-    from triton.runtime.interpreter import InterpretedFunction
-    from triton.runtime.jit import JITFunction
-
-    # Built explicitly, as in relpos_attention.py: compiled or interpreted is chosen per call.
-    _compiled_kernel = triton.autotune(configs=_AUTOTUNE_CONFIGS, key=["C1", "N2", "M"])(
-        JITFunction(_upscale_masks_fwd)
-    )
-    _interpreted_kernel = InterpretedFunction(_upscale_masks_fwd)
-else:  # pragma: no cover
-    _compiled_kernel = _interpreted_kernel = None
+_KERNEL = TritonKernel(_upscale_masks_fwd, _AUTOTUNE_CONFIGS, key=["C1", "N2", "M"])
 
 
 def _empty_out(src: torch.Tensor, hyper_in: torch.Tensor) -> torch.Tensor:
@@ -173,10 +163,7 @@ def _launch(src, w1, b1, gamma, beta, w2, b2, hyper_in, out, eps: float) -> None
     hbd = torch.block_diag(*[torch.ones(c2, m, dtype=hyper_in.dtype, device=hyper_in.device)] * 4)
     hbd = hbd * hyper_in.transpose(1, 2).repeat(1, 4, 4)
     hbd = torch.nn.functional.pad(hbd, (0, mt - 4 * m))
-    if interpreting():
-        kernel, meta = _interpreted_kernel, {"BLOCK_R": _INTERPRET_BLOCK_R}
-    else:
-        kernel, meta = _compiled_kernel, {}
+    kernel, meta = _KERNEL.pick(BLOCK_R=_INTERPRET_BLOCK_R)
 
     def grid(meta_):
         return (triton.cdiv(4 * h * w, meta_["BLOCK_R"]), p)

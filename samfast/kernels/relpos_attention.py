@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from samfast.kernels.dispatch import interpreting, launcher, note_fallback, unsupported_reason
+from samfast.kernels.dispatch import TritonKernel, interpreting, launcher, note_fallback, unsupported_reason
 
 try:  # Triton is Linux-only; without it every call takes the counted fallback.
     import triton
@@ -287,18 +287,7 @@ _AUTOTUNE_CONFIGS = (
     else []
 )
 
-if triton is not None:
-    from triton.runtime.interpreter import InterpretedFunction
-    from triton.runtime.jit import JITFunction
-
-    # Built explicitly (not via @triton.jit) so the choice between compiled and interpreted
-    # kernel is made per call from TRITON_INTERPRET, not once at import time.
-    _compiled_kernel = triton.autotune(configs=_AUTOTUNE_CONFIGS, key=["KH", "KW", "HEAD_DIM", "FROM_TABLES"])(
-        JITFunction(_relpos_attn_fwd)
-    )
-    _interpreted_kernel = InterpretedFunction(_relpos_attn_fwd)
-else:  # pragma: no cover
-    _compiled_kernel = _interpreted_kernel = None
+_KERNEL = TritonKernel(_relpos_attn_fwd, _AUTOTUNE_CONFIGS, key=["KH", "KW", "HEAD_DIM", "FROM_TABLES"])
 
 
 def _launch(q, k, v, rel_h, rel_w, out, scale: float, bias_log2e: bool, launcher, config=None) -> None:
@@ -315,12 +304,10 @@ def _launch(q, k, v, rel_h, rel_w, out, scale: float, bias_log2e: bool, launcher
     else:
         KH, KW = rel_h.shape[-1], rel_w.shape[-1]
         rel_strides = (*rel_h.stride(), *rel_w.stride())
-    if interpreting():
-        kernel, meta = _interpreted_kernel, {"BLOCK_M": _INTERPRET_BLOCK_M, "BLOCK_N": _INTERPRET_BLOCK_N}
-    elif config is not None:
-        kernel, meta = _compiled_kernel.fn, config.all_kwargs()
+    if config is not None and not interpreting():
+        kernel, meta = _KERNEL.compiled.fn, config.all_kwargs()
     else:
-        kernel, meta = _compiled_kernel, {}
+        kernel, meta = _KERNEL.pick(BLOCK_M=_INTERPRET_BLOCK_M, BLOCK_N=_INTERPRET_BLOCK_N)
 
     def grid(m):
         return (triton.cdiv(L, m["BLOCK_M"]), B * H)
