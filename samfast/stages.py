@@ -73,6 +73,7 @@ def apply_stages(model, switches: frozenset[str]) -> None:
         for block in model.image_encoder.blocks:
             block.attn.attn_impl = "triton"
         model.mask_decoder.upscale_impl = "triton"  # the upscaling and mask product fused: kernels.upscaled_masks
+        model.mask_decoder.transformer.fused_cross_attention = True  # kernels.decoder_attention
     if switches & {"int8", "sparse", FP8}:
         quantize_encoder(model.image_encoder, int8="int8" in switches, sparse="sparse" in switches, fp8=FP8 in switches)
     if "triton" in switches and switches & {FP8, "int8"} and "sparse" not in switches:

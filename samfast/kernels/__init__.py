@@ -1,7 +1,13 @@
 """Hand-written Triton kernels with their reference paths: the fused rel-pos attention of the
-encoder, the quantized MLP's GELU + quantization and the decoder's fused upscaling; fallbacks of all
-are counted in dispatch."""
+encoder, the quantized MLP's GELU + quantization, the decoder's folded cross attentions and its fused
+upscaling; fallbacks of all are counted in dispatch."""
 
+from samfast.kernels.decoder_attention import (
+    image_to_token_attention,
+    image_to_token_attention_reference,
+    token_to_image_attention,
+    token_to_image_attention_reference,
+)
 from samfast.kernels.dispatch import FALLBACK_COUNTS, fallback_counts, reset_fallback_counts
 from samfast.kernels.gelu_quantize import gelu_quantize, gelu_quantize_reference, quantized_linear
 from samfast.kernels.mask_upscale import upscaled_masks, upscaled_masks_reference
@@ -19,12 +25,16 @@ __all__ = [
     "forms_bias_from_tables",
     "gelu_quantize",
     "gelu_quantize_reference",
+    "image_to_token_attention",
+    "image_to_token_attention_reference",
     "quantized_linear",
     "rel_factors_from_tables",
     "relpos_attention",
     "relpos_attention_from_tables",
     "relpos_attention_reference",
     "reset_fallback_counts",
+    "token_to_image_attention",
+    "token_to_image_attention_reference",
     "upscaled_masks",
     "upscaled_masks_reference",
 ]

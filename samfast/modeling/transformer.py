@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from samfast import kernels
+
 from .common import MLPBlock
 
 
@@ -33,6 +35,9 @@ class TwoWayTransformer(nn.Module):
         )
         self.final_attn_token_to_image = Attention(embedding_dim, num_heads, attention_downsample_rate)
         self.norm_final_attn = nn.LayerNorm(embedding_dim)
+        # The triton switch: the cross attentions with their projections folded into per-prompt
+        # matrices, one pass over the image tokens each (samfast.kernels.decoder_attention)
+        self.fused_cross_attention = False
 
     def forward(
         self, image_embedding: Tensor, image_pe: Tensor, point_embedding: Tensor, image_index: Tensor | None = None
@@ -46,12 +51,18 @@ class TwoWayTransformer(nn.Module):
         image_embedding = image_embedding.flatten(2).permute(0, 2, 1)
         image_pe = image_pe.flatten(2).permute(0, 2, 1)
         queries, keys = point_embedding, image_embedding
+        fused = self.fused_cross_attention
         for layer in self.layers:
-            queries, keys = layer(queries, keys, query_pe=point_embedding, key_pe=image_pe, image_index=image_index)
+            queries, keys = layer(
+                queries, keys, query_pe=point_embedding, key_pe=image_pe, image_index=image_index, fused=fused
+            )
             image_index = None  # from here on the keys hold each prompt's own image tokens
-        q = queries + point_embedding
-        k = keys + image_pe
-        queries = self.norm_final_attn(queries + self.final_attn_token_to_image(q=q, k=k, v=keys))
+        final, q = self.final_attn_token_to_image, queries + point_embedding
+        if fused:
+            attended = kernels.token_to_image_attention(final, q, keys, image_pe)
+        else:
+            attended = final(q=q, k=keys + image_pe, v=keys)
+        queries = self.norm_final_attn(queries + attended)
         return queries, keys
 
 
@@ -78,12 +89,20 @@ class TwoWayAttentionBlock(nn.Module):
         self.skip_first_layer_pe = skip_first_layer_pe
 
     def forward(
-        self, queries: Tensor, keys: Tensor, query_pe: Tensor, key_pe: Tensor, image_index: Tensor | None = None
+        self,
+        queries: Tensor,
+        keys: Tensor,
+        query_pe: Tensor,
+        key_pe: Tensor,
+        image_index: Tensor | None = None,
+        fused: bool = False,
     ) -> tuple[Tensor, Tensor]:
         """queries (P, N, C) per prompt; keys (P, L, C) per prompt, or per image (B, L, C) with image_index (P,).
 
         Per-image keys are projected once per image and the projections gathered to the prompts:
-        the same numbers as projecting a per-prompt copy, without making that copy first.
+        the same numbers as projecting a per-prompt copy, without making that copy first. `fused`:
+        both cross attentions through samfast.kernels.decoder_attention, which read per-image
+        keys through image_index and never write per-prompt projections.
         """
 
         def per_prompt(x: Tensor) -> Tensor:
@@ -97,22 +116,30 @@ class TwoWayAttentionBlock(nn.Module):
         queries = self.norm1(queries)
 
         to_image = self.cross_attn_token_to_image
-        k = keys + key_pe
-        attended = to_image.attend(
-            to_image.heads(to_image.q_proj(queries + query_pe)),
-            per_prompt(to_image.heads(to_image.k_proj(k))),
-            per_prompt(to_image.heads(to_image.v_proj(keys))),
-        )
+        if fused:
+            attended = kernels.token_to_image_attention(to_image, queries + query_pe, keys, key_pe, image_index)
+        else:
+            k = keys + key_pe
+            attended = to_image.attend(
+                to_image.heads(to_image.q_proj(queries + query_pe)),
+                per_prompt(to_image.heads(to_image.k_proj(k))),
+                per_prompt(to_image.heads(to_image.v_proj(keys))),
+            )
         queries = self.norm2(queries + attended)
         queries = self.norm3(queries + self.mlp(queries))
 
         to_token = self.cross_attn_image_to_token
-        attended = to_token.attend(
-            per_prompt(to_token.heads(to_token.q_proj(k))),
-            to_token.heads(to_token.k_proj(queries + query_pe)),
-            to_token.heads(to_token.v_proj(queries)),
-        )
-        keys = self.norm4(per_prompt(keys) + attended)
+        if fused:
+            keys = kernels.image_to_token_attention(
+                to_token, self.norm4, keys, key_pe, queries + query_pe, queries, image_index
+            )
+        else:
+            attended = to_token.attend(
+                per_prompt(to_token.heads(to_token.q_proj(k))),
+                to_token.heads(to_token.k_proj(queries + query_pe)),
+                to_token.heads(to_token.v_proj(queries)),
+            )
+            keys = self.norm4(per_prompt(keys) + attended)
         return queries, keys
 
 
