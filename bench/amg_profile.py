@@ -6,13 +6,15 @@ For every model and variant: one samfast generate on sam-demo dog.jpg (points_pe
 thresholds, seeded weights), one warm-up then the median of --repeats, and the time of each step
 of the generator (CUDA-synchronised timers around _embed, _decode, the per-crop filters and the
 records); for the last variant a torch.profiler table of the CUDA kernels. The variants undo, in
-this process only, what sessions 10 and 12 changed, so one run shows what each change is worth:
+this process only, what sessions 10, 12 and 14 changed, so one run shows what each change is worth:
 
 - before: PIL resize on the host, cuDNN's transposed convolutions in the decoder;
 - resize: + the image resized on the device (samfast.resize);
 - gemm: + the decoder's upscaling as GEMMs (MaskDecoder.upscale_impl "gemm", session 10);
-- all: + the upscaling and mask product as one Triton kernel where the stage has the triton switch
-  (upscale_impl "triton", kernels.upscaled_masks): what build_sam gives now.
+- upscale: + the upscaling and mask product as one Triton kernel where the stage has the triton
+  switch (upscale_impl "triton", kernels.upscaled_masks, session 12);
+- all: + the cross attentions folded into per-prompt matrices, likewise under the triton switch
+  (TwoWayTransformer.fused_cross_attention, kernels.decoder_attention): what build_sam gives now.
 
 Writes amg-profile.md under --out and prints it.
 """
@@ -35,7 +37,7 @@ from bench.amg import load_image, time_generate
 from bench.ladder import _sync, device_name
 from samfast.amg.generator import SamAutomaticMaskGenerator
 
-VARIANTS = ("before", "resize", "gemm", "all")
+VARIANTS = ("before", "resize", "gemm", "upscale", "all")
 STEPS = ("_embed", "_decode", "_filter_crop", "_records")
 
 
@@ -43,15 +45,18 @@ STEPS = ("_embed", "_decode", "_filter_crop", "_records")
 def variant(model, name: str):
     """The model and modules as they were before the changes that `name` leaves out."""
     level = VARIANTS.index(name)
-    saved = (predictor_module.same_as_pil, model.mask_decoder.upscale_impl)
+    transformer = model.mask_decoder.transformer
+    saved = (predictor_module.same_as_pil, model.mask_decoder.upscale_impl, transformer.fused_cross_attention)
     if level < 1:
         predictor_module.same_as_pil = lambda *_: False
     if level < 3 and saved[1] != "conv":
         model.mask_decoder.upscale_impl = "conv" if level < 2 else "gemm"
+    if level < 4:
+        transformer.fused_cross_attention = False
     try:
         yield
     finally:
-        predictor_module.same_as_pil, model.mask_decoder.upscale_impl = saved
+        predictor_module.same_as_pil, model.mask_decoder.upscale_impl, transformer.fused_cross_attention = saved
 
 
 @contextlib.contextmanager

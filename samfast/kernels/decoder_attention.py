@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from samfast.kernels.dispatch import TritonKernel, launcher, note_fallback, unsupported_reason
+from samfast.kernels.dispatch import TritonKernel, interpreting, launcher, note_fallback, unsupported_reason
 
 try:  # Triton is Linux-only; without it every call takes the counted fallback.
     import triton
@@ -312,6 +312,11 @@ def _unsupported_reason(attn, keys, pe, tokens, extra=()) -> str | None:
     reason = unsupported_reason((keys, pe, tokens, *params, *extra))
     if reason is not None:
         return reason
+    if keys.dtype == torch.float32 and not interpreting():
+        # fp32 products without tensor cores: Triton 3.6 did not finish compiling the token-to-image
+        # kernel within 60 s on an H100 (session 14); the module path is exact there, and the
+        # kernels pay off in 16 bits
+        return "float32 on the GPU (the kernels are built for 16-bit tensor-core products)"
     c = keys.shape[-1]
     if c < 16 or c & (c - 1):
         return "an image-token width that is not a power of 2 >= 16"
@@ -355,7 +360,7 @@ def token_to_image_attention(attn: nn.Module, queries_in, keys, pe, image_index=
 
     attn is the decoder's Attention; queries_in (P, T, C) the tokens with their positional
     encoding; keys (P, L, C) per prompt, or (B, L, C) per image with image_index (P,); pe (1, L, C).
-    Runs the kernel on CUDA (fp16, bf16, fp32) or under TRITON_INTERPRET=1 (fp16, fp32); otherwise
+    Runs the kernel on CUDA (fp16, bf16) or under TRITON_INTERPRET=1 (fp16, fp32); otherwise
     :func:`token_to_image_attention_reference`, the reason counted in samfast.kernels.dispatch.
     """
     _check_shapes(keys, pe, queries_in, image_index)
