@@ -389,9 +389,10 @@ def image_to_token_attention(
     :func:`image_to_token_attention_reference`, as there.
     """
     _check_shapes(keys, pe, tokens_k, image_index)
-    reason = _unsupported_reason(attn, keys, pe, tokens_k, (tokens_v, norm.weight))
-    if reason is None and not isinstance(norm, nn.LayerNorm):
-        reason = "a norm other than nn.LayerNorm"
+    if not isinstance(norm, nn.LayerNorm) or norm.weight is None or norm.bias is None:
+        reason = "a norm other than an affine nn.LayerNorm"
+    else:
+        reason = _unsupported_reason(attn, keys, pe, tokens_k, (tokens_v, norm.weight, norm.bias))
     if reason is not None:
         note_fallback("image_to_token_attention", reason, "the module path")
         return image_to_token_attention_reference(attn, norm, keys, pe, tokens_k, tokens_v, image_index)

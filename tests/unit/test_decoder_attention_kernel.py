@@ -195,6 +195,17 @@ def test_more_tokens_than_the_kernels_hold_fall_back(request):
 
 
 @torch.no_grad()
+def test_other_norms_fall_back(request):
+    attn, _ = make_modules(_seed(request), 64, 4)
+    keys, pe, tokens_k, tokens_v, index = make_inputs(_seed(request), 64, 10, 3, 2, [1, 0, 1], torch.float32)
+    norm = nn.LayerNorm(64, elementwise_affine=False)
+    got = image_to_token_attention(attn, norm, keys, pe, tokens_k, tokens_v, index)
+    assert fallback_counts() == {"a norm other than an affine nn.LayerNorm": 1}
+    want = image_to_token_attention_reference(attn, norm, keys, pe, tokens_k, tokens_v, index)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@torch.no_grad()
 def test_mismatched_shapes_are_refused_with_the_expected_ones(request):
     attn, norm = make_modules(_seed(request), 64, 4)
     keys, pe, tokens_k, tokens_v, index = make_inputs(_seed(request), 64, 10, 3, 2, [1, 0, 1], torch.float32)
