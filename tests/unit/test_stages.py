@@ -183,3 +183,13 @@ def test_each_stage_picks_its_mlp_gelu_path(stages, gelu_impl):
     a quantizing switch and the triton switch."""
     model = samfast.build_sam("vit_tiny", device="cpu", stages=stages)
     assert {block.mlp.gelu_impl for block in model.image_encoder.blocks} == {gelu_impl}
+
+
+@pytest.mark.parametrize(
+    "stages,upscale_impl,fused_cross_attention",
+    [("fp32", "conv", False), ("bf16", "conv", False), ("compile", "gemm", False), ("bf16+triton", "triton", True)],
+)
+def test_each_stage_picks_its_decoder_paths(stages, upscale_impl, fused_cross_attention):
+    """The decoder's kernels (fused upscaling, folded cross attentions) come with the triton switch."""
+    decoder = samfast.build_sam("vit_tiny", device="cpu", stages=stages).mask_decoder
+    assert (decoder.upscale_impl, decoder.transformer.fused_cross_attention) == (upscale_impl, fused_cross_attention)
