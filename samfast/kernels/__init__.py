@@ -1,6 +1,6 @@
 """Hand-written Triton kernels with their reference paths: the fused rel-pos attention of the
-encoder, the quantized MLP's layer norm or GELU + quantization, the decoder's folded cross
-attentions and its fused upscaling; fallbacks of all are counted in dispatch."""
+encoder, the quantized MLP's GELU + quantization, the decoder's folded cross attentions and its fused
+upscaling; fallbacks of all are counted in dispatch."""
 
 from samfast.kernels.decoder_attention import (
     image_to_token_attention,
@@ -9,13 +9,7 @@ from samfast.kernels.decoder_attention import (
     token_to_image_attention_reference,
 )
 from samfast.kernels.dispatch import FALLBACK_COUNTS, fallback_counts, reset_fallback_counts
-from samfast.kernels.row_quantize import (
-    gelu_quantize,
-    gelu_quantize_reference,
-    layernorm_quantize,
-    layernorm_quantize_reference,
-    quantized_linear,
-)
+from samfast.kernels.gelu_quantize import gelu_quantize, gelu_quantize_reference, quantized_linear
 from samfast.kernels.mask_upscale import upscaled_masks, upscaled_masks_reference
 from samfast.kernels.relpos_attention import (
     forms_bias_from_tables,
@@ -33,8 +27,6 @@ __all__ = [
     "gelu_quantize_reference",
     "image_to_token_attention",
     "image_to_token_attention_reference",
-    "layernorm_quantize",
-    "layernorm_quantize_reference",
     "quantized_linear",
     "rel_factors_from_tables",
     "relpos_attention",

@@ -44,9 +44,7 @@ class MLPBlock(nn.Module):
     * "quantized_kernel" (fp8 or int8 with the triton switch; lin1 and lin2 hold torchao's
       quantized weights): the GELU and lin2's per-token quantization in one pass
       (`kernels.gelu_quantize`), whose output goes straight into lin2's GEMM
-      (`kernels.quantized_linear`); likewise the layer norm before the MLP, when given as `norm`,
-      and lin1's quantization (`kernels.layernorm_quantize`): inductor builds that pair as two
-      looped reductions over vit_h's 1280 channels.
+      (`kernels.quantized_linear`).
     """
 
     def __init__(self, embedding_dim: int, mlp_dim: int, act: type[nn.Module] = nn.GELU) -> None:
@@ -56,20 +54,12 @@ class MLPBlock(nn.Module):
         self.act = act()
         self.gelu_impl = "module"
 
-    def forward(self, x: torch.Tensor, norm: nn.LayerNorm | None = None) -> torch.Tensor:
-        """The MLP of x, or of norm(x) when the block's layer norm before it is given."""
-        if self.gelu_impl == "quantized_kernel":
-            if norm is None:
-                h = self.lin1(x)
-            else:
-                q, scale = kernels.layernorm_quantize(x, norm, self.lin1.weight.qdata.dtype, ACTIVATION_AMAX_FLOOR)
-                h = kernels.quantized_linear(q, scale, self.lin1.weight, self.lin1.bias)
-            q, scale = kernels.gelu_quantize(h, self.lin2.weight.qdata.dtype, ACTIVATION_AMAX_FLOOR)
-            return kernels.quantized_linear(q, scale, self.lin2.weight, self.lin2.bias)
-        if norm is not None:
-            x = norm(x)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gelu_impl == "epilogue":
             return self.lin2(linear_gelu_tanh(x, self.lin1.weight, self.lin1.bias))
+        if self.gelu_impl == "quantized_kernel":
+            q, scale = kernels.gelu_quantize(self.lin1(x), self.lin2.weight.qdata.dtype, ACTIVATION_AMAX_FLOOR)
+            return kernels.quantized_linear(q, scale, self.lin2.weight, self.lin2.bias)
         return self.lin2(self.act(self.lin1(x)))
 
 

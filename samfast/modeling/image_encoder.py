@@ -92,7 +92,7 @@ class Block(nn.Module):
         else:
             x = self.attn(x)
         x = shortcut + x
-        return x + self.mlp(x, norm=self.norm2)  # the MLP may fuse the norm with its quantization
+        return x + self.mlp(self.norm2(x))
 
 
 class Attention(nn.Module):

@@ -1,27 +1,23 @@
-"""The quantized MLP's inputs, each made and quantized per token in one pass: lin1's (the layer
-norm) and lin2's (the GELU).
+"""The quantized MLP's middle: GELU and the per-token quantization of its output in one pass.
 
-With dynamic quantization (torchao's fp8 rowwise or int8 configs) each quantized linear quantizes
-its own input: the row's amax, the scale and the cast, which inductor builds as a looped reduction
-over the producer's output (and, for a layer norm over vit_h's 1280 channels, as two: the norm's
-and the quantization's). The bf16 stack instead keeps lin1's GELU in its cuBLASLt epilogue, which
-a scaled fp8 or int8 GEMM does not offer. These kernels read the producer's input once, hold each
-row in registers, and write only the quantized row and its scale, which go straight into the
-next GEMM (:func:`quantized_linear`: the `torch._scaled_mm` / `int_scaled_matmul` calls torchao makes):
+With dynamic quantization (torchao's fp8 rowwise or int8 configs) an MLP runs lin1's quantized
+GEMM, then a GELU pass over the (tokens, 4 x dim) activation, then lin2's own quantization of it:
+the row's amax, the scale and the cast, which inductor builds as a looped reduction that reads
+the activation twice. The bf16 stack instead keeps the GELU in lin1's cuBLASLt epilogue, which
+a scaled fp8 or int8 GEMM does not offer. This kernel reads lin1's output once, holds each row in
+registers, and writes only the quantized row and its scale, which go straight into lin2's GEMM
+(:func:`quantized_linear`: the `torch._scaled_mm` / `int_scaled_matmul` calls torchao makes).
 
-* :func:`gelu_quantize`: lin1's output through the tanh GELU, for lin2;
-* :func:`layernorm_quantize`: the block's input through its second layer norm, for lin1.
+Arithmetic (the reference :func:`gelu_quantize_reference` is the same in PyTorch): the tanh GELU in
+fp32, amax per row floored at ``amax_floor`` (an all-zero row would otherwise get a zero scale and
+0 / 0), then
 
-Arithmetic (the references :func:`gelu_quantize_reference` and :func:`layernorm_quantize_reference`
-are the same in PyTorch): the GELU or layer norm in fp32, amax per row floored at ``amax_floor``
-(an all-zero row would otherwise get a zero scale and 0 / 0), then
-
-* e4m3: scale = amax / 448, the cast of ``value / scale`` clamped to +-448, nearest even;
-* int8: scale = amax / 127.5 (torchao's symmetric convention), ``value / scale`` rounded to the
+* e4m3: scale = amax / 448, the cast of ``gelu / scale`` clamped to +-448, nearest even;
+* int8: scale = amax / 127.5 (torchao's symmetric convention), ``gelu / scale`` rounded to the
   nearest integer (ties to even) and clamped to [-128, 127].
 
-Unlike torchao's quantization, the value is not rounded to bf16 first and the scale stays fp32:
-one rounding fewer.
+Unlike torchao's quantization, the GELU output is not rounded to bf16 first and the scale stays
+fp32: one rounding fewer.
 
 Why the tanh GELU: it is the one the bf16 stack's lin1 epilogue already uses, at most 4.7e-4 from
 the exact GELU, far below e4m3's rounding (up to 1/16 of a value); and it is cheap. The kernel is
@@ -44,14 +40,7 @@ except ImportError:  # pragma: no cover - exercised only where triton is missing
     triton = None
     tl = None
 
-__all__ = [
-    "QUANTIZED_DTYPES",
-    "gelu_quantize",
-    "gelu_quantize_reference",
-    "layernorm_quantize",
-    "layernorm_quantize_reference",
-    "quantized_linear",
-]
+__all__ = ["QUANTIZED_DTYPES", "gelu_quantize", "gelu_quantize_reference", "quantized_linear"]
 
 #: What each target dtype's row scale maps the row's amax to.
 QMAX = {torch.float8_e4m3fn: float(torch.finfo(torch.float8_e4m3fn).max), torch.int8: 127.5}
@@ -66,26 +55,15 @@ _INTERPRET_BLOCK_M = 4
 # --------------------------------------------------------------------------- reference path
 
 
-def _quantize_rows_reference(g: torch.Tensor, dtype: torch.dtype, amax_floor: float) -> tuple[torch.Tensor, torch.Tensor]:
-    scale = g.abs().amax(-1, keepdim=True).clamp(min=amax_floor) / QMAX[dtype]
-    if dtype == torch.int8:
-        return torch.round(g / scale).clamp(-128, 127).to(dtype), scale
-    return (g / scale).clamp(-QMAX[dtype], QMAX[dtype]).to(dtype), scale
-
-
 def gelu_quantize_reference(h: torch.Tensor, dtype: torch.dtype, amax_floor: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(gelu(h) / scale in `dtype`, scale) with one fp32 scale per row of h (..., N): scale is (..., 1).
 
     gelu is the tanh form, as everywhere in this module."""
-    return _quantize_rows_reference(F.gelu(h.float(), approximate="tanh"), dtype, amax_floor)
-
-
-def layernorm_quantize_reference(
-    x: torch.Tensor, norm: torch.nn.LayerNorm, dtype: torch.dtype, amax_floor: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(norm(x) / scale in `dtype`, scale), the layer norm in fp32, one fp32 scale per row (..., 1)."""
-    y = F.layer_norm(x.float(), norm.normalized_shape, norm.weight.float(), norm.bias.float(), norm.eps)
-    return _quantize_rows_reference(y, dtype, amax_floor)
+    g = F.gelu(h.float(), approximate="tanh")
+    scale = g.abs().amax(-1, keepdim=True).clamp(min=amax_floor) / QMAX[dtype]
+    if dtype == torch.int8:
+        return torch.round(g / scale).clamp(-128, 127).to(dtype), scale
+    return (g / scale).clamp(-QMAX[dtype], QMAX[dtype]).to(dtype), scale
 
 
 def quantized_linear(q: torch.Tensor, scale: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -117,14 +95,12 @@ def quantized_linear(q: torch.Tensor, scale: torch.Tensor, weight: torch.Tensor,
 # --------------------------------------------------------------------------- the kernel
 
 
-def _row_quantize_fwd(
-    H, W, B, Q, S,
+def _gelu_quantize_fwd(
+    H, Q, S,
     M, N,
     stride_hm, stride_qm,
-    AMAX_FLOOR: tl.constexpr,  # constants: inductor would pass a float argument as fp64
-    EPS: tl.constexpr,
+    AMAX_FLOOR: tl.constexpr,  # a constant: inductor would pass a float argument as fp64
     QMAX: tl.constexpr,
-    NORM: tl.constexpr,  # the row's layer norm (weight W, bias B) instead of its tanh GELU
     TO_INT8: tl.constexpr,
     ROUND_IN_FP32: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -136,16 +112,8 @@ def _row_quantize_fwd(
     cols = tl.arange(0, BLOCK_N)
     mask = (rows < M)[:, None] & (cols < N)[None, :]
     x = tl.load(H + rows[:, None] * stride_hm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    if NORM:
-        mean = tl.reduce(x, 1, tl.standard._sum_combine) / N
-        centred = tl.where(mask, x - mean[:, None], 0.0)
-        var = tl.reduce(centred * centred, 1, tl.standard._sum_combine) / N
-        weight = tl.load(W + cols, mask=cols < N, other=0.0).to(tl.float32)
-        bias = tl.load(B + cols, mask=cols < N, other=0.0).to(tl.float32)
-        g = centred * tl.math.rsqrt(var + EPS)[:, None] * weight[None, :] + bias[None, :]  # 0 in padded columns
-    else:
-        # tanh GELU as x * sigmoid(2 sqrt(2 / pi) (x + 0.044715 x^3)): no cancellation for x < 0
-        g = x / (1.0 + tl.exp(-x * (1.5957691216057308 + 0.07135481627159915 * x * x)))  # 0 in padded columns
+    # tanh GELU as x * sigmoid(2 sqrt(2 / pi) (x + 0.044715 x^3)): no cancellation for x < 0
+    g = x / (1.0 + tl.exp(-x * (1.5957691216057308 + 0.07135481627159915 * x * x)))  # 0 in padded columns
     amax = tl.maximum(tl.reduce(tl.abs(g), 1, tl.standard._elementwise_max), AMAX_FLOOR)
     q = g * (QMAX / amax)[:, None]
     # Adding and subtracting 1.5 x 2^23 rounds |v| < 2^22 to an integer, ties to even, as fp32
@@ -174,30 +142,26 @@ _AUTOTUNE_CONFIGS = (
     else []
 )
 
-_KERNEL = TritonKernel(_row_quantize_fwd, _AUTOTUNE_CONFIGS, key=["BLOCK_N", "TO_INT8", "NORM"])
+_KERNEL = TritonKernel(_gelu_quantize_fwd, _AUTOTUNE_CONFIGS, key=["BLOCK_N", "TO_INT8"])
 
 
 def _empty_outputs(h: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     return h.new_empty(h.shape, dtype=dtype), h.new_empty(*h.shape[:-1], 1, dtype=torch.float32)
 
 
-def _launch(h, q, scale, amax_floor: float, norm=None) -> None:
-    """Quantize the rows of h into q and scale; norm = (weight, bias, eps): its layer norm first, else the GELU."""
+def _launch(h: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, amax_floor: float) -> None:
     n = h.shape[-1]
     rows = h.view(-1, n)
     m = rows.shape[0]
-    weight, bias, eps = norm if norm is not None else (rows, rows, 0.0)  # not read without NORM
     kernel, meta = _KERNEL.pick(BLOCK_M=_INTERPRET_BLOCK_M)
 
     def grid(meta_):
         return (triton.cdiv(m, meta_["BLOCK_M"]),)
 
     launcher()(kernel)[grid](
-        rows, weight, bias, q, scale, m, n, rows.stride(0), n,
+        rows, q, scale, m, n, rows.stride(0), n,
         AMAX_FLOOR=amax_floor,
-        EPS=eps,
         QMAX=QMAX[q.dtype],
-        NORM=norm is not None,
         TO_INT8=q.dtype == torch.int8,
         ROUND_IN_FP32=interpreting(),
         BLOCK_N=triton.next_power_of_2(n),
@@ -205,53 +169,34 @@ def _launch(h, q, scale, amax_floor: float, norm=None) -> None:
     )
 
 
-def _gelu_quantize_kernel(h: torch.Tensor, dtype: torch.dtype, amax_floor: float):
-    q, scale = _empty_outputs(h, dtype)
-    _launch(h, q, scale, amax_floor)
-    return q, scale
-
-
-def _layernorm_quantize_kernel(x, weight, bias, eps: float, dtype: torch.dtype, amax_floor: float):
-    q, scale = _empty_outputs(x, dtype)
-    _launch(x, q, scale, amax_floor, (weight, bias, eps))
-    return q, scale
-
-
 if triton is not None and hasattr(torch.library, "triton_op"):
-    # Custom ops, so torch.compile sees one node each and no graph break (see relpos_attention.py).
+    # A custom op, so torch.compile sees one node and no graph break (see relpos_attention.py).
     @torch.library.triton_op("samfast::gelu_quantize", mutates_args=())
     def _gelu_quantize_op(h: torch.Tensor, dtype: torch.dtype, amax_floor: float) -> tuple[torch.Tensor, torch.Tensor]:
-        return _gelu_quantize_kernel(h, dtype, amax_floor)
+        q, scale = _empty_outputs(h, dtype)
+        _launch(h, q, scale, amax_floor)
+        return q, scale
 
     @_gelu_quantize_op.register_fake
     def _(h, dtype, amax_floor):
         return _empty_outputs(h, dtype)
 
-    @torch.library.triton_op("samfast::layernorm_quantize", mutates_args=())
-    def _layernorm_quantize_op(
-        x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float, dtype: torch.dtype, amax_floor: float
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        return _layernorm_quantize_kernel(x, weight, bias, eps, dtype, amax_floor)
-
-    @_layernorm_quantize_op.register_fake
-    def _(x, weight, bias, eps, dtype, amax_floor):
-        return _empty_outputs(x, dtype)
-
-    def _run_gelu_quantize(*args):
-        return torch.ops.samfast.gelu_quantize(*args)
-
-    def _run_layernorm_quantize(*args):
-        return torch.ops.samfast.layernorm_quantize(*args)
+    def _run_kernel(h: torch.Tensor, dtype: torch.dtype, amax_floor: float) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.ops.samfast.gelu_quantize(h, dtype, amax_floor)
 
 else:  # pragma: no cover - old torch: plain launch, still correct, not traceable
-    _run_gelu_quantize, _run_layernorm_quantize = _gelu_quantize_kernel, _layernorm_quantize_kernel
+
+    def _run_kernel(h: torch.Tensor, dtype: torch.dtype, amax_floor: float) -> tuple[torch.Tensor, torch.Tensor]:
+        q, scale = _empty_outputs(h, dtype)
+        _launch(h, q, scale, amax_floor)
+        return q, scale
 
 
 # --------------------------------------------------------------------------- dispatch
 
 
-def _unsupported_reason(h: torch.Tensor, *params: torch.Tensor) -> str | None:
-    reason = unsupported_reason((h, *params))
+def _unsupported_reason(h: torch.Tensor) -> str | None:
+    reason = unsupported_reason((h,))
     if reason is not None:
         return reason
     if h.shape[-1] > MAX_ROW:
@@ -259,13 +204,6 @@ def _unsupported_reason(h: torch.Tensor, *params: torch.Tensor) -> str | None:
     if not h.is_contiguous():
         return "a non-contiguous input"
     return None
-
-
-def _check_arguments(name: str, h: torch.Tensor, dtype: torch.dtype) -> None:
-    if dtype not in QMAX:
-        raise ValueError(f"{name} quantizes to {', '.join(map(str, QUANTIZED_DTYPES))}; got {dtype}")
-    if h.dim() == 0 or h.shape[-1] == 0:
-        raise ValueError(f"need rows to quantize, a tensor (..., N) with N > 0; got shape {tuple(h.shape)}")
 
 
 def gelu_quantize(h: torch.Tensor, dtype: torch.dtype, amax_floor: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -276,29 +214,12 @@ def gelu_quantize(h: torch.Tensor, dtype: torch.dtype, amax_floor: float) -> tup
     :func:`gelu_quantize_reference`, with the reason counted in
     samfast.kernels.dispatch.FALLBACK_COUNTS.
     """
-    _check_arguments("gelu_quantize", h, dtype)
+    if dtype not in QMAX:
+        raise ValueError(f"gelu_quantize quantizes to {', '.join(map(str, QUANTIZED_DTYPES))}; got {dtype}")
+    if h.dim() == 0 or h.shape[-1] == 0:
+        raise ValueError(f"need rows to quantize, a tensor (..., N) with N > 0; got shape {tuple(h.shape)}")
     reason = _unsupported_reason(h)
     if reason is not None:
         note_fallback("gelu_quantize", reason, "the PyTorch reference")
         return gelu_quantize_reference(h, dtype, amax_floor)
-    return _run_gelu_quantize(h, dtype, amax_floor)
-
-
-def layernorm_quantize(
-    x: torch.Tensor, norm: torch.nn.LayerNorm, dtype: torch.dtype, amax_floor: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(q, scale): norm(x) quantized per row to `dtype` (e4m3 or int8), q * scale ~ norm(x).
-
-    norm is an affine nn.LayerNorm over the last dimension. Shapes, devices and fallback as
-    :func:`gelu_quantize` (the fallback: :func:`layernorm_quantize_reference`).
-    """
-    _check_arguments("layernorm_quantize", x, dtype)
-    if norm.weight is None or norm.bias is None or tuple(norm.normalized_shape) != (x.shape[-1],):
-        raise ValueError(
-            f"need an affine LayerNorm over the last dimension ({x.shape[-1]}); got {norm}"
-        )
-    reason = _unsupported_reason(x, norm.weight, norm.bias)
-    if reason is not None:
-        note_fallback("layernorm_quantize", reason, "the PyTorch reference")
-        return layernorm_quantize_reference(x, norm, dtype, amax_floor)
-    return _run_layernorm_quantize(x, norm.weight, norm.bias, float(norm.eps), dtype, amax_floor)
+    return _run_kernel(h, dtype, amax_floor)
