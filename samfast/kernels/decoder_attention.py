@@ -246,13 +246,23 @@ def _launch_image_to_token(keys, pe, a, a_bias, b, out_bias, gamma, beta, index,
     )
 
 
+def _token_to_image_kernel(keys, pe, m, index):
+    out = keys.new_empty(m.shape[0], m.shape[2], keys.shape[2])
+    _launch_token_to_image(keys, pe, m, index, out)
+    return out
+
+
+def _image_to_token_kernel(keys, pe, a, a_bias, b, out_bias, gamma, beta, index, t_pad, eps):
+    out = keys.new_empty(a.shape[0], keys.shape[1], keys.shape[2])
+    _launch_image_to_token(keys, pe, a, a_bias, b, out_bias, gamma, beta, index, out, t_pad, eps)
+    return out
+
+
 if triton is not None and hasattr(torch.library, "triton_op"):
     # Custom ops, so torch.compile sees one node each and no graph break (see relpos_attention.py).
     @torch.library.triton_op("samfast::token_to_image_pool", mutates_args=())
     def _token_to_image_op(keys: torch.Tensor, pe: torch.Tensor, m: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-        out = keys.new_empty(m.shape[0], m.shape[2], keys.shape[2])
-        _launch_token_to_image(keys, pe, m, index, out)
-        return out
+        return _token_to_image_kernel(keys, pe, m, index)
 
     @_token_to_image_op.register_fake
     def _(keys, pe, m, index):
@@ -272,9 +282,7 @@ if triton is not None and hasattr(torch.library, "triton_op"):
         t_pad: int,
         eps: float,
     ) -> torch.Tensor:
-        out = keys.new_empty(a.shape[0], keys.shape[1], keys.shape[2])
-        _launch_image_to_token(keys, pe, a, a_bias, b, out_bias, gamma, beta, index, out, t_pad, eps)
-        return out
+        return _image_to_token_kernel(keys, pe, a, a_bias, b, out_bias, gamma, beta, index, t_pad, eps)
 
     @_image_to_token_op.register_fake
     def _(keys, pe, a, a_bias, b, out_bias, gamma, beta, index, t_pad, eps):
@@ -287,16 +295,7 @@ if triton is not None and hasattr(torch.library, "triton_op"):
         return torch.ops.samfast.image_to_token_update(*args)
 
 else:  # pragma: no cover - old torch: plain launch, still correct, not traceable
-
-    def _run_token_to_image(keys, pe, m, index):
-        out = keys.new_empty(m.shape[0], m.shape[2], keys.shape[2])
-        _launch_token_to_image(keys, pe, m, index, out)
-        return out
-
-    def _run_image_to_token(keys, pe, a, a_bias, b, out_bias, gamma, beta, index, t_pad, eps):
-        out = keys.new_empty(a.shape[0], keys.shape[1], keys.shape[2])
-        _launch_image_to_token(keys, pe, a, a_bias, b, out_bias, gamma, beta, index, out, t_pad, eps)
-        return out
+    _run_token_to_image, _run_image_to_token = _token_to_image_kernel, _image_to_token_kernel
 
 
 # --------------------------------------------------------------------------- dispatch and folding
