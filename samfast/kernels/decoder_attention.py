@@ -33,14 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from samfast.kernels.dispatch import TritonKernel, interpreting, launcher, note_fallback, unsupported_reason
-
-try:  # Triton is Linux-only; without it every call takes the counted fallback.
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover - exercised only where triton is missing
-    triton = None
-    tl = None
+from samfast.kernels.dispatch import TritonKernel, interpreting, launcher, note_fallback, tl, triton, unsupported_reason
 
 __all__ = [
     "image_to_token_attention",

@@ -14,10 +14,14 @@ import os
 
 import torch
 
-try:  # Triton is Linux-only; without it every call takes the counted fallback.
+# Triton is Linux-only; without it every call takes the counted fallback. The kernel modules take
+# triton and tl from here.
+try:
     import triton
+    import triton.language as tl
 except ImportError:  # pragma: no cover - exercised only where triton is missing
     triton = None
+    tl = None
 
 logger = logging.getLogger("samfast.kernels")
 

@@ -31,14 +31,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from samfast.kernels.dispatch import TritonKernel, interpreting, launcher, note_fallback, unsupported_reason
-
-try:  # Triton is Linux-only; without it every call takes the counted fallback.
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover - exercised only where triton is missing
-    triton = None
-    tl = None
+from samfast.kernels.dispatch import TritonKernel, interpreting, launcher, note_fallback, tl, triton, unsupported_reason
 
 __all__ = ["QUANTIZED_DTYPES", "gelu_quantize", "gelu_quantize_reference", "quantized_linear"]
 

@@ -24,14 +24,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from samfast.kernels.dispatch import TritonKernel, launcher, note_fallback, unsupported_reason
-
-try:  # Triton is Linux-only; without it every call takes the counted fallback.
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover - exercised only where triton is missing
-    triton = None
-    tl = None
+from samfast.kernels.dispatch import TritonKernel, launcher, note_fallback, tl, triton, unsupported_reason
 
 __all__ = ["upscaled_masks", "upscaled_masks_reference"]
 
