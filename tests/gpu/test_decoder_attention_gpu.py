@@ -25,6 +25,7 @@ from samfast.kernels import (
     token_to_image_attention_reference,
 )
 from samfast.modeling.transformer import Attention
+from tests.decoder_inputs import decoder_inputs
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("triton_compiled")]
 
@@ -100,16 +101,11 @@ def test_compiled_triton_decoder_runs_the_kernels_and_keeps_the_masks(monkeypatc
     torch._dynamo.reset()
     model = samfast.build_sam("vit_tiny", device="cuda", stages="triton")
     assert model.mask_decoder.transformer.fused_cross_attention
-    torch.manual_seed(0)
-    embeddings = torch.randn(2, 256, 64, 64, device="cuda", dtype=torch.bfloat16)
-    sparse, dense = model.prompt_encoder(
-        points=(torch.rand(40, 1, 2, device="cuda") * 1024, torch.ones(40, 1, dtype=torch.int, device="cuda")),
-        boxes=None, masks=None)
-    index = torch.arange(40, device="cuda") % 2
+    inputs = decoder_inputs(model, 40, dtype=torch.bfloat16)
     outputs = {}
     for fused in (False, True):
         model.mask_decoder.transformer.fused_cross_attention = fused
-        outputs[fused] = model.mask_decoder(embeddings, model.prompt_encoder.get_dense_pe(), sparse, dense, True, index)
+        outputs[fused] = model.mask_decoder(*inputs[:4], True, inputs[4])
     assert fallback_counts() == {}
     masks, module_masks = outputs[True][0].float(), outputs[False][0].float()
     assert ((masks - module_masks).abs().max() / module_masks.abs().max()).item() < 5e-2

@@ -16,6 +16,7 @@ import torch
 
 import samfast
 from samfast.kernels import fallback_counts, upscaled_masks, upscaled_masks_reference
+from tests.decoder_inputs import decoder_inputs
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("triton_compiled")]
 
@@ -67,13 +68,8 @@ def test_compiled_triton_decoder_runs_the_kernel_and_matches_gemm(monkeypatch):
     outputs = {}
     for stages in ("compile", "triton"):
         model = samfast.build_sam("vit_tiny", device="cuda", stages=stages)
-        torch.manual_seed(0)
-        embeddings = torch.randn(2, 256, 64, 64, device="cuda", dtype=torch.bfloat16)
-        sparse, dense = model.prompt_encoder(
-            points=(torch.rand(40, 1, 2, device="cuda") * 1024, torch.ones(40, 1, dtype=torch.int, device="cuda")),
-            boxes=None, masks=None)
-        index = torch.arange(40, device="cuda") % 2
-        outputs[stages] = model.mask_decoder(embeddings, model.prompt_encoder.get_dense_pe(), sparse, dense, True, index)
+        inputs = decoder_inputs(model, 40, dtype=torch.bfloat16)
+        outputs[stages] = model.mask_decoder(*inputs[:4], True, inputs[4])
     assert model.mask_decoder.upscale_impl == "triton"
     assert fallback_counts() == {}
     masks, gemm_masks = outputs["triton"][0].float(), outputs["compile"][0].float()

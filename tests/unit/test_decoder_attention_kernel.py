@@ -29,6 +29,7 @@ from samfast.kernels import (  # noqa: E402
     token_to_image_attention_reference,
 )
 from samfast.modeling.transformer import Attention  # noqa: E402
+from tests.decoder_inputs import decoder_inputs  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("triton_interpreted")
 
@@ -222,16 +223,11 @@ def test_decoder_with_the_kernels_equals_the_module_path(monkeypatch, mask_input
     the first layer's per-image keys (gathered) and, with a mask input per prompt, per-prompt keys."""
     monkeypatch.setattr(da, "_INTERPRET_BLOCK_L", 512)  # fewer interpreted steps: same arithmetic
     model = samfast.build_sam("vit_tiny", device="cpu")
-    torch.manual_seed(0)
-    embeddings = torch.randn(2, 256, 64, 64)
-    masks = torch.randn(3, 1, 256, 256) if mask_inputs else None
-    sparse, dense = model.prompt_encoder(
-        points=(torch.rand(3, 1, 2) * 1024, torch.ones(3, 1, dtype=torch.int)), boxes=None, masks=masks)
+    inputs = decoder_inputs(model, 3, mask_inputs=mask_inputs)
     outputs = {}
     for fused in (False, True):
         model.mask_decoder.transformer.fused_cross_attention = fused
-        outputs[fused] = model.mask_decoder(
-            embeddings, model.prompt_encoder.get_dense_pe(), sparse, dense, True, torch.tensor([0, 1, 1]))
+        outputs[fused] = model.mask_decoder(*inputs[:4], True, inputs[4])
     assert fallback_counts() == {}
     torch.testing.assert_close(outputs[True][0], outputs[False][0], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(outputs[True][1], outputs[False][1], rtol=1e-4, atol=1e-5)

@@ -8,17 +8,15 @@ import pytest
 import torch
 
 import samfast
+from tests.decoder_inputs import decoder_inputs
 
 mask_upscale = importlib.import_module("samfast.kernels.mask_upscale")
 
 
 def _decode(model, upscale_impl: str):
-    torch.manual_seed(0)
-    embeddings = torch.randn(2, 256, 64, 64)
-    sparse, dense = model.prompt_encoder(
-        points=(torch.rand(5, 2, 2) * 1024, torch.ones(5, 2, dtype=torch.int)), boxes=None, masks=None)
+    embeddings, pe, sparse, dense, index = decoder_inputs(model, 5, points_per_prompt=2)
     model.mask_decoder.upscale_impl = upscale_impl
-    return model.mask_decoder(embeddings, model.prompt_encoder.get_dense_pe(), sparse, dense, True, torch.tensor([0, 1, 1, 0, 1]))
+    return model.mask_decoder(embeddings, pe, sparse, dense, True, index)
 
 
 @pytest.fixture(scope="module")

@@ -22,6 +22,7 @@ pytest.importorskip("triton", reason="Triton is not installed")
 import samfast  # noqa: E402
 from samfast.kernels import fallback_counts, upscaled_masks, upscaled_masks_reference  # noqa: E402
 from samfast.modeling.common import LayerNorm2d  # noqa: E402
+from tests.decoder_inputs import decoder_inputs  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("triton_interpreted")
 
@@ -157,15 +158,11 @@ def test_decoder_with_the_kernel_equals_the_gemm_path(request, monkeypatch):
     """The trained-shape decoder of vit_tiny (64x64 tokens, 256 channels) end to end, fp32."""
     monkeypatch.setattr(mu, "_INTERPRET_BLOCK_R", 256)  # fewer interpreted programs: same arithmetic
     model = samfast.build_sam("vit_tiny", device="cpu")
-    torch.manual_seed(0)
-    embeddings = torch.randn(2, 256, 64, 64)
-    sparse, dense = model.prompt_encoder(
-        points=(torch.rand(3, 1, 2) * 1024, torch.ones(3, 1, dtype=torch.int)), boxes=None, masks=None)
+    inputs = decoder_inputs(model, 3)
     outputs = {}
     for impl in ("gemm", "triton"):
         model.mask_decoder.upscale_impl = impl
-        outputs[impl] = model.mask_decoder(
-            embeddings, model.prompt_encoder.get_dense_pe(), sparse, dense, True, torch.tensor([0, 1, 1]))
+        outputs[impl] = model.mask_decoder(*inputs[:4], True, inputs[4])
     assert fallback_counts() == {}
     torch.testing.assert_close(outputs["triton"][0], outputs["gemm"][0], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(outputs["triton"][1], outputs["gemm"][1], rtol=0, atol=0)
