@@ -15,6 +15,7 @@ triton.testing.do_bench medians.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import torch
@@ -28,8 +29,6 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("decoder_attention_bench: needs a CUDA GPU", file=sys.stderr)
         return 2
-    import os
-
     from triton.testing import do_bench
 
     import samfast

@@ -210,12 +210,10 @@ def main(argv=None) -> int:
     if fallback_counts():
         lines += ["", f"WARNING: the kernel fell back to the reference path: {fallback_counts()}"]
     text = "\n".join(lines) + "\n"
-    if args.out == "-":
-        sys.stdout.write(text)
-    else:
+    if args.out != "-":
         with open(args.out, "w") as f:
             f.write(text)
-        sys.stdout.write(text)
+    sys.stdout.write(text)
     return 0
 
 
