@@ -93,14 +93,15 @@ def _relpos_attn_fwd(
     KH: tl.constexpr,
     KW: tl.constexpr,
     HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,
+    D_LO: tl.constexpr,  # the head dim as D_LO + D_HI columns, powers of 2 (see _split_head_dim)
+    D_HI: tl.constexpr,  # 0 when HEAD_DIM is a power of 2
     KH_PAD: tl.constexpr,
     KW_PAD: tl.constexpr,
     SMALL_TABLES: tl.constexpr,  # KH_PAD <= 64 and KW_PAD <= 64
     FROM_TABLES: tl.constexpr,  # RH, RW are the (2*KH-1, D), (2*KW-1, D) tables: rel_h, rel_w formed from q here
     TH_PAD: tl.constexpr,  # row counts of those tables padded to a power of 2 (FROM_TABLES only)
     TW_PAD: tl.constexpr,
-    IEEE: tl.constexpr,
+    PRECISION: tl.constexpr,  # tl.dot's input_precision: "ieee" for fp32 (no tf32), else the default
     BIAS_LOG2E: tl.constexpr,  # False only in the planted-defect test (the published bug)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -135,12 +136,19 @@ def _relpos_attn_fwd(
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
     m_mask = offs_m < L
-    d_mask = offs_d < HEAD_DIM
+    # The head dim in two parts, each a power of 2 as tl.arange needs: vit_h's 80 as 64 + 16
+    # instead of one padded block of 128, which wasted 3/8 of every product. The `_hi` tensors
+    # (q_hi, k_hi, v_hi, acc_hi) exist only when D_HI > 0.
+    offs_lo = tl.arange(0, D_LO)
+    if D_HI > 0:
+        offs_hi = D_LO + tl.arange(0, D_HI)
+        hi_mask = offs_hi < HEAD_DIM  # all true but for head dims like 112 = 64 + 48 (read as 64 + 64)
 
-    q_ptrs = Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd
-    q = tl.load(q_ptrs, mask=m_mask[:, None] & d_mask[None, :], other=0.0)
+    q_rows = Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm
+    q = tl.load(q_rows + offs_lo[None, :] * stride_qd, mask=m_mask[:, None], other=0.0)
+    if D_HI > 0:
+        q_hi = tl.load(q_rows + offs_hi[None, :] * stride_qd, mask=m_mask[:, None] & hi_mask[None, :], other=0.0)
 
     k_base = K + b * stride_kb + h * stride_kh
     v_base = V + b * stride_vb + h * stride_vh
@@ -149,7 +157,9 @@ def _relpos_attn_fwd(
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.full([BLOCK_M], 0.0, dtype=tl.float32)
-    acc = tl.full([BLOCK_M, BLOCK_D], 0.0, dtype=tl.float32)
+    acc = tl.full([BLOCK_M, D_LO], 0.0, dtype=tl.float32)
+    if D_HI > 0:
+        acc_hi = tl.full([BLOCK_M, D_HI], 0.0, dtype=tl.float32)
 
     if ROW:
         if KW == BLOCK_N:
@@ -163,22 +173,19 @@ def _relpos_attn_fwd(
             if FROM_TABLES:  # formed from q (the caller guarantees FROM_TABLES only in this geometry)
                 offs_th = tl.arange(0, TH_PAD)
                 offs_tw = tl.arange(0, TW_PAD)
-                table_h = tl.load(
-                    RH + offs_th[:, None] * stride_rhm + offs_d[None, :] * stride_rhk,
-                    mask=(offs_th[:, None] < 2 * KH - 1) & d_mask[None, :],
-                    other=0.0,
-                )
-                table_w = tl.load(
-                    RW + offs_tw[:, None] * stride_rwm + offs_d[None, :] * stride_rwk,
-                    mask=(offs_tw[:, None] < 2 * KW - 1) & d_mask[None, :],
-                    other=0.0,
-                )
-                if IEEE:
-                    qt_h = tl.dot(q, tl.trans(table_h), input_precision="ieee")  # (BLOCK_M, TH_PAD)
-                    qt_w = tl.dot(q, tl.trans(table_w), input_precision="ieee")
-                else:
-                    qt_h = tl.dot(q, tl.trans(table_h))
-                    qt_w = tl.dot(q, tl.trans(table_w))
+                th_rows = RH + offs_th[:, None] * stride_rhm
+                tw_rows = RW + offs_tw[:, None] * stride_rwm
+                th_mask = offs_th[:, None] < 2 * KH - 1
+                tw_mask = offs_tw[:, None] < 2 * KW - 1
+                table_h = tl.load(th_rows + offs_lo[None, :] * stride_rhk, mask=th_mask, other=0.0)
+                table_w = tl.load(tw_rows + offs_lo[None, :] * stride_rwk, mask=tw_mask, other=0.0)
+                qt_h = tl.dot(q, tl.trans(table_h), input_precision=PRECISION)  # (BLOCK_M, TH_PAD)
+                qt_w = tl.dot(q, tl.trans(table_w), input_precision=PRECISION)
+                if D_HI > 0:
+                    table_h = tl.load(th_rows + offs_hi[None, :] * stride_rhk, mask=th_mask & hi_mask[None, :], other=0.0)
+                    table_w = tl.load(tw_rows + offs_hi[None, :] * stride_rwk, mask=tw_mask & hi_mask[None, :], other=0.0)
+                    qt_h = tl.dot(q_hi, tl.trans(table_h), qt_h, input_precision=PRECISION)
+                    qt_w = tl.dot(q_hi, tl.trans(table_w), qt_w, input_precision=PRECISION)
                 # clamped: padded columns (ky >= KH) and padded rows (i >= L) fetch a finite table
                 # entry that the one-hot selection below multiplies by 0
                 idx_h = (offs_m // KW)[:, None] - offs_kh[None, :] + (KH - 1)
@@ -204,67 +211,70 @@ def _relpos_attn_fwd(
         offs_kn = start_n + offs_n
         n_mask = offs_kn < L
 
-        k = tl.load(
-            k_base + offs_kn[None, :] * stride_kn + offs_d[:, None] * stride_kd,
-            mask=n_mask[None, :] & d_mask[:, None],
-            other=0.0,
-        )
-        if IEEE:
-            qk = tl.dot(q, k, input_precision="ieee")
-        else:
-            qk = tl.dot(q, k)
-        qk = qk * QK_SCALE
-
-        # The bias of this key tile, from the two small tables.
+        k_cols = k_base + offs_kn[None, :] * stride_kn
+        k = tl.load(k_cols + offs_lo[:, None] * stride_kd, mask=n_mask[None, :], other=0.0)
+        qk = tl.dot(q, k, input_precision=PRECISION)
+        if D_HI > 0:
+            k_hi = tl.load(k_cols + offs_hi[:, None] * stride_kd, mask=n_mask[None, :] & hi_mask[:, None], other=0.0)
+            qk = tl.dot(q_hi, k_hi, qk, input_precision=PRECISION)
+        # The bias of this key tile, from the two small tables, added to q.k * scale.
         if ROW:
-            rh = tl.load(rh_rows + (start_n // KW) * stride_rhk, mask=m_mask, other=0.0)
-            rh = rh.to(tl.float32) * bias_scale
+            # Every entry of the tile takes the same rel_h value per query row: rather than adding
+            # it to the tile, the softmax below shifts each row's running max by it (per row, not
+            # per entry), which left the kernel as many per-entry operations as bias-free flash
+            # attention: one fused multiply-add forms q.k * scale + rel_w.
+            row_bias = tl.load(rh_rows + (start_n // KW) * stride_rhk, mask=m_mask, other=0.0)
+            row_bias = row_bias.to(tl.float32) * bias_scale
             if KW == BLOCK_N:
-                qk = qk + (rh[:, None] + rw_tile)
+                qk = qk * QK_SCALE + rw_tile
             else:
                 cols = (start_n % KW) + offs_n
                 rw = tl.load(rw_rows[:, None] + cols[None, :] * stride_rwk, mask=m_mask[:, None], other=0.0)
-                qk = qk + (rh[:, None] + rw.to(tl.float32) * bias_scale)
+                qk = qk * QK_SCALE + rw.to(tl.float32) * bias_scale
         elif SMALL_TABLES:  # ONE_HOT
             sel_h = ((offs_kn // KW)[None, :] == offs_kh[:, None]).to(rh_blk.dtype)  # (KH_PAD, BLOCK_N)
             sel_w = ((offs_kn % KW)[None, :] == offs_kw[:, None]).to(rw_blk.dtype)  # (KW_PAD, BLOCK_N)
-            if IEEE:
-                bias = tl.dot(rh_blk, sel_h, input_precision="ieee")
-                bias = tl.dot(rw_blk, sel_w, bias, input_precision="ieee")
-            else:
-                bias = tl.dot(rh_blk, sel_h)
-                bias = tl.dot(rw_blk, sel_w, bias)
-            qk = qk + bias * bias_scale
+            bias = tl.dot(rh_blk, sel_h, input_precision=PRECISION)
+            bias = tl.dot(rw_blk, sel_w, bias, input_precision=PRECISION)
+            qk = qk * QK_SCALE + bias * bias_scale
         else:
             mn_mask = m_mask[:, None] & n_mask[None, :]
             rh = tl.load(rh_rows[:, None] + (offs_kn // KW)[None, :] * stride_rhk, mask=mn_mask, other=0.0)
             rw = tl.load(rw_rows[:, None] + (offs_kn % KW)[None, :] * stride_rwk, mask=mn_mask, other=0.0)
-            qk = qk + (rh.to(tl.float32) + rw.to(tl.float32)) * bias_scale
+            qk = qk * QK_SCALE + (rh.to(tl.float32) + rw.to(tl.float32)) * bias_scale
 
         if L % BLOCK_N != 0:
             qk = tl.where(n_mask[None, :], qk, float("-inf"))
 
-        # Online softmax in base 2: both q.k*scale and the bias carry the log2(e) factor.
-        m_new = tl.maximum(m_i, tl.reduce(qk, 1, tl.standard._elementwise_max))
-        p = tl.math.exp2(qk - m_new[:, None])
+        # Online softmax in base 2: both q.k*scale and the bias carry the log2(e) factor. With ROW
+        # the scores are qk + row_bias: m_new = max(m_i, rowmax(qk) + row_bias), and
+        # exp2(qk + row_bias - m_new) = exp2(qk - (m_new - row_bias)).
+        if ROW:
+            m_new = tl.maximum(m_i, tl.reduce(qk, 1, tl.standard._elementwise_max) + row_bias)
+            p = tl.math.exp2(qk - (m_new - row_bias)[:, None])
+        else:
+            m_new = tl.maximum(m_i, tl.reduce(qk, 1, tl.standard._elementwise_max))
+            p = tl.math.exp2(qk - m_new[:, None])
         alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.reduce(p, 1, tl.standard._sum_combine)
-        acc = acc * alpha[:, None]
+        p = p.to(V.dtype.element_ty)
 
-        v = tl.load(
-            v_base + offs_kn[:, None] * stride_vn + offs_d[None, :] * stride_vd,
-            mask=n_mask[:, None] & d_mask[None, :],
-            other=0.0,
-        )
-        if IEEE:
-            acc = tl.dot(p.to(v.dtype), v, acc, input_precision="ieee")
-        else:
-            acc = tl.dot(p.to(v.dtype), v, acc)
+        v_rows = v_base + offs_kn[:, None] * stride_vn
+        v = tl.load(v_rows + offs_lo[None, :] * stride_vd, mask=n_mask[:, None], other=0.0)
+        acc = tl.dot(p, v, acc * alpha[:, None], input_precision=PRECISION)
+        if D_HI > 0:
+            v_hi = tl.load(v_rows + offs_hi[None, :] * stride_vd, mask=n_mask[:, None] & hi_mask[None, :], other=0.0)
+            acc_hi = tl.dot(p, v_hi, acc_hi * alpha[:, None], input_precision=PRECISION)
         m_i = m_new
 
-    acc = acc / l_i[:, None]
-    o_ptrs = Out + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od
-    tl.store(o_ptrs, acc.to(Out.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
+    o_rows = Out + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om
+    tl.store(o_rows + offs_lo[None, :] * stride_od, (acc / l_i[:, None]).to(Out.dtype.element_ty), mask=m_mask[:, None])
+    if D_HI > 0:
+        tl.store(
+            o_rows + offs_hi[None, :] * stride_od,
+            (acc_hi / l_i[:, None]).to(Out.dtype.element_ty),
+            mask=m_mask[:, None] & hi_mask[None, :],
+        )
 
 
 # A few configs for Hopper/Ampere, keyed on the attention geometry (dtype is added by Triton).
@@ -283,6 +293,16 @@ _AUTOTUNE_CONFIGS = (
 _KERNEL = TritonKernel(_relpos_attn_fwd, _AUTOTUNE_CONFIGS, key=["KH", "KW", "HEAD_DIM", "FROM_TABLES"])
 
 
+def _split_head_dim(d: int) -> tuple[int, int]:
+    """(D_LO, D_HI): head dim d (a multiple of 16) as the kernel's two power-of-2 column blocks.
+
+    D_LO is the largest power of 2 <= d, D_HI the power of 2 covering the rest (0 if none):
+    80 -> (64, 16), 96 -> (64, 32), 64 -> (64, 0); 112 -> (64, 64), its last 16 columns masked.
+    """
+    lo = 1 << (d.bit_length() - 1)
+    return lo, (triton.next_power_of_2(d - lo) if d > lo else 0)
+
+
 def _launch(q, k, v, rel_h, rel_w, out, scale: float, bias_log2e: bool, launcher, config=None) -> None:
     """Launch the kernel; `config` (a triton.Config, GPU only) bypasses autotuning, for benchmarks.
 
@@ -290,6 +310,7 @@ def _launch(q, k, v, rel_h, rel_w, out, scale: float, bias_log2e: bool, launcher
     (2*kw-1, D) tables the kernel forms them from (see relpos_attention_from_tables).
     """
     B, H, L, D = q.shape
+    d_lo, d_hi = _split_head_dim(D)
     from_tables = rel_h.dim() == 2
     if from_tables:
         KH, KW = (rel_h.shape[0] + 1) // 2, (rel_w.shape[0] + 1) // 2
@@ -313,14 +334,15 @@ def _launch(q, k, v, rel_h, rel_w, out, scale: float, bias_log2e: bool, launcher
         KH=KH,
         KW=KW,
         HEAD_DIM=D,
-        BLOCK_D=max(16, triton.next_power_of_2(D)),
+        D_LO=d_lo,
+        D_HI=d_hi,
         KH_PAD=max(16, triton.next_power_of_2(KH)),
         KW_PAD=max(16, triton.next_power_of_2(KW)),
         SMALL_TABLES=max(KH, KW) <= 64,
         FROM_TABLES=from_tables,
         TH_PAD=max(16, triton.next_power_of_2(2 * KH - 1)),
         TW_PAD=max(16, triton.next_power_of_2(2 * KW - 1)),
-        IEEE=q.dtype == torch.float32,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # tf32: the default, unused by 16-bit inputs
         BIAS_LOG2E=bias_log2e,
         **meta,
     )

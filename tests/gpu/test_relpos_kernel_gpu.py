@@ -1,6 +1,6 @@
 """The fused rel-pos attention kernel at SAM's real shapes on the GPU, against float64 math.
 
-Shapes: vit_b (H=12, D=64) and vit_h (H=16, D=80, padded to 128 in the kernel); global
+Shapes: vit_b (H=12, D=64) and vit_h (H=16, D=80, two column blocks 64 + 16 in the kernel); global
 attention over 64x64 tokens (L=4096) and windowed over 14x14 (L=196, B = images x 25 windows).
 Inputs as SAM builds them (q, k, v permuted views of one qkv projection), N(0, 1) activations and
 a rel-pos bias of N(0, 2). The error is measured in the output's scale, beyond the rounding of the
