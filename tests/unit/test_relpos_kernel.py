@@ -134,6 +134,16 @@ def test_output_transposes_to_a_view(request):
     assert merged.is_contiguous(), "kernel output should be (B, L, H, D) memory"
 
 
+def test_head_dim_runs_as_power_of_2_blocks_without_padding_where_it_can():
+    """vit_h's 80 as 64 + 16 columns: padded to 128 it wasted 3/8 of both matmuls (the math tests
+    would not notice a return to padding; this does)."""
+    split = {d: rpa._split_head_dim(d) for d in range(16, 129, 16)}
+    assert split[80] == (64, 16) and split[64] == (64, 0) and split[96] == (64, 32) and split[48] == (32, 16)
+    for d, (lo, hi) in split.items():
+        assert lo + hi >= d and lo & (lo - 1) == 0 and hi & (hi - 1) == 0, (d, lo, hi)
+        assert lo + hi == d or d == 112, f"head dim {d} padded to {lo + hi}"
+
+
 # one shape per bias path
 DEFECT_SHAPES = [s for s in SHAPES if s.id in ("B1H1-3x5-D16-onehot", "B1H2-2x16-D32-row-tile", "B2H1-2x32-D80-row-slice", "B1H1-2x65-D16-gather")]
 
