@@ -33,7 +33,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from samfast.kernels.dispatch import TritonKernel, interpreting, launcher, note_fallback, tl, triton, unsupported_reason
+from samfast.kernels.dispatch import (
+    TritonKernel,
+    dot_precision,
+    interpreting,
+    launcher,
+    note_fallback,
+    tl,
+    triton,
+    unsupported_reason,
+)
 
 __all__ = [
     "image_to_token_attention",
@@ -82,7 +91,7 @@ def _token_to_image_fwd(
     L,
     C: tl.constexpr,
     NQ: tl.constexpr,  # heads x padded tokens
-    IEEE: tl.constexpr,
+    PRECISION: tl.constexpr,  # tl.dot's input_precision (dispatch.dot_precision)
     BLOCK_L: tl.constexpr,
 ):
     # Builtins only (tl.reduce with the standard combine, tl.full), as in relpos_attention.py:
@@ -102,20 +111,14 @@ def _token_to_image_fwd(
         x = tl.load(x_base + offs_l[:, None] * stride_xl + offs_c[None, :], mask=l_mask[:, None], other=0.0)
         pe = tl.load(PE + offs_l[:, None] * stride_pl + offs_c[None, :], mask=l_mask[:, None], other=0.0)
         k = (x.to(tl.float32) + pe.to(tl.float32)).to(x.dtype)
-        if IEEE:
-            s = tl.dot(k, m, input_precision="ieee")
-        else:
-            s = tl.dot(k, m)
+        s = tl.dot(k, m, input_precision=PRECISION)
         s = tl.where(l_mask[:, None], s, float("-inf"))  # (BLOCK_L, NQ)
         m_new = tl.maximum(m_i, tl.reduce(s, 0, tl.standard._elementwise_max))
         w = tl.math.exp2(s - m_new[None, :])
         alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.reduce(w, 0, tl.standard._sum_combine)
         acc = acc * alpha[:, None]
-        if IEEE:
-            acc = tl.dot(tl.trans(w.to(x.dtype)), x, acc, input_precision="ieee")
-        else:
-            acc = tl.dot(tl.trans(w.to(x.dtype)), x, acc)
+        acc = tl.dot(tl.trans(w.to(x.dtype)), x, acc, input_precision=PRECISION)
         m_i = m_new
     acc = acc / l_i[:, None]
     tl.store(Out + p * stride_op + offs_q[:, None] * stride_oq + offs_c[None, :], acc.to(Out.dtype.element_ty))
@@ -134,7 +137,7 @@ def _image_to_token_fwd(
     C: tl.constexpr,
     NQ: tl.constexpr,  # heads x padded tokens
     T_PAD: tl.constexpr,  # padded tokens per head: the softmax runs over groups of T_PAD columns
-    IEEE: tl.constexpr,
+    PRECISION: tl.constexpr,  # tl.dot's input_precision (dispatch.dot_precision)
     BLOCK_L: tl.constexpr,
 ):
     pid_l = tl.program_id(0)
@@ -149,10 +152,7 @@ def _image_to_token_fwd(
     pe = tl.load(PE + offs_l[:, None] * stride_pl + offs_c[None, :], mask=l_mask[:, None], other=0.0)
     k = (x.to(tl.float32) + pe.to(tl.float32)).to(x.dtype)
     a = tl.load(A + p * stride_ap + offs_c[:, None] * stride_ac + offs_q[None, :])  # (C, NQ), log2 units
-    if IEEE:
-        s = tl.dot(k, a, input_precision="ieee")
-    else:
-        s = tl.dot(k, a)
+    s = tl.dot(k, a, input_precision=PRECISION)
     s = s + tl.load(ABIAS + p * stride_abp + offs_q)[None, :]  # -inf on padded tokens
 
     # softmax over each head's tokens: columns (head, token)
@@ -162,10 +162,7 @@ def _image_to_token_fwd(
     w = tl.reshape(s3, [BLOCK_L, NQ]).to(x.dtype)
 
     bv = tl.load(BV + p * stride_bp + offs_q[:, None] * stride_bq + offs_c[None, :])  # (NQ, C)
-    if IEEE:
-        y = tl.dot(w, bv, input_precision="ieee")
-    else:
-        y = tl.dot(w, bv)
+    y = tl.dot(w, bv, input_precision=PRECISION)
     y = y + x.to(tl.float32) + tl.load(OBIAS + offs_c).to(tl.float32)[None, :]
     mean = tl.reduce(y, 1, tl.standard._sum_combine) / C
     centred = y - mean[:, None]
@@ -209,7 +206,7 @@ def _launch_token_to_image(keys, pe, m, index, out) -> None:
         keys.shape[1],
         C=keys.shape[2],
         NQ=m.shape[2],
-        IEEE=keys.dtype == torch.float32,
+        PRECISION=dot_precision(keys.dtype),
         **meta,
     )
 
@@ -234,7 +231,7 @@ def _launch_image_to_token(keys, pe, a, a_bias, b, out_bias, gamma, beta, index,
         C=keys.shape[2],
         NQ=a.shape[2],
         T_PAD=t_pad,
-        IEEE=keys.dtype == torch.float32,
+        PRECISION=dot_precision(keys.dtype),
         **meta,
     )
 

@@ -54,6 +54,12 @@ def launcher():
     return (lambda kern: kern) if interpreting() else torch.library.wrap_triton
 
 
+def dot_precision(dtype: torch.dtype) -> str | None:
+    """The kernels' tl.dot input_precision for inputs of this dtype: "ieee" for fp32 (the fp32 paths
+    match their float64 references to ~1e-7, which tf32 would not), else None (Triton's default)."""
+    return "ieee" if dtype == torch.float32 else None
+
+
 class TritonKernel:
     """One kernel body, compiled (autotuned over `configs`, keyed on `key`) or interpreted, chosen per call.
 

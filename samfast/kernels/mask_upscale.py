@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from samfast.kernels.dispatch import TritonKernel, launcher, note_fallback, tl, triton, unsupported_reason
+from samfast.kernels.dispatch import TritonKernel, dot_precision, launcher, note_fallback, tl, triton, unsupported_reason
 
 __all__ = ["upscaled_masks", "upscaled_masks_reference"]
 
@@ -78,7 +78,7 @@ def _upscale_masks_fwd(
     N2: tl.constexpr,  # 4 sub-pixels x channels after the second (4 x 32)
     M: tl.constexpr,  # masks (4)
     MT: tl.constexpr,  # 4 sub-pixels x masks, padded to >= 16
-    IEEE: tl.constexpr,
+    PRECISION: tl.constexpr,  # tl.dot's input_precision (dispatch.dot_precision)
     BLOCK_R: tl.constexpr,
 ):
     # Builtins only (tl.reduce with the standard combine, not tl.sum), as in relpos_attention.py:
@@ -105,19 +105,13 @@ def _upscale_masks_fwd(
 
     # second transposed conv, its 4 sub-pixels (c, d) at once: (BLOCK_R, C1) @ (C1, 4 x C2)
     w2 = tl.load(W2 + offs_c1[:, None] * N2 + offs_n2[None, :])
-    if IEEE:
-        z = tl.dot(y, w2, input_precision="ieee")
-    else:
-        z = tl.dot(y, w2)
+    z = tl.dot(y, w2, input_precision=PRECISION)
     z = z + tl.load(B2 + offs_n2).to(tl.float32)[None, :]
     z = (0.5 * z * (1.0 + tl.math.erf(z * 0.7071067811865476))).to(Y.dtype.element_ty)
 
     # mask product, block-diagonal over the sub-pixels: column t = (c, d, mask)
     hbd = tl.load(HBD + p * stride_hp + offs_n2[:, None] * stride_hk + offs_t[None, :] * stride_ht)
-    if IEEE:
-        masks = tl.dot(z, hbd, input_precision="ieee")
-    else:
-        masks = tl.dot(z, hbd)
+    masks = tl.dot(z, hbd, input_precision=PRECISION)
     cd, m = offs_t // M, offs_t % M
     out_row = 4 * row[:, None] + 2 * (sub // 2)[:, None] + (cd // 2)[None, :]
     out_col = 4 * col[:, None] + 2 * (sub % 2)[:, None] + (cd % 2)[None, :]
@@ -171,7 +165,7 @@ def _launch(src, w1, b1, gamma, beta, w2, b2, hyper_in, out, eps: float) -> None
         N2=4 * c2,
         M=m,
         MT=mt,
-        IEEE=src.dtype == torch.float32,
+        PRECISION=dot_precision(src.dtype),
         **meta,
     )
 

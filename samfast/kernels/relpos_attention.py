@@ -28,7 +28,16 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from samfast.kernels.dispatch import TritonKernel, interpreting, launcher, note_fallback, tl, triton, unsupported_reason
+from samfast.kernels.dispatch import (
+    TritonKernel,
+    dot_precision,
+    interpreting,
+    launcher,
+    note_fallback,
+    tl,
+    triton,
+    unsupported_reason,
+)
 
 __all__ = [
     "forms_bias_from_tables",
@@ -101,7 +110,7 @@ def _relpos_attn_fwd(
     FROM_TABLES: tl.constexpr,  # RH, RW are the (2*KH-1, D), (2*KW-1, D) tables: rel_h, rel_w formed from q here
     TH_PAD: tl.constexpr,  # row counts of those tables padded to a power of 2 (FROM_TABLES only)
     TW_PAD: tl.constexpr,
-    PRECISION: tl.constexpr,  # tl.dot's input_precision: "ieee" for fp32 (no tf32), else the default
+    PRECISION: tl.constexpr,  # tl.dot's input_precision (dispatch.dot_precision)
     BIAS_LOG2E: tl.constexpr,  # False only in the planted-defect test (the published bug)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -342,7 +351,7 @@ def _launch(q, k, v, rel_h, rel_w, out, scale: float, bias_log2e: bool, launcher
         FROM_TABLES=from_tables,
         TH_PAD=max(16, triton.next_power_of_2(2 * KH - 1)),
         TW_PAD=max(16, triton.next_power_of_2(2 * KW - 1)),
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # tf32: the default, unused by 16-bit inputs
+        PRECISION=dot_precision(q.dtype),
         BIAS_LOG2E=bias_log2e,
         **meta,
     )
