@@ -83,16 +83,19 @@ def assert_matches_math(out, ref, dtype):
 
 
 # (B, H, kh, kw, D) with the interpreter's BLOCK_N = 16, covering the kernel's three bias paths:
-# one-hot products (small tables: kh != kw, L not a multiple of the block), a key tile inside one
-# key row (kw == BLOCK_N: rel_w hoisted; kw a multiple of BLOCK_N: rel_w slice) and the elementwise
-# gather (kw > 64 and not a multiple of BLOCK_N). Head dims that are not a power of 2 run as two
-# column blocks: 80 = 64 + 16, 48 = 32 + 16, 112 = 64 + 64 with the last 16 columns masked.
+# selection products over a padded key grid (small tables: kh != kw, L not a multiple of the
+# block; rel_w formed once where the grid's padded row width divides the block, per tile where it
+# does not), a key tile inside one key row (kw == BLOCK_N: rel_w hoisted; kw a multiple of
+# BLOCK_N: rel_w slice) and the elementwise gather (kw > 64 and not a multiple of BLOCK_N). Head
+# dims that are not a power of 2 run as two column blocks: 80 = 64 + 16, 48 = 32 + 16, 112 =
+# 64 + 64 with the last 16 columns masked.
 SHAPES = [
-    pytest.param(1, 1, 3, 5, 16, id="B1H1-3x5-D16-onehot"),
-    pytest.param(2, 2, 4, 4, 64, id="B2H2-4x4-D64-onehot"),
-    pytest.param(1, 2, 3, 5, 80, id="B1H2-3x5-D80-onehot"),
-    pytest.param(1, 1, 3, 5, 112, id="B1H1-3x5-D112-onehot"),
-    pytest.param(2, 1, 7, 7, 64, id="B2H1-7x7-D64-onehot"),
+    pytest.param(1, 1, 3, 5, 16, id="B1H1-3x5-D16-grid"),
+    pytest.param(2, 2, 4, 4, 64, id="B2H2-4x4-D64-grid"),
+    pytest.param(1, 2, 3, 5, 80, id="B1H2-3x5-D80-grid"),
+    pytest.param(1, 1, 3, 5, 112, id="B1H1-3x5-D112-grid"),
+    pytest.param(2, 1, 7, 7, 64, id="B2H1-7x7-D64-grid"),
+    pytest.param(1, 2, 3, 20, 32, id="B1H2-3x20-D32-grid-rw-per-tile"),
     pytest.param(1, 2, 2, 16, 32, id="B1H2-2x16-D32-row-tile"),
     pytest.param(1, 1, 2, 16, 48, id="B1H1-2x16-D48-row-tile"),
     pytest.param(2, 1, 2, 32, 80, id="B2H1-2x32-D80-row-slice"),
@@ -145,7 +148,7 @@ def test_head_dim_runs_as_power_of_2_blocks_without_padding_where_it_can():
 
 
 # one shape per bias path
-DEFECT_SHAPES = [s for s in SHAPES if s.id in ("B1H1-3x5-D16-onehot", "B1H2-2x16-D32-row-tile", "B2H1-2x32-D80-row-slice", "B1H1-2x65-D16-gather")]
+DEFECT_SHAPES = [s for s in SHAPES if s.id in ("B1H1-3x5-D16-grid", "B1H2-3x20-D32-grid-rw-per-tile", "B1H2-2x16-D32-row-tile", "B2H1-2x32-D80-row-slice", "B1H1-2x65-D16-gather")]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
@@ -182,7 +185,7 @@ def tables_math_fp64(q, k, v, table_h, table_w):
     return math_fp64(q, k, v, *rel_factors_from_tables(q.double(), table_h.double(), table_w.double()))
 
 
-TABLE_SHAPES = [s for s in SHAPES if "onehot" in s.id] + [pytest.param(2, 2, 14, 14, 64, id="B2H2-14x14-D64-window")]
+TABLE_SHAPES = [s for s in SHAPES if "grid" in s.id] + [pytest.param(2, 2, 14, 14, 64, id="B2H2-14x14-D64-window")]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
