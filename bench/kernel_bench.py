@@ -48,17 +48,17 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def make_inputs(s: Shape, dtype, device="cuda", seed=0, rel_std=2.0):
-    """q, k, v as permuted views of one qkv tensor (as SAM builds them); rel tables ~ N(0, rel_std)."""
+    """qkv (3, B, H, L, D), a permuted view of one projection as SAM builds it; rel factors ~ N(0, rel_std)."""
     g = torch.Generator(device=device).manual_seed(seed)
-    qkv = torch.randn(s.B, s.L, 3, s.H, s.D, generator=g, device=device).to(dtype)
-    q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+    qkv = torch.randn(s.B, s.L, 3, s.H, s.D, generator=g, device=device).to(dtype).permute(2, 0, 3, 1, 4)
     rel_h = (rel_std * torch.randn(s.B, s.H, s.L, s.kh, generator=g, device=device)).to(dtype)
     rel_w = (rel_std * torch.randn(s.B, s.H, s.L, s.kw, generator=g, device=device)).to(dtype)
-    return q, k, v, rel_h, rel_w
+    return qkv, rel_h, rel_w
 
 
-def math_fp64(q, k, v, rel_h, rel_w, scale=None, chunk=4):
+def math_fp64(qkv, rel_h, rel_w, scale=None, chunk=4):
     """float64 attention with the bias written out; chunked over heads to bound memory."""
+    q, k, v = qkv.unbind(0)
     B, H, L, D = q.shape
     kw = rel_w.shape[-1]
     scale = D**-0.5 if scale is None else scale
@@ -73,29 +73,30 @@ def math_fp64(q, k, v, rel_h, rel_w, scale=None, chunk=4):
     return out
 
 
-def sdpa_materialized(q, k, v, rel_h, rel_w):
-    B, H, L, _ = q.shape
+def sdpa_materialized(qkv, rel_h, rel_w):
+    _, B, H, L, _ = qkv.shape
     bias = (rel_h[..., :, None] + rel_w[..., None, :]).reshape(B, H, L, L)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    return F.scaled_dot_product_attention(*qkv.unbind(0), attn_mask=bias)
 
 
 def make_flex(kw: int):
     from torch.nn.attention.flex_attention import flex_attention
 
     @torch.compile(dynamic=False, fullgraph=True)
-    def run(q, k, v, rel_h, rel_w):
+    def run(qkv, rel_h, rel_w):
         def score_mod(score, b, h, q_idx, kv_idx):
             return score + rel_h[b, h, q_idx, kv_idx // kw] + rel_w[b, h, q_idx, kv_idx % kw]
 
-        return flex_attention(q, k, v, score_mod=score_mod)
+        return flex_attention(*qkv.unbind(0), score_mod=score_mod)
 
     return run
 
 
 def check(fn, inputs, n_check: int) -> tuple[float, float]:
     """(max abs error, max abs error / max |ref|) of fn's output on the first n_check batch items."""
+    qkv, rel_h, rel_w = inputs
     out = fn(*inputs)[:n_check]
-    ref = math_fp64(*(t[:n_check] for t in inputs))
+    ref = math_fp64(qkv[:, :n_check], rel_h[:n_check], rel_w[:n_check])
     err = (out.double() - ref).abs().max().item()
     return err, err / ref.abs().max().item()
 
@@ -164,7 +165,8 @@ def main(argv=None) -> int:
     wanted = args.ways.split(",")
 
     def at_config(config):
-        def run(q, k, v, rel_h, rel_w):
+        def run(qkv, rel_h, rel_w):
+            q, k, v = qkv.unbind(0)
             out = rpa._empty_out(q)
             rpa._launch(q, k, v, rel_h, rel_w, out, q.shape[-1] ** -0.5, True, lambda kern: kern, config)
             return out
@@ -185,7 +187,7 @@ def main(argv=None) -> int:
             yield "FlexAttention (compiled)", make_flex(s.kw), True
         if "nobias" in wanted:
             # Not SAM's answer (no bias): the flash-attention speed a fused bias could approach.
-            yield "SDPA without bias (speed bound only)", lambda q, k, v, rh, rw: F.scaled_dot_product_attention(q, k, v), False
+            yield "SDPA without bias (speed bound only)", lambda qkv, rh, rw: F.scaled_dot_product_attention(*qkv.unbind(0)), False
 
     rows, tuned = [], []
     shapes = shapes_for(args.images)

@@ -59,24 +59,30 @@ _INTERPRET_BLOCK_N = 16
 # --------------------------------------------------------------------------- reference path
 
 
-def relpos_attention_reference(q, k, v, rel_h, rel_w, scale=None):
+def relpos_attention_reference(qkv, rel_h, rel_w, scale=None):
     """softmax(q k^T * scale + bias) v with the (B, H, L, L) bias materialized; SDPA does the rest.
 
     The slow, trusted path: what SAM's attention computes, and the fallback of
     :func:`relpos_attention`. Shapes as there.
     """
-    _check_shapes(q, k, v, rel_h, rel_w)
+    _check_shapes(qkv, rel_h, rel_w)
+    q, k, v = qkv.unbind(0)
     B, H, L, _ = q.shape
     bias = (rel_h[..., :, None] + rel_w[..., None, :]).reshape(B, H, L, L).to(q.dtype)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
 
 
-def _check_shapes(q, k, v, rel_h, rel_w) -> None:
-    if q.dim() != 4 or k.shape != q.shape or v.shape != q.shape:
+def _check_qkv(qkv) -> None:
+    if qkv.dim() != 5 or qkv.shape[0] != 3:
         raise ValueError(
-            f"q, k, v must share one (B, H, L, D) shape; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+            f"qkv must be q, k, v stacked as one (3, B, H, L, D) tensor (SAM's qkv projection "
+            f"reshaped to (B, L, 3, H, D) and permuted (2, 0, 3, 1, 4)); got shape {tuple(qkv.shape)}"
         )
-    B, H, L, _ = q.shape
+
+
+def _check_shapes(qkv, rel_h, rel_w) -> None:
+    _check_qkv(qkv)
+    _, B, H, L, _ = qkv.shape
     if rel_h.dim() != 4 or rel_w.dim() != 4 or rel_h.shape[:3] != (B, H, L) or rel_w.shape[:3] != (B, H, L):
         raise ValueError(
             f"rel_h, rel_w must be (B, H, L, kh) and (B, H, L, kw) with (B, H, L) = {(B, H, L)}; "
@@ -391,30 +397,33 @@ def _relpos_attention_impl(q, k, v, rel_h, rel_w, scale: float, bias_log2e: bool
 if triton is not None and hasattr(torch.library, "triton_op"):
     # A custom op, so torch.compile sees one node and no graph break; being a triton_op, the
     # compiled graph launches (and inductor autotunes) the Triton kernel itself.
+    # q, k, v enter as one tensor: inductor hands a user Triton kernel its inputs with their eager
+    # strides, and three separate q, k, v views of a pointwise result (the int8 stage's rescaled
+    # qkv projection) each became a buffer as large as the whole projection (H100, vit_b:
+    # 2 GiB more peak memory; docs/int8-peak-memory-h100.md). One input is one buffer.
     @torch.library.triton_op("samfast::relpos_attention", mutates_args=())
     def _relpos_attention_op(
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
+        qkv: torch.Tensor,
         rel_h: torch.Tensor,
         rel_w: torch.Tensor,
         scale: float,
         bias_log2e: bool,
     ) -> torch.Tensor:
-        return _relpos_attention_impl(q, k, v, rel_h, rel_w, scale, bias_log2e)
+        return _relpos_attention_impl(*qkv.unbind(0), rel_h, rel_w, scale, bias_log2e)
 
     # A plain shape-only fake (triton_op's default traces the launch, which the interpreter
     # cannot do on fake tensors). Compile still decomposes the op into the kernel launch.
     @_relpos_attention_op.register_fake
-    def _(q, k, v, rel_h, rel_w, scale, bias_log2e):
-        return _empty_out(q)
+    def _(qkv, rel_h, rel_w, scale, bias_log2e):
+        return _empty_out(qkv[0])
 
-    def _run_kernel(q, k, v, rel_h, rel_w, scale, bias_log2e):
-        return torch.ops.samfast.relpos_attention(q, k, v, rel_h, rel_w, scale, bias_log2e)
+    def _run_kernel(qkv, rel_h, rel_w, scale, bias_log2e):
+        return torch.ops.samfast.relpos_attention(qkv, rel_h, rel_w, scale, bias_log2e)
 
 else:  # pragma: no cover - old torch: plain launch, still correct, not traceable
 
-    def _run_kernel(q, k, v, rel_h, rel_w, scale, bias_log2e):
+    def _run_kernel(qkv, rel_h, rel_w, scale, bias_log2e):
+        q, k, v = qkv.unbind(0)
         out = _empty_out(q)
         _launch(q, k, v, rel_h, rel_w, out, scale, bias_log2e, lambda kern: kern)
         return out
@@ -423,23 +432,26 @@ else:  # pragma: no cover - old torch: plain launch, still correct, not traceabl
 # --------------------------------------------------------------------------- dispatch
 
 
-def _unsupported_reason(q, k, v, rel_h, rel_w) -> str | None:
+def _unsupported_reason(qkv, rel_h, rel_w) -> str | None:
     """Why the kernel cannot serve these inputs, or None when it can."""
-    reason = unsupported_reason((q, k, v, rel_h, rel_w))
-    if reason is None and q.shape[-1] not in SUPPORTED_HEAD_DIMS:
-        reason = f"head dim {q.shape[-1]} not supported (a multiple of 16 up to 128)"
+    reason = unsupported_reason((qkv, rel_h, rel_w))
+    if reason is None and qkv.shape[-1] not in SUPPORTED_HEAD_DIMS:
+        reason = f"head dim {qkv.shape[-1]} not supported (a multiple of 16 up to 128)"
     return reason
 
 
-def relpos_attention(q, k, v, rel_h, rel_w, scale=None, *, _bias_log2e: bool = True):
+def relpos_attention(qkv, rel_h, rel_w, scale=None, *, _bias_log2e: bool = True):
     """softmax(q @ k^T * scale + bias) @ v, bias[b,h,i,j] = rel_h[b,h,i,j//kw] + rel_w[b,h,i,j%kw].
 
     Args:
-        q, k, v: (B, H, L, D), any strides (e.g. permuted views of a qkv projection).
+        qkv: q, k, v stacked, (3, B, H, L, D), any strides: SAM's qkv projection as
+            ``qkv.reshape(B, L, 3, H, D).permute(2, 0, 3, 1, 4)`` (a view), or
+            ``torch.stack((q, k, v))``. One tensor, so that under torch.compile q, k and v stay
+            views of one buffer.
         rel_h: (B, H, L, kh) and rel_w: (B, H, L, kw) with kh * kw == L.
         scale: softmax scale; D ** -0.5 when None.
 
-    Returns (B, H, L, D) in q's dtype, laid out as a transposed (B, L, H, D) tensor so that
+    Returns (B, H, L, D) in qkv's dtype, laid out as a transposed (B, L, H, D) tensor so that
     ``out.transpose(1, 2).reshape(B, L, H * D)`` is a view.
 
     Runs the fused Triton kernel on CUDA (fp16, bf16, fp32) or, under TRITON_INTERPRET=1, on
@@ -447,14 +459,14 @@ def relpos_attention(q, k, v, rel_h, rel_w, scale=None, *, _bias_log2e: bool = T
     reason in :data:`samfast.kernels.dispatch.FALLBACK_COUNTS` and logs a warning once per reason.
     ``_bias_log2e=False`` replays the published defect (bias not scaled by log2 e): tests only.
     """
-    _check_shapes(q, k, v, rel_h, rel_w)
+    _check_shapes(qkv, rel_h, rel_w)
     if scale is None:
-        scale = q.shape[-1] ** -0.5
-    reason = _unsupported_reason(q, k, v, rel_h, rel_w)
+        scale = qkv.shape[-1] ** -0.5
+    reason = _unsupported_reason(qkv, rel_h, rel_w)
     if reason is not None:
         note_fallback("relpos_attention", reason, "the materialized-bias SDPA reference path")
-        return relpos_attention_reference(q, k, v, rel_h, rel_w, scale=scale)
-    return _run_kernel(q, k, v, rel_h, rel_w, float(scale), bool(_bias_log2e))
+        return relpos_attention_reference(qkv, rel_h, rel_w, scale=scale)
+    return _run_kernel(qkv, rel_h, rel_w, float(scale), bool(_bias_log2e))
 
 
 def _table_grid(q, table_h, table_w) -> tuple[int, int]:
@@ -488,36 +500,35 @@ def rel_factors_from_tables(q, table_h, table_w):
     return rel_h, rel_w
 
 
-def forms_bias_from_tables(q, k, v, table_h, table_w) -> bool:
+def forms_bias_from_tables(qkv, table_h, table_w) -> bool:
     """Whether :func:`relpos_attention_from_tables` can run the kernel on these inputs.
 
     It can on grids whose key rows no key tile holds whole (kw not a multiple of 16) with sides
     of at most 64 (SAM's 14 x 14 windows), for inputs the kernel serves at all.
     """
-    kh, kw = _table_grid(q, table_h, table_w)
-    return kw % 16 != 0 and max(kh, kw) <= 64 and _unsupported_reason(q, k, v, table_h, table_w) is None
+    _check_qkv(qkv)
+    kh, kw = _table_grid(qkv[0], table_h, table_w)
+    return kw % 16 != 0 and max(kh, kw) <= 64 and _unsupported_reason(qkv, table_h, table_w) is None
 
 
-def relpos_attention_from_tables(q, k, v, table_h, table_w, scale=None, *, _bias_log2e: bool = True):
+def relpos_attention_from_tables(qkv, table_h, table_w, scale=None, *, _bias_log2e: bool = True):
     """:func:`relpos_attention` with rel_h, rel_w formed inside the kernel from q and two tables.
 
     Args:
-        q, k, v: (B, H, L, D), any strides, L = kh * kw.
+        qkv: (3, B, H, L, D), q, k, v stacked as in :func:`relpos_attention`, L = kh * kw.
         table_h, table_w: (2*kh-1, D) and (2*kw-1, D), the relative-position tables (SAM's
             rel_pos_h / rel_pos_w resized to the grid); see :func:`rel_factors_from_tables`.
 
-    The answer of ``relpos_attention(q, k, v, *rel_factors_from_tables(q, table_h, table_w))``
+    The answer of ``relpos_attention(qkv, *rel_factors_from_tables(qkv[0], table_h, table_w))``
     without the two batched products and the copies of q they cost. Only where
     :func:`forms_bias_from_tables` says so: elsewhere it raises ValueError naming that call.
     ``_bias_log2e=False`` replays the published defect, as in :func:`relpos_attention`.
     """
-    if k.shape != q.shape or v.shape != q.shape:
-        raise ValueError(f"q, k, v must share one shape; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-    if not forms_bias_from_tables(q, k, v, table_h, table_w):
+    if not forms_bias_from_tables(qkv, table_h, table_w):
         raise ValueError(
             f"the kernel does not form the bias from tables {tuple(table_h.shape)}, {tuple(table_w.shape)} "
-            f"for {q.dtype} on {q.device}: call relpos_attention(q, k, v, *rel_factors_from_tables(q, table_h, table_w))"
+            f"for {qkv.dtype} on {qkv.device}: call relpos_attention(qkv, *rel_factors_from_tables(qkv[0], table_h, table_w))"
         )
     if scale is None:
-        scale = q.shape[-1] ** -0.5
-    return _run_kernel(q, k, v, table_h, table_w, float(scale), bool(_bias_log2e))
+        scale = qkv.shape[-1] ** -0.5
+    return _run_kernel(qkv, table_h, table_w, float(scale), bool(_bias_log2e))

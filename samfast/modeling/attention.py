@@ -21,19 +21,18 @@ def decomposed_bias(rel_h: torch.Tensor, rel_w: torch.Tensor) -> torch.Tensor:
 
 
 def attention_with_relpos(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
+    qkv: torch.Tensor,
     rel_h: torch.Tensor | None,
     rel_w: torch.Tensor | None,
     scale: float,
     impl: str,
 ) -> torch.Tensor:
-    """softmax(q k^T * scale + bias) v for (B, H, L, D) tensors; bias from rel_h/rel_w or none."""
+    """softmax(q k^T * scale + bias) v for q, k, v stacked as qkv (3, B, H, L, D); bias from rel_h/rel_w or none."""
     if impl == "triton" and rel_h is not None:
         from samfast.kernels import relpos_attention
 
-        return relpos_attention(q, k, v, rel_h, rel_w, scale=scale)
+        return relpos_attention(qkv, rel_h, rel_w, scale=scale)
+    q, k, v = qkv.unbind(0)
     bias = None if rel_h is None else decomposed_bias(rel_h, rel_w)
     if impl == "math":
         # Same operation order as segment_anything, so the fp32 stage equals it to rounding.

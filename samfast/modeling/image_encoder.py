@@ -111,17 +111,17 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, H, W, _ = x.shape
+        # q, k, v stacked: (3, B, heads, H*W, head_dim), views of the projection
         qkv = self.qkv(x).reshape(B, H * W, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)
-        q, k, v = qkv.unbind(0)  # each (B, heads, H*W, head_dim)
         table_h, table_w = resized_rel_pos(self.rel_pos_h, 2 * H - 1), resized_rel_pos(self.rel_pos_w, 2 * W - 1)
-        if self.attn_impl == "triton" and kernels.forms_bias_from_tables(q, k, v, table_h, table_w):
+        if self.attn_impl == "triton" and kernels.forms_bias_from_tables(qkv, table_h, table_w):
             # windowed blocks: the kernel forms rel_h / rel_w from q itself, sparing the two
             # batched products below and the copy of q each needs (5% of vit_b's encoder time
             # at batch 32 on an H100)
-            x = kernels.relpos_attention_from_tables(q, k, v, table_h, table_w, self.scale)
+            x = kernels.relpos_attention_from_tables(qkv, table_h, table_w, self.scale)
         else:
-            rel_h, rel_w = decomposed_rel_pos(q, table_h, table_w, (H, W))
-            x = attention_with_relpos(q, k, v, rel_h, rel_w, self.scale, self.attn_impl)
+            rel_h, rel_w = decomposed_rel_pos(qkv[0], table_h, table_w, (H, W))
+            x = attention_with_relpos(qkv, rel_h, rel_w, self.scale, self.attn_impl)
         x = x.view(B, self.num_heads, H, W, -1).permute(0, 2, 3, 1, 4).reshape(B, H, W, -1)
         return self.proj(x)
 

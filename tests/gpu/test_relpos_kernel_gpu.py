@@ -44,15 +44,21 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 def make_inputs(B, H, kh, kw, D, dtype, seed, rel_std=2.0):
     g = torch.Generator(device="cuda").manual_seed(seed)
     L = kh * kw
-    qkv = torch.randn(B, L, 3, H, D, generator=g, device="cuda").to(dtype)
-    q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+    qkv = torch.randn(B, L, 3, H, D, generator=g, device="cuda").to(dtype).permute(2, 0, 3, 1, 4)
     rel_h = (rel_std * torch.randn(B, H, L, kh, generator=g, device="cuda")).to(dtype)
     rel_w = (rel_std * torch.randn(B, H, L, kw, generator=g, device="cuda")).to(dtype)
-    return q, k, v, rel_h, rel_w
+    return qkv, rel_h, rel_w
 
 
-def math_fp64(q, k, v, rel_h, rel_w, scale=None, max_items=2):
+def batch_items(inputs, items: slice):
+    """The same batch items of (qkv, rel_h, rel_w): qkv's batch dim is its second."""
+    qkv, rel_h, rel_w = inputs
+    return qkv[:, items], rel_h[items], rel_w[items]
+
+
+def math_fp64(qkv, rel_h, rel_w, scale=None, max_items=2):
     """float64 attention on the first max_items batch items (chunked to bound memory)."""
+    q, k, v = qkv.unbind(0)
     B, H, L, D = q.shape
     kw = rel_w.shape[-1]
     scale = D**-0.5 if scale is None else scale
@@ -88,12 +94,11 @@ def test_kernel_matches_fp64_math_at_sam_shapes(shape, dtype):
     out = relpos_attention(*inputs)
     torch.cuda.synchronize()
     assert fallback_counts() == {}, f"kernel fell back: {fallback_counts()}"
-    assert out.shape == inputs[0].shape and out.dtype == dtype
+    assert out.shape == inputs[0].shape[1:] and out.dtype == dtype
     # Check batch items at both ends: the kernel's batch/head offsets must be right everywhere.
     ref_first = math_fp64(*inputs, max_items=1)
     err_first = scaled_error(out, ref_first)
-    last = tuple(t[-1:] for t in inputs)
-    err_last = scaled_error(out[-1:], math_fp64(*last, max_items=1))
+    err_last = scaled_error(out[-1:], math_fp64(*batch_items(inputs, slice(-1, None)), max_items=1))
     print(
         f"{shape} {dtype}: scaled excess err first {err_first:.2e} last {err_last:.2e}; "
         f"raw max abs err {raw_error(out, ref_first):.2e}, max |ref| {ref_first.abs().max().item():.2f}"
@@ -109,19 +114,19 @@ WINDOW_SHAPES = {name: shape for name, shape in SHAPES.items() if "window" in na
 def test_bias_formed_from_tables_matches_fp64_math_at_window_shapes(shape, dtype):
     """The windowed blocks' path: rel_h / rel_w formed in the kernel from q and SAM's two tables."""
     B, H, kh, kw, D = shape
-    q, k, v, _, _ = make_inputs(*shape, dtype, seed=hash(shape) % 2**31 + 1)
+    qkv, _, _ = make_inputs(*shape, dtype, seed=hash(shape) % 2**31 + 1)
     g = torch.Generator(device="cuda").manual_seed(3)
     # std 2 / sqrt(D): rel_h, rel_w ~ N(0, 2), the bias the other tests use
     table_h, table_w = (((2.0 / D**0.5) * torch.randn(2 * n - 1, D, generator=g, device="cuda")).to(dtype) for n in (kh, kw))
-    out = relpos_attention_from_tables(q, k, v, table_h, table_w)
+    out = relpos_attention_from_tables(qkv, table_h, table_w)
     assert fallback_counts() == {}, f"kernel fell back: {fallback_counts()}"
     errors = []
     for items in (slice(0, 1), slice(B - 1, B)):  # batch items at both ends
-        qq, kk, vv = q[items], k[items], v[items]
+        part = qkv[:, items]
         # the factors as the model's other path forms them (products rounded to bf16/fp16):
         # the kernel rounds its own the same way, so what is measured is the attention
-        factors = rel_factors_from_tables(qq, table_h, table_w)
-        errors.append(scaled_error(out[items], math_fp64(qq, kk, vv, *factors, max_items=1)))
+        factors = rel_factors_from_tables(part[0], table_h, table_w)
+        errors.append(scaled_error(out[items], math_fp64(part, *factors, max_items=1)))
     print(f"tables {shape} {dtype}: scaled excess err first {errors[0]:.2e} last {errors[1]:.2e}")
     assert max(errors) <= MAX_ERR
 
@@ -144,9 +149,9 @@ def test_fp32_on_gpu_uses_ieee_dots():
     assert ((out.double() - ref).abs() <= 1e-5 + 1e-4 * ref.abs()).all()
 
 
-def _sam_attention_tail(q, k, v, rel_h, rel_w):
-    B, H, L, D = q.shape
-    x = relpos_attention(q, k, v, rel_h, rel_w)
+def _sam_attention_tail(qkv, rel_h, rel_w):
+    _, B, H, L, D = qkv.shape
+    x = relpos_attention(qkv, rel_h, rel_w)
     return x.transpose(1, 2).reshape(B, L, H * D) * 2.0
 
 
@@ -164,7 +169,7 @@ def test_compile_has_no_graph_break_and_matches_eager():
     # another BLOCK_N legitimately moves results by more than 1 ulp (seen on an H100: eager picked
     # 64x32, the compiled graph another tile): hold both to the same fp64 bound instead.
     eager = _sam_attention_tail(*inputs)
-    B, H, L, D = inputs[0].shape
+    _, B, H, L, D = inputs[0].shape
     ref = 2.0 * math_fp64(*inputs).transpose(1, 2).reshape(B, L, H * D)
     assert scaled_error(out, ref) <= MAX_ERR
     assert scaled_error(eager, ref) <= MAX_ERR
@@ -182,8 +187,8 @@ def test_compile_of_qkv_projection_into_kernel():
     rel_w = torch.randn(B, H, L, kw, generator=g, device="cuda", dtype=torch.bfloat16)
 
     def block(x, w, rel_h, rel_w):
-        q, k, v = (x @ w.t()).reshape(B, L, 3, H, D).permute(2, 0, 3, 1, 4).unbind(0)
-        return relpos_attention(q, k, v, rel_h, rel_w).transpose(1, 2).reshape(B, L, C)
+        qkv = (x @ w.t()).reshape(B, L, 3, H, D).permute(2, 0, 3, 1, 4)
+        return relpos_attention(qkv, rel_h, rel_w).transpose(1, 2).reshape(B, L, C)
 
     torch._dynamo.reset()
     explained = torch._dynamo.explain(block)(x, w, rel_h, rel_w)
@@ -193,3 +198,31 @@ def test_compile_of_qkv_projection_into_kernel():
     assert fallback_counts() == {}
     assert (out.float() - eager.float()).abs().max() <= 1e-2  # compiled matmul may round differently
     torch._dynamo.reset()
+
+
+def test_compiled_q_k_v_of_a_pointwise_result_stay_one_buffer():
+    """q, k, v as views of a pointwise result (the int8 stage's rescaled qkv projection) once became
+    three buffers each as large as the projection under inductor (docs/int8-peak-memory-h100.md)."""
+    B, H, kh, kw, D = 64, 12, 14, 14, 64  # 64 windows: the projection is 58 MB in bf16
+    L, C = kh * kw, H * D
+    g = torch.Generator(device="cuda").manual_seed(5)
+    projection = torch.randn(B, L, 3 * C, generator=g, device="cuda")  # fp32, as an int32 product's rescale reads
+    table_h, table_w = ((0.3 * torch.randn(2 * n - 1, D, generator=g, device="cuda")).to(torch.bfloat16) for n in (kh, kw))
+
+    def block(projection, table_h, table_w):
+        qkv = (projection * 0.5).to(torch.bfloat16).reshape(B, L, 3, H, D).permute(2, 0, 3, 1, 4)
+        return relpos_attention_from_tables(qkv, table_h, table_w)
+
+    compiled = torch.compile(block, fullgraph=True)
+    compiled(projection, table_h, table_w)  # compile and autotune outside the measurement
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    out = compiled(projection, table_h, table_w)
+    torch.cuda.synchronize()
+    qkv_bytes = B * L * 3 * C * 2
+    extra = torch.cuda.max_memory_allocated() - base
+    # one qkv buffer plus the output (a third of it): 1.33x; three full-size buffers were 3.33x
+    assert extra <= 2 * qkv_bytes, f"{extra / qkv_bytes:.2f} x the projection's size allocated"
+    assert fallback_counts() == {}
+    torch.testing.assert_close(out, block(projection, table_h, table_w), atol=1e-2, rtol=0)

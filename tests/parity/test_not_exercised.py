@@ -64,10 +64,10 @@ def test_switches_that_ran_are_exercised(monkeypatch):
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     gen = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(1, 1, 16, 16, generator=gen) for _ in range(3))
+    qkv = torch.randn(3, 1, 1, 16, 16, generator=gen)
     rel_h, rel_w = torch.randn(1, 1, 16, 4, generator=gen), torch.randn(1, 1, 16, 4, generator=gen)
     with watch_switches(frozenset({"triton"})) as used:
-        kernels.relpos_attention(q, k, v, rel_h, rel_w)
+        kernels.relpos_attention(qkv, rel_h, rel_w)
     assert used.kernel_fallbacks == {} and used.not_exercised == []
 
 

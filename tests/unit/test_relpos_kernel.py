@@ -42,22 +42,22 @@ def _seed(request) -> int:
 
 
 def make_inputs(seed, B, H, kh, kw, D, dtype, rel_std=2.0, permuted=True):
-    """q, k, v as SAM builds them (permuted views of one qkv projection), rel_h, rel_w."""
+    """qkv (3, B, H, L, D) as SAM builds it (a permuted view of the projection), rel_h, rel_w."""
     g = torch.Generator().manual_seed(seed)
     L = kh * kw
     if permuted:
-        qkv = torch.randn(B, L, 3, H, D, generator=g).permute(2, 0, 3, 1, 4).to(dtype)
-        q, k, v = qkv.unbind(0)
+        qkv = torch.randn(B, L, 3, H, D, generator=g).to(dtype).permute(2, 0, 3, 1, 4)
     else:
-        q, k, v = (torch.randn(B, H, L, D, generator=g).to(dtype) for _ in range(3))
+        qkv = torch.randn(3, B, H, L, D, generator=g).to(dtype)
     rel_h = (rel_std * torch.randn(B, H, L, kh, generator=g)).to(dtype)
     rel_w = (rel_std * torch.randn(B, H, L, kw, generator=g)).to(dtype)
-    return q, k, v, rel_h, rel_w
+    return qkv, rel_h, rel_w
 
 
-def math_fp64(q, k, v, rel_h, rel_w, scale=None):
+def math_fp64(qkv, rel_h, rel_w, scale=None):
     """Plain float64 attention with the bias written out index by index (no SDPA)."""
-    q, k, v, rel_h, rel_w = (t.double() for t in (q, k, v, rel_h, rel_w))
+    q, k, v = qkv.double().unbind(0)
+    rel_h, rel_w = rel_h.double(), rel_w.double()
     B, H, L, D = q.shape
     kw = rel_w.shape[-1]
     j = torch.arange(L)
@@ -109,7 +109,7 @@ def test_kernel_matches_fp64_math(request, B, H, kh, kw, D, dtype):
     inputs = make_inputs(_seed(request), B, H, kh, kw, D, dtype)
     out = relpos_attention(*inputs)
     assert fallback_counts() == {}, "the kernel did not run"
-    assert out.dtype == dtype and out.shape == inputs[0].shape
+    assert out.dtype == dtype and out.shape == inputs[0].shape[1:]
     assert_matches_math(out, math_fp64(*inputs), dtype)
 
 
@@ -131,8 +131,7 @@ def test_contiguous_inputs_and_explicit_scale(request):
 
 
 def test_output_transposes_to_a_view(request):
-    q, k, v, rel_h, rel_w = make_inputs(_seed(request), 2, 2, 4, 4, 16, torch.float32)
-    out = relpos_attention(q, k, v, rel_h, rel_w)
+    out = relpos_attention(*make_inputs(_seed(request), 2, 2, 4, 4, 16, torch.float32))
     merged = out.transpose(1, 2)
     assert merged.is_contiguous(), "kernel output should be (B, L, H, D) memory"
 
@@ -174,15 +173,15 @@ def test_planted_defect_is_caught_even_at_small_bias(request):
 
 
 def make_table_inputs(seed, B, H, kh, kw, D, dtype):
-    """q, k, v as in make_inputs and the two (2k-1, D) tables, scaled so that rel ~ N(0, 2) as there."""
-    q, k, v, _, _ = make_inputs(seed, B, H, kh, kw, D, dtype)
+    """qkv as in make_inputs and the two (2k-1, D) tables, scaled so that rel ~ N(0, 2) as there."""
+    qkv, _, _ = make_inputs(seed, B, H, kh, kw, D, dtype)
     g = torch.Generator().manual_seed(seed + 1)
     table_h, table_w = ((2.0 / D**0.5) * torch.randn(2 * n - 1, D, generator=g) for n in (kh, kw))
-    return q, k, v, table_h.to(dtype), table_w.to(dtype)
+    return qkv, table_h.to(dtype), table_w.to(dtype)
 
 
-def tables_math_fp64(q, k, v, table_h, table_w):
-    return math_fp64(q, k, v, *rel_factors_from_tables(q.double(), table_h.double(), table_w.double()))
+def tables_math_fp64(qkv, table_h, table_w):
+    return math_fp64(qkv, *rel_factors_from_tables(qkv[0].double(), table_h.double(), table_w.double()))
 
 
 TABLE_SHAPES = [s for s in SHAPES if "grid" in s.id] + [pytest.param(2, 2, 14, 14, 64, id="B2H2-14x14-D64-window")]
@@ -195,7 +194,7 @@ def test_bias_from_tables_matches_fp64_math(request, B, H, kh, kw, D, dtype):
     assert forms_bias_from_tables(*inputs)
     out = relpos_attention_from_tables(*inputs)
     assert fallback_counts() == {}, "the kernel did not run"
-    assert out.dtype == dtype and out.shape == inputs[0].shape
+    assert out.dtype == dtype and out.shape == inputs[0].shape[1:]
     assert_matches_math(out, tables_math_fp64(*inputs), dtype)
 
 
@@ -204,8 +203,9 @@ def test_bias_from_tables_across_query_blocks(request, monkeypatch, block_m):
     """Query blocks that start mid-row and run past L (the gather's clamped indices)."""
     monkeypatch.setattr(rpa, "_INTERPRET_BLOCK_M", block_m)
     inputs = make_table_inputs(_seed(request), 1, 2, 5, 9, 16, torch.float32)
+    qkv, table_h, table_w = inputs
     assert_matches_math(relpos_attention_from_tables(*inputs, scale=0.3), math_fp64(
-        *inputs[:3], *rel_factors_from_tables(inputs[0].double(), inputs[3].double(), inputs[4].double()), scale=0.3
+        qkv, *rel_factors_from_tables(qkv[0].double(), table_h.double(), table_w.double()), scale=0.3
     ), torch.float32)
 
 
@@ -219,8 +219,8 @@ def test_rel_factors_from_tables_are_the_models_decomposed_rel_pos(request):
     """The PyTorch form of the tables' product equals SAM's decomposed rel-pos (segment_anything's math)."""
     from samfast.modeling.image_encoder import decomposed_rel_pos
 
-    q, _, _, table_h, table_w = make_table_inputs(_seed(request), 2, 3, 5, 7, 16, torch.float32)
-    q, table_h, table_w = q.double(), table_h.double(), table_w.double()
+    qkv, table_h, table_w = make_table_inputs(_seed(request), 2, 3, 5, 7, 16, torch.float32)
+    q, table_h, table_w = qkv[0].double(), table_h.double(), table_w.double()
     for got, want in zip(rel_factors_from_tables(q, table_h, table_w), decomposed_rel_pos(q, table_h, table_w, (5, 7))):
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
 
@@ -231,9 +231,9 @@ def test_bias_from_tables_refuses_what_it_cannot_serve(request):
     assert not forms_bias_from_tables(*inputs)
     with pytest.raises(ValueError, match="rel_factors_from_tables"):
         relpos_attention_from_tables(*inputs)
-    q, k, v, table_h, _ = inputs
+    qkv, table_h, _ = inputs
     with pytest.raises(ValueError, match=r"\(2\*kh-1, D\)"):
-        relpos_attention_from_tables(q, k, v, table_h, table_h[:5])
+        relpos_attention_from_tables(qkv, table_h, table_h[:5])
 
 
 def test_windowed_attention_block_forms_its_bias_in_the_kernel(request, monkeypatch):
@@ -297,11 +297,11 @@ def test_cpu_without_interpreter_falls_back(request, monkeypatch, caplog):
 
 
 def test_autograd_falls_back_and_has_gradients(request):
-    q, k, v, rel_h, rel_w = make_inputs(_seed(request), 1, 1, 3, 5, 16, torch.float32)
-    q = q.detach().requires_grad_()
-    out = relpos_attention(q, k, v, rel_h, rel_w)
+    qkv, rel_h, rel_w = make_inputs(_seed(request), 1, 1, 3, 5, 16, torch.float32)
+    qkv = qkv.detach().requires_grad_()
+    out = relpos_attention(qkv, rel_h, rel_w)
     out.sum().backward()
-    assert q.grad is not None and torch.isfinite(q.grad).all()
+    assert qkv.grad is not None and torch.isfinite(qkv.grad).all()
     assert list(fallback_counts()) == ["autograd (the kernel has no backward)"]
 
 
@@ -319,21 +319,23 @@ def test_reference_matches_fp64_math(request):
 
 
 def test_bad_shapes_raise(request):
-    q, k, v, rel_h, rel_w = make_inputs(_seed(request), 1, 1, 3, 5, 16, torch.float32)
+    qkv, rel_h, rel_w = make_inputs(_seed(request), 1, 1, 3, 5, 16, torch.float32)
     with pytest.raises(ValueError, match="kh \\* kw"):
-        relpos_attention(q, k, v, rel_h[..., :2], rel_w)
-    with pytest.raises(ValueError, match="share one"):
-        relpos_attention(q, k[:, :, :-1], v, rel_h, rel_w)
+        relpos_attention(qkv, rel_h[..., :2], rel_w)
+    with pytest.raises(ValueError, match=r"\(3, B, H, L, D\)"):
+        relpos_attention(qkv[0], rel_h, rel_w)
+    with pytest.raises(ValueError, match=r"\(3, B, H, L, D\)"):
+        forms_bias_from_tables(qkv[:2], rel_h[0, 0], rel_w[0, 0])
 
 
 # --------------------------------------------------------------------------- op and compile
 
 
 def test_custom_op_schema_and_fake_impl(request):
-    q, k, v, rel_h, rel_w = make_inputs(_seed(request), 1, 2, 4, 4, 16, torch.float32)
+    qkv, rel_h, rel_w = make_inputs(_seed(request), 1, 2, 4, 4, 16, torch.float32)
     op = torch.ops.samfast.relpos_attention.default
     result = torch.library.opcheck(
-        op, (q, k, v, rel_h, rel_w, 0.25, True), test_utils=("test_schema", "test_faketensor")
+        op, (qkv, rel_h, rel_w, 0.25, True), test_utils=("test_schema", "test_faketensor")
     )
     assert set(result.values()) == {"SUCCESS"}
 
@@ -343,8 +345,8 @@ def test_fallback_under_compile_has_no_graph_break(request, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET")
     inputs = make_inputs(_seed(request), 1, 2, 3, 5, 16, torch.float32)
 
-    def f(q, k, v, rel_h, rel_w):
-        return relpos_attention(q, k, v, rel_h, rel_w) * 2
+    def f(qkv, rel_h, rel_w):
+        return relpos_attention(qkv, rel_h, rel_w) * 2
 
     torch._dynamo.reset()
     try:
