@@ -166,9 +166,8 @@ def main(argv=None) -> int:
 
     def at_config(config):
         def run(qkv, rel_h, rel_w):
-            q, k, v = qkv.unbind(0)
-            out = rpa._empty_out(q)
-            rpa._launch(q, k, v, rel_h, rel_w, out, q.shape[-1] ** -0.5, True, lambda kern: kern, config)
+            out = rpa._empty_out(qkv[0])
+            rpa._launch(qkv, rel_h, rel_w, out, qkv.shape[-1] ** -0.5, True, lambda kern: kern, config)
             return out
 
         return run

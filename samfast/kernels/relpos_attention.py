@@ -96,10 +96,8 @@ def _check_shapes(qkv, rel_h, rel_w) -> None:
 
 
 def _relpos_attn_fwd(
-    Q, K, V, RH, RW, Out,
-    stride_qb, stride_qh, stride_qm, stride_qd,
-    stride_kb, stride_kh, stride_kn, stride_kd,
-    stride_vb, stride_vh, stride_vn, stride_vd,
+    QKV, RH, RW, Out,  # QKV: q, k, v stacked (3, B, H, L, D); one pointer, see relpos_attention
+    stride_s, stride_b, stride_h, stride_m, stride_d,
     stride_rhb, stride_rhh, stride_rhm, stride_rhk,
     stride_rwb, stride_rwh, stride_rwm, stride_rwk,
     stride_ob, stride_oh, stride_om, stride_od,
@@ -166,13 +164,14 @@ def _relpos_attn_fwd(
         offs_hi = D_LO + tl.arange(0, D_HI)
         hi_mask = offs_hi < HEAD_DIM  # all true but for head dims like 112 = 64 + 48 (read as 64 + 64)
 
-    q_rows = Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm
-    q = tl.load(q_rows + offs_lo[None, :] * stride_qd, mask=m_mask[:, None], other=0.0)
+    q_base = QKV + b * stride_b + h * stride_h
+    k_base = q_base + stride_s
+    v_base = q_base + 2 * stride_s
+    q_rows = q_base + offs_m[:, None] * stride_m
+    q = tl.load(q_rows + offs_lo[None, :] * stride_d, mask=m_mask[:, None], other=0.0)
     if D_HI > 0:
-        q_hi = tl.load(q_rows + offs_hi[None, :] * stride_qd, mask=m_mask[:, None] & hi_mask[None, :], other=0.0)
+        q_hi = tl.load(q_rows + offs_hi[None, :] * stride_d, mask=m_mask[:, None] & hi_mask[None, :], other=0.0)
 
-    k_base = K + b * stride_kb + h * stride_kh
-    v_base = V + b * stride_vb + h * stride_vh
     rh_rows = RH + b * stride_rhb + h * stride_rhh + offs_m * stride_rhm  # (BLOCK_M,) row starts
     rw_rows = RW + b * stride_rwb + h * stride_rwh + offs_m * stride_rwm
 
@@ -240,11 +239,11 @@ def _relpos_attn_fwd(
             offs_kn = start_n + offs_n
             n_mask = offs_kn < L
 
-        k_cols = k_base + offs_kn[None, :] * stride_kn
-        k = tl.load(k_cols + offs_lo[:, None] * stride_kd, mask=n_mask[None, :], other=0.0)
+        k_cols = k_base + offs_kn[None, :] * stride_m
+        k = tl.load(k_cols + offs_lo[:, None] * stride_d, mask=n_mask[None, :], other=0.0)
         qk = tl.dot(q, k, input_precision=PRECISION)
         if D_HI > 0:
-            k_hi = tl.load(k_cols + offs_hi[:, None] * stride_kd, mask=n_mask[None, :] & hi_mask[:, None], other=0.0)
+            k_hi = tl.load(k_cols + offs_hi[:, None] * stride_d, mask=n_mask[None, :] & hi_mask[:, None], other=0.0)
             qk = tl.dot(q_hi, k_hi, qk, input_precision=PRECISION)
         # The bias of this key tile, from the two small tables, added to q.k * scale.
         if ROW:
@@ -291,13 +290,13 @@ def _relpos_attn_fwd(
             p = tl.math.exp2(qk - m_new[:, None])
         alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.reduce(p, 1, tl.standard._sum_combine)
-        p = p.to(V.dtype.element_ty)
+        p = p.to(QKV.dtype.element_ty)
 
-        v_rows = v_base + offs_kn[:, None] * stride_vn
-        v = tl.load(v_rows + offs_lo[None, :] * stride_vd, mask=n_mask[:, None], other=0.0)
+        v_rows = v_base + offs_kn[:, None] * stride_m
+        v = tl.load(v_rows + offs_lo[None, :] * stride_d, mask=n_mask[:, None], other=0.0)
         acc = tl.dot(p, v, acc * alpha[:, None], input_precision=PRECISION)
         if D_HI > 0:
-            v_hi = tl.load(v_rows + offs_hi[None, :] * stride_vd, mask=n_mask[:, None] & hi_mask[None, :], other=0.0)
+            v_hi = tl.load(v_rows + offs_hi[None, :] * stride_d, mask=n_mask[:, None] & hi_mask[None, :], other=0.0)
             acc_hi = tl.dot(p, v_hi, acc_hi * alpha[:, None], input_precision=PRECISION)
         m_i = m_new
 
@@ -337,13 +336,14 @@ def _split_head_dim(d: int) -> tuple[int, int]:
     return lo, (triton.next_power_of_2(d - lo) if d > lo else 0)
 
 
-def _launch(q, k, v, rel_h, rel_w, out, scale: float, bias_log2e: bool, launcher, config=None) -> None:
+def _launch(qkv, rel_h, rel_w, out, scale: float, bias_log2e: bool, launcher, config=None) -> None:
     """Launch the kernel; `config` (a triton.Config, GPU only) bypasses autotuning, for benchmarks.
 
-    rel_h, rel_w are either the (B, H, L, kh), (B, H, L, kw) factors or, 2-D, the (2*kh-1, D),
-    (2*kw-1, D) tables the kernel forms them from (see relpos_attention_from_tables).
+    qkv is (3, B, H, L, D); rel_h, rel_w are either the (B, H, L, kh), (B, H, L, kw) factors or,
+    2-D, the (2*kh-1, D), (2*kw-1, D) tables the kernel forms them from (see
+    relpos_attention_from_tables).
     """
-    B, H, L, D = q.shape
+    _, B, H, L, D = qkv.shape
     d_lo, d_hi = _split_head_dim(D)
     from_tables = rel_h.dim() == 2
     if from_tables:
@@ -361,8 +361,8 @@ def _launch(q, k, v, rel_h, rel_w, out, scale: float, bias_log2e: bool, launcher
         return (triton.cdiv(L, m["BLOCK_M"]), B * H)
 
     launcher(kernel)[grid](
-        q, k, v, rel_h, rel_w, out,
-        *q.stride(), *k.stride(), *v.stride(), *rel_strides, *out.stride(),
+        qkv, rel_h, rel_w, out,
+        *qkv.stride(), *rel_strides, *out.stride(),
         H,
         QK_SCALE=scale * LOG2E,
         KH=KH,
@@ -376,7 +376,7 @@ def _launch(q, k, v, rel_h, rel_w, out, scale: float, bias_log2e: bool, launcher
         FROM_TABLES=from_tables,
         TH_PAD=max(16, triton.next_power_of_2(2 * KH - 1)),
         TW_PAD=max(16, triton.next_power_of_2(2 * KW - 1)),
-        PRECISION=dot_precision(q.dtype),
+        PRECISION=dot_precision(qkv.dtype),
         BIAS_LOG2E=bias_log2e,
         **meta,
     )
@@ -388,19 +388,19 @@ def _empty_out(q: torch.Tensor) -> torch.Tensor:
     return torch.empty((B, L, H, D), dtype=q.dtype, device=q.device).transpose(1, 2)
 
 
-def _relpos_attention_impl(q, k, v, rel_h, rel_w, scale: float, bias_log2e: bool) -> torch.Tensor:
-    out = _empty_out(q)
-    _launch(q, k, v, rel_h, rel_w, out, scale, bias_log2e, launcher())
+def _relpos_attention_impl(qkv, rel_h, rel_w, scale: float, bias_log2e: bool) -> torch.Tensor:
+    out = _empty_out(qkv[0])
+    _launch(qkv, rel_h, rel_w, out, scale, bias_log2e, launcher())
     return out
 
 
 if triton is not None and hasattr(torch.library, "triton_op"):
     # A custom op, so torch.compile sees one node and no graph break; being a triton_op, the
     # compiled graph launches (and inductor autotunes) the Triton kernel itself.
-    # q, k, v enter as one tensor: inductor hands a user Triton kernel its inputs with their eager
-    # strides, and three separate q, k, v views of a pointwise result (the int8 stage's rescaled
-    # qkv projection) each became a buffer as large as the whole projection (H100, vit_b:
-    # 2 GiB more peak memory; docs/int8-peak-memory-h100.md). One input is one buffer.
+    # q, k, v enter the op and the kernel as one tensor (one pointer): inductor hands a user Triton
+    # kernel its inputs with their eager strides, and three q, k, v views of a pointwise result
+    # (the int8 stage's rescaled qkv projection) each became a buffer as large as the whole
+    # projection (H100, vit_b: 1.4 GiB more peak memory; docs/int8-peak-memory-h100.md).
     @torch.library.triton_op("samfast::relpos_attention", mutates_args=())
     def _relpos_attention_op(
         qkv: torch.Tensor,
@@ -409,7 +409,7 @@ if triton is not None and hasattr(torch.library, "triton_op"):
         scale: float,
         bias_log2e: bool,
     ) -> torch.Tensor:
-        return _relpos_attention_impl(*qkv.unbind(0), rel_h, rel_w, scale, bias_log2e)
+        return _relpos_attention_impl(qkv, rel_h, rel_w, scale, bias_log2e)
 
     # A plain shape-only fake (triton_op's default traces the launch, which the interpreter
     # cannot do on fake tensors). Compile still decomposes the op into the kernel launch.
@@ -423,9 +423,8 @@ if triton is not None and hasattr(torch.library, "triton_op"):
 else:  # pragma: no cover - old torch: plain launch, still correct, not traceable
 
     def _run_kernel(qkv, rel_h, rel_w, scale, bias_log2e):
-        q, k, v = qkv.unbind(0)
-        out = _empty_out(q)
-        _launch(q, k, v, rel_h, rel_w, out, scale, bias_log2e, lambda kern: kern)
+        out = _empty_out(qkv[0])
+        _launch(qkv, rel_h, rel_w, out, scale, bias_log2e, lambda kern: kern)
         return out
 
 
