@@ -400,7 +400,7 @@ if triton is not None and hasattr(torch.library, "triton_op"):
     # q, k, v enter the op and the kernel as one tensor (one pointer): inductor hands a user Triton
     # kernel its inputs with their eager strides, and three q, k, v views of a pointwise result
     # (the int8 stage's rescaled qkv projection) each became a buffer as large as the whole
-    # projection (H100, vit_b: 1.4 GiB more peak memory; docs/int8-peak-memory-h100.md).
+    # projection (H100, vit_b int8: peak 4.21 GiB, 3.13 with one input; docs/int8-peak-memory-h100.md).
     @torch.library.triton_op("samfast::relpos_attention", mutates_args=())
     def _relpos_attention_op(
         qkv: torch.Tensor,
