@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 import samfast
-from bench.ladder import _fmt, _free, _peak_gib, _reset_peak, _sync, device_name
+from bench.timing import device_name, fmt, free, peak_gib, reset_peak, sync
 from samfast.stages import LADDER
 
 LOSSLESS_STAGES = list(LADDER[:6])  # fp32 .. nt; int8 and sparse trade accuracy (add them with --stages)
@@ -54,7 +54,7 @@ class Row:
 
 
 def load_image() -> tuple[np.ndarray, str]:
-    from parity.settings import DataNotFoundError, data_root
+    from parity.golden.settings import DataNotFoundError, data_root
 
     try:
         path = data_root() / "sam-demo" / "dog.jpg"
@@ -92,16 +92,16 @@ def build(model_type: str, impl: str, stage: str, device: torch.device):
 def time_generate(generator, image: np.ndarray, device: torch.device, repeats: int) -> tuple[float, int, float | None]:
     """(median ms per image, masks out, peak GiB) after one warm-up call."""
     records = generator.generate(image)
-    _sync(device)
-    _reset_peak(device)
+    sync(device)
+    reset_peak(device)
     runs = []
     for _ in range(repeats):
-        _sync(device)
+        sync(device)
         start = time.perf_counter()
         records = generator.generate(image)  # returns host records: the call ends synchronized
-        _sync(device)
+        sync(device)
         runs.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(runs), len(records), _peak_gib(device)
+    return statistics.median(runs), len(records), peak_gib(device)
 
 
 def plan(args) -> list[Row]:
@@ -153,8 +153,8 @@ def markdown(env: dict, rows: list[Row]) -> str:
         base = ref.get((r.model, r.thresholds))
         speedup = f"{base / r.ms_per_image:.1f}x" if r.ms_per_image and base else "-"
         lines.append(
-            f"| {r.model} | {r.thresholds} | {r.impl} | {r.stage} | {_fmt(r.ms_per_image, 1)} | {speedup} | "
-            f"{'-' if r.masks is None else r.masks} | {_fmt(r.peak_gib)} | {(r.error or '').replace('|', '/')} |"
+            f"| {r.model} | {r.thresholds} | {r.impl} | {r.stage} | {fmt(r.ms_per_image, 1)} | {speedup} | "
+            f"{'-' if r.masks is None else r.masks} | {fmt(r.peak_gib)} | {(r.error or '').replace('|', '/')} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -208,9 +208,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             run_group(group, args, image, device)
         finally:
-            _free(device)
+            free(device)
         for row in group:
-            print(f"{row.model} {row.thresholds} {row.impl} {row.stage}: {_fmt(row.ms_per_image, 1)} ms {row.error or ''}",
+            print(f"{row.model} {row.thresholds} {row.impl} {row.stage}: {fmt(row.ms_per_image, 1)} ms {row.error or ''}",
                   file=sys.stderr, flush=True)
         write_outputs(out, env, rows)  # after every configuration: a killed run keeps what it has
     print(write_outputs(out, env, rows))

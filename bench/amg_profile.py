@@ -34,7 +34,7 @@ import torch
 import samfast
 import samfast.predictor as predictor_module
 from bench.amg import load_image, time_generate
-from bench.ladder import _sync, device_name
+from bench.timing import device_name, sync
 from samfast.amg.generator import SamAutomaticMaskGenerator
 
 VARIANTS = ("before", "resize", "gemm", "upscale", "all")
@@ -66,10 +66,10 @@ def step_timers(generator: SamAutomaticMaskGenerator, device: torch.device, tota
         inner = getattr(generator, step)
 
         def timed(*args, _inner=inner, _step=step, **kwargs):
-            _sync(device)
+            sync(device)
             start = time.perf_counter()
             out = _inner(*args, **kwargs)
-            _sync(device)
+            sync(device)
             totals[_step] = totals.get(_step, 0.0) + (time.perf_counter() - start) * 1e3
             return out
 

@@ -32,12 +32,10 @@ Runs on the CPU too, for a smoke test: python -m bench.ladder --quick --models v
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import platform
 import shlex
-import statistics
 import sys
 import time
 import traceback
@@ -48,6 +46,7 @@ import numpy as np
 import torch
 
 import samfast
+from bench.timing import device_name, fmt, free, peak_gib, reset_peak, sync, time_call
 from samfast.stages import FP8, LADDER, SPARSE_WITHOUT_INT8, SWITCHES, canonical_name, parse_stages
 
 REFERENCE = "reference"
@@ -166,56 +165,11 @@ class ReferenceRunner:
         return masks
 
 
-# --- timing --------------------------------------------------------------------------------------
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def time_call(fn, device: torch.device, *, warmup: int, iters: int, repeats: int) -> float:
-    """Median seconds per call over `repeats` runs of `iters` calls, after `warmup` calls."""
-    for _ in range(warmup):
-        fn()
-    runs = []
-    for _ in range(repeats):
-        _sync(device)
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(iters):
-                fn()
-            end.record()
-            end.synchronize()
-            runs.append(start.elapsed_time(end) / 1e3 / iters)
-        else:
-            t0 = time.perf_counter()
-            for _ in range(iters):
-                fn()
-            runs.append((time.perf_counter() - t0) / iters)
-    return statistics.median(runs)
-
-
-def _peak_gib(device: torch.device) -> float | None:
-    return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
-
-
-def _reset_peak(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-
-
-def _free(device: torch.device) -> None:
-    gc.collect()
-    torch._dynamo.reset()  # every compiled encoder shares nn.Module._call_impl's code: keep its cache clean
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-
-
 # --- one configuration ---------------------------------------------------------------------------
 @torch.no_grad()
 def run_config(row: Row, args, device: torch.device, deadline: float, profile: bool) -> None:
-    _free(device)
-    _reset_peak(device)
+    free(device)
+    reset_peak(device)
     t0 = time.perf_counter()
     if row.impl == REFERENCE:
         runner = ReferenceRunner(row.model, torch.bfloat16 if row.stage.endswith("bf16") else torch.float32, device)
@@ -229,19 +183,19 @@ def run_config(row: Row, args, device: torch.device, deadline: float, profile: b
 
     t0 = time.perf_counter()
     runner.encode(images)
-    _sync(device)
+    sync(device)
     row.first_call_s = time.perf_counter() - t0
     timing = dict(warmup=args.warmup, iters=args.iters, repeats=args.repeats)
     row.encoder_img_s = row.batch / time_call(lambda: runner.encode(images), device, **timing)
-    row.encoder_peak_gib = _peak_gib(device)
+    row.encoder_peak_gib = peak_gib(device)
     if time.monotonic() > deadline:
         row.skipped = "e2e not timed: --budget-s spent"
         return
     runner.e2e(images, prompts)  # the decoder's first call (and NestedTensor set-up) is not timed
-    _sync(device)
-    _reset_peak(device)
+    sync(device)
+    reset_peak(device)
     row.e2e_img_s = row.batch / time_call(lambda: runner.e2e(images, prompts), device, **timing)
-    row.peak_gib = _peak_gib(device)
+    row.peak_gib = peak_gib(device)
     if profile:
         row.notes["profile"] = {"encoder": profile_top_kernels(lambda: runner.encode(images), device),
                                 "e2e": profile_top_kernels(lambda: runner.e2e(images, prompts), device)}
@@ -256,7 +210,7 @@ def profile_top_kernels(fn, device: torch.device, top: int = 10) -> list[dict]:
     with profile(activities=activities) as prof:
         for _ in range(2):
             fn()
-        _sync(device)
+        sync(device)
     events = prof.key_averages()
 
     def device_us(e) -> float:
@@ -299,12 +253,6 @@ def profile_target(args, rows: list[Row]) -> tuple[str, int, str] | None:
     plain_nt = [s for s in stages if "nt" in parse_stages(s) and not parse_stages(s) & {"int8", "sparse"}]
     stage = "nt" if "nt" in stages else (plain_nt or stages)[-1]
     return args.models[0], max(args.batches), stage
-
-
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
 
 
 def environment(device: torch.device, args) -> dict:
@@ -366,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
             row.error = f"{type(err).__name__}: {' '.join(str(err).split())[:400]}"
             row.notes["traceback"] = traceback.format_exc(limit=-3)
         finally:
-            _free(device)
+            free(device)
         print(f"{label}: {_summary(row)} ({time.monotonic() - start:.0f} s elapsed)", file=sys.stderr, flush=True)
         write_outputs(out, env, earlier + rows)  # after every configuration: a killed run keeps what it has
     table = write_outputs(out, env, earlier + rows)
@@ -377,13 +325,9 @@ def main(argv: list[str] | None = None) -> int:
 def _summary(row: Row) -> str:
     if row.error:
         return f"ERROR {row.error}"
-    parts = [f"encoder {_fmt(row.encoder_img_s)} img/s", f"e2e {_fmt(row.e2e_img_s)} img/s", f"peak {_fmt(row.peak_gib)} GiB",
-             f"first call {_fmt(row.first_call_s)} s"]
+    parts = [f"encoder {fmt(row.encoder_img_s)} img/s", f"e2e {fmt(row.e2e_img_s)} img/s", f"peak {fmt(row.peak_gib)} GiB",
+             f"first call {fmt(row.first_call_s)} s"]
     return ", ".join(parts) + (f" [{row.skipped}]" if row.skipped else "")
-
-
-def _fmt(x, digits: int = 2) -> str:
-    return "-" if x is None else f"{x:.{digits}f}"
 
 
 # --- outputs -------------------------------------------------------------------------------------
@@ -413,15 +357,15 @@ def markdown(env: dict, rows: list[Row]) -> str:
         if r.notes.get("sparse_backend"):
             note = f"2:4 via {r.notes['sparse_backend']}" + (f"; {note}" if note else "")
         lines.append(
-            f"| {r.model} | {r.batch} | {r.stage} | {_fmt(r.encoder_img_s)} | {_fmt(r.e2e_img_s)} | {speedup} | "
-            f"{_fmt(r.peak_gib)} | {_fmt(r.first_call_s, 1)} | {note.replace('|', '/')} |"
+            f"| {r.model} | {r.batch} | {r.stage} | {fmt(r.encoder_img_s)} | {fmt(r.e2e_img_s)} | {speedup} | "
+            f"{fmt(r.peak_gib)} | {fmt(r.first_call_s, 1)} | {note.replace('|', '/')} |"
         )
     for r in rows:
         if r.notes.get("sparse_timings"):
             lines += ["", f"## 2:4 backends measured for {r.model} bs{r.batch} {r.stage} (one linear, M = 8192 tokens, us)", "",
                       "| linear N x K | dense | cuSPARSELt | CUTLASS |", "|---|---:|---:|---:|"]
             for shape, runs in r.notes["sparse_timings"].items():
-                cells = [_fmt(runs[k]["us"], 1) if runs[k]["error"] is None else f"error: {runs[k]['error'][:80]}"
+                cells = [fmt(runs[k]["us"], 1) if runs[k]["error"] is None else f"error: {runs[k]['error'][:80]}"
                          for k in ("dense", "cusparselt", "cutlass")]
                 lines.append(f"| {shape} | " + " | ".join(c.replace("|", "/") for c in cells) + " |")
         for part, top in r.notes.get("profile", {}).items():

@@ -14,6 +14,7 @@ import argparse
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from samfast import build_sam
 from tinysam.train import (
     BatchSampler,
     DeviceData,
@@ -22,7 +23,6 @@ from tinysam.train import (
     make_optimizer,
     prepare_for_training,
 )
-from samfast import build_sam
 
 PHASES = ("encoder", "decoder", "loss", "backward", "optimizer")  # train_step's profiler labels
 

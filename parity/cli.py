@@ -14,18 +14,18 @@ import shlex
 import subprocess
 import sys
 import tempfile
-from dataclasses import fields
 from pathlib import Path
 
 import torch
 
-from parity import golden as golden_io
-from parity.amg.generate import AmgParams
 from parity.checks.budgets import BudgetError
-from parity.data import DataError, load_coco, load_dataset
-from parity.distributed import DEFAULT_TIMEOUT_S, RankFailure, start, stop
-from parity.settings import DataNotFoundError
-from parity.store import GoldenError
+from parity.golden import manifest as golden_io
+from parity.golden.data import DataError, load_coco, load_dataset
+from parity.golden.distributed import DEFAULT_TIMEOUT_S, RankFailure, start, stop
+from parity.golden.settings import DataNotFoundError
+from parity.golden.store import GoldenError
+from parity.tasks.registry import DEFAULT_TASK, TASKS
+from parity.tasks.task import positive_int
 from samfast import CheckpointError, InputError, StageError
 from samfast.checkpoint import resolve_checkpoint
 from samfast.config import MODEL_TYPES
@@ -72,16 +72,6 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
 def _seed(text: str) -> int:
     try:
         value = int(text)
@@ -124,32 +114,29 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", default="scenes", help="coco-mini, scenes (embedded, the default) or a folder")
     parser.add_argument("--coco-root", type=Path, help="folder of COCO images (e.g. coco/val2017); with --ann-file")
     parser.add_argument("--ann-file", type=Path, help="COCO instances json (e.g. instances_val2017.json)")
-    parser.add_argument("--limit", type=_positive_int, help="first N images by image id")
+    parser.add_argument("--limit", type=positive_int, help="first N images by image id")
     parser.add_argument("--prompt", choices=("point", "box"), default="point")
     parser.add_argument("--device", type=_device, help="cpu, cuda or cuda:N (default: cuda when available)")
-    parser.add_argument("--batch-size", type=_positive_int, default=8)
-    parser.add_argument("--nproc", type=_positive_int, metavar="N",
+    parser.add_argument("--batch-size", type=positive_int, default=8)
+    parser.add_argument("--nproc", type=positive_int, metavar="N",
                         help="share the work among N processes, one per GPU (gloo ranks on a CPU): runs this "
                         "command under `torchrun --standalone --nproc-per-node N`; same golden, same figures")
     parser.add_argument("--collective-timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
                         help="under torchrun: how long a rank waits for the others at a batch boundary "
                         f"(default {DEFAULT_TIMEOUT_S:g}; longer than the slowest first batch, compile included)")
-    parser.add_argument("--task", choices=("point", "amg"), default="point",
-                        help="point: one prompt per annotation (default); amg: segment everything (parity.amg)")
-    amg = parser.add_argument_group("segment everything (--task amg only; defaults: the reference generator's)")
-    for f in fields(AmgParams):
-        amg.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), metavar=type(f.default).__name__.upper())
-    amg.add_argument("--points-per-batch", type=_positive_int, help="points per decoder call (splits work; masks do not change)")
+    parser.add_argument("--task", choices=tuple(TASKS), default=DEFAULT_TASK,
+                        help="; ".join(f"{task.name}: {task.help}" for task in TASKS.values()))
+    for task in TASKS.values():
+        parser.set_defaults(**{f"_flags_of_{task.name}": task.add_arguments(parser)})
 
 
-def _amg_params(args, parser: argparse.ArgumentParser) -> AmgParams:
-    """The generator's parameters, refused (exit 2) where they cannot apply."""
-    given = {f.name: getattr(args, f.name) for f in fields(AmgParams) if getattr(args, f.name) is not None}
-    if args.task != "amg" and (given or args.points_per_batch is not None):
-        parser.error("generator parameters (--points-per-side etc.) go with --task amg")
-    if args.task == "amg" and args.nproc not in (None, 1):
-        parser.error("--task amg runs in one process; drop --nproc")
-    return AmgParams(**given)
+def _refuse_other_tasks_flags(args, parser: argparse.ArgumentParser) -> None:
+    """A flag of one task given with another is a mistake (exit 2), not silently ignored."""
+    for task in TASKS.values():
+        given = [f"--{dest.replace('_', '-')}" for dest in getattr(args, f"_flags_of_{task.name}")
+                 if getattr(args, dest) is not None]
+        if task.name != args.task and given:
+            parser.error(f"{', '.join(given)} go with --task {task.name}")
 
 
 def check_writable(folder: Path, flag: str) -> None:
@@ -196,11 +183,13 @@ def main(argv: list[str] | None = None) -> int:
     command_parser = golden if args.command == "golden" else check
     if bool(args.coco_root) != bool(args.ann_file):
         command_parser.error("--coco-root and --ann-file go together")
-    params = _amg_params(args, command_parser)
+    task = TASKS[args.task]
+    _refuse_other_tasks_flags(args, command_parser)
+    task.validate(args, command_parser)
     if args.nproc is not None and args.nproc != 1:
         return _under_torchrun(args.nproc, sys.argv[1:] if argv is None else list(argv))
 
-    from parity.runner import ModelSource
+    from parity.tasks.source import ModelSource
 
     try:  # bad input found before any process group, model or data exists
         if args.command == "golden":
@@ -211,12 +200,10 @@ def main(argv: list[str] | None = None) -> int:
     except BAD_INPUT_ERRORS as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    if args.task == "amg":
-        return _main_amg(args, params)
     # Under torchrun every rank runs this; rank 0 alone writes the golden or the reports.
     ranks, device = start(args.device, args.collective_timeout)
     try:
-        return _run(args, source, ranks, device)
+        return _run(task, args, source, ranks, device)
     except RankFailure as err:
         if ranks.is_main or not err.agreed:  # an agreed failure is said once, by rank 0
             print(f"error: {err}", file=sys.stderr)
@@ -250,20 +237,15 @@ def _under_torchrun(nproc: int, argv: list[str]) -> int:
     return subprocess.call(command)
 
 
-def _run(args, source, ranks, device) -> int:
-    from parity.runner import make_golden, run_check
-
+def _run(task, args, source, ranks, device) -> int:
     dataset, data_args = _dataset(args)
     if args.command == "golden":
-        folder = make_golden(source, dataset, prompt=args.prompt, device=device,
-                             batch_size=args.batch_size, root=args.golden_root, ranks=ranks)
-        if ranks.is_main:
-            print(f"golden written: {folder} ({dataset.num_annotations} annotations)")
+        written = task.make_golden(args, source, dataset, device, ranks)
+        if written:
+            print(written)
         return 0
     stages = args.stages or (DEFAULT_GPU_STAGES if device.type == "cuda" else DEFAULT_CPU_STAGES)
-    outcome = run_check(source, dataset, stages, data_args=data_args, prompt=args.prompt, device=device,
-                        batch_size=args.batch_size, golden=args.golden, report_dir=args.report_dir, ranks=ranks,
-                        require_gpu=args.require_gpu)
+    outcome = task.run_check(args, source, dataset, data_args, stages, device, ranks)
     verdict = None
     if outcome:
         results, paths = outcome
@@ -271,29 +253,3 @@ def _run(args, source, ranks, device) -> int:
         print("reports: " + ", ".join(str(p) for p in paths.values()))
         verdict = 1 if any(r.blocks for r in results) else 0  # a stage not exercised fails only with --require-gpu
     return ranks.from_main(verdict)  # every rank exits with rank 0's verdict
-
-
-def _main_amg(args, params: AmgParams) -> int:
-    """--task amg: the same commands for segment everything (parity.amg), kept apart from the point task."""
-    from parity.amg import runner as amg_runner
-    from parity.runner import ModelSource
-
-    batch = {"points_per_batch": args.points_per_batch} if args.points_per_batch else {}
-    try:
-        source = ModelSource(args.model, resolve_checkpoint(args.checkpoint) if args.checkpoint else None, args.seed)
-        dataset, data_args = _dataset(args)
-        if args.command == "golden":
-            folder = amg_runner.make_golden(source, dataset, params, device=args.device, root=args.golden_root, **batch)
-            print(f"AMG golden written: {folder} ({len(dataset.samples)} images)")
-            return 0
-        on_gpu = (args.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
-        stages = args.stages or (DEFAULT_GPU_STAGES if on_gpu else DEFAULT_CPU_STAGES)
-        results, paths = amg_runner.run_check(source, dataset, stages, params, data_args=data_args, device=args.device,
-                                              golden=args.golden, report_dir=args.report_dir / "amg",
-                                              require_gpu=args.require_gpu, **batch)
-    except BAD_INPUT_ERRORS as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    print(paths["report.md"].read_text())
-    print("reports: " + ", ".join(str(p) for p in paths.values()))
-    return 1 if any(r.blocks for r in results) else 0  # a stage not exercised fails only with --require-gpu

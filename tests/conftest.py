@@ -1,14 +1,14 @@
 """Suite-wide switches and the gate's plumbing.
 
 * GPU layers skip without CUDA unless --require-gpu turns skips into failures.
-* xdist workers each take one GPU (CUDA_VISIBLE_DEVICES, set before CUDA initialises): parity.gate_devices.
+* xdist workers each take one GPU (CUDA_VISIBLE_DEVICES, set before CUDA initialises): parity.gate.devices.
 * the persistent compile cache is validated and switched on unless a parent process (parity.gate) did:
-  parity.compile_cache; sealed at the end of a run that finished.
+  parity.gate.compile_cache; sealed at the end of a run that finished.
 * `model_cache`: one build per (model, stage, batch, compile mode, device) for the whole session:
-  parity.gate_models.
+  parity.gate.models.
 * --gate-time PATH: per-test seconds and compile seconds (from xdist workers in their reports), written as
-  each test ends: parity.gate_time.
-* under the gate (SAMFAST_TEST_TIMES), the slowest tests of its previous run start first: parity.run_order.
+  each test ends: parity.gate.timing.
+* under the gate (SAMFAST_TEST_TIMES), the slowest tests of its previous run start first: parity.gate.run_order.
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from parity import compile_cache, gate_time, run_order, vec_isa
-from parity.gate_devices import WORKERS_PER_GPU_ENV, gpu_for_worker, visible_gpus
+from parity.gate import compile_cache, run_order, vec_isa
+from parity.gate import timing as gate_time
+from parity.gate.devices import WORKERS_PER_GPU_ENV, gpu_for_worker, visible_gpus
 
 
 def pytest_addoption(parser):
@@ -40,7 +41,7 @@ def pytest_addoption(parser):
         action="store_true",
         help="time every (model, stage, batch) row of parity/budgets.toml, not only the rows that gate PRs",
     )
-    parser.addoption("--gate-time", metavar="PATH", type=Path, help="write per-test timings (JSON) for parity.gate's table")
+    parser.addoption("--gate-time", metavar="PATH", type=Path, help="write per-test timings (JSON) for the gate's table")
 
 
 def _is_worker(config) -> bool:
@@ -162,8 +163,8 @@ def _kernels_with(monkeypatch, interpret: bool):
 
 @pytest.fixture(scope="session")
 def model_cache():
-    """Shared built models (eval + no_grad use only; see parity.gate_models). Fails at the end if one was changed."""
-    from parity.gate_models import ModelCache
+    """Shared built models (eval + no_grad use only; see parity.gate.models). Fails at the end if one was changed."""
+    from parity.gate.models import ModelCache
 
     cache = ModelCache()
     yield cache
@@ -172,7 +173,7 @@ def model_cache():
 
 @pytest.fixture(scope="session")
 def data_root():
-    from parity.settings import DataNotFoundError, data_root
+    from parity.golden.settings import DataNotFoundError, data_root
 
     try:
         return data_root()

@@ -22,10 +22,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from parity.data import load_dataset  # noqa: E402
-from parity.html_report import CHROMIUM_INSTALL, find_chromium, screenshot  # noqa: E402
-from parity.report import write_reports  # noqa: E402
-from parity.runner import ModelSource, make_golden, run_check  # noqa: E402
+from parity.golden.data import load_dataset  # noqa: E402
+from parity.report.html import CHROMIUM_INSTALL, find_chromium, screenshot  # noqa: E402
+from parity.tasks.point.report import write_reports  # noqa: E402
+from parity.tasks.point.runner import make_golden, run_check  # noqa: E402
+from parity.tasks.source import ModelSource  # noqa: E402
 from samfast.checkpoint import NAMED_CHECKPOINTS  # noqa: E402
 from samfast.quantize import encoder_linears, prune_2_4  # noqa: E402
 

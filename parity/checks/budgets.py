@@ -78,7 +78,7 @@ def load_budgets(path: str | Path | None = None) -> dict[tuple[str, str, str, in
 
     budgets = {}
     for gpu, models in data.items():
-        if gpu in ("accuracy", "amg"):  # accuracy thresholds, read by parity.check and parity.amg.check
+        if gpu in ("accuracy", "amg"):  # accuracy thresholds, read by parity.compare.gates and parity.tasks.amg.compare
             continue
         if gpu not in GPU_KEYS:
             raise fail(f"[{gpu}]", f"unknown GPU key; use one of {', '.join(GPU_KEYS)}")

@@ -32,7 +32,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from parity.gate_devices import gpu_names
+from parity.gate.devices import gpu_names
 
 STAMP = "stamp.json"
 ENV_ACTIVE = "SAMFAST_CACHE_ACTIVE"  # set by activate(): child processes use the folder as it is

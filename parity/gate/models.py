@@ -23,7 +23,7 @@ tell that from a real recompile (measured on the H100: every compiled stage afte
 its clean-compile check that way). So handing out a compiled model other than the active one resets
 dynamo and warms the model up again (one predict_batch outside any test's watch): each test sees
 dynamo as a fresh build would leave it. The model is still built and quantized once; the re-compile
-is served by inductor's FX-graph cache (parity.compile_cache), and `Entry.warmup` holds what the
+is served by inductor's FX-graph cache (parity.gate.compile_cache), and `Entry.warmup` holds what the
 latest warm-up compiled (graphs, graph breaks, recompiles) for the tests that assert on it.
 """
 
@@ -41,8 +41,8 @@ import numpy as np
 import torch
 
 import samfast
-from parity import gate_time
 from parity.checks.compile import CompileWatch, watch
+from parity.gate import timing as gate_time
 from samfast.stages import canonical_name, parse_stages
 
 # Every stage of a model type compiles the same code objects (encoder forward, predict_masks);

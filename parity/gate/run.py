@@ -2,7 +2,7 @@
 
     python -m parity.gate [--require-gpu] [--perf-matrix] [--workers-per-gpu N] [--workers N] [--cpu-workers N] [CHECK ARGS ...]
 
-1. the persistent compile cache is validated and switched on (parity.compile_cache) before any
+1. the persistent compile cache is validated and switched on (parity.gate.compile_cache) before any
    child process starts, so pytest and the check both read and fill it;
 2. at the same time, each in its own process (compiling is CPU work, and the GPU has room for all):
    - the tests marked gpu (`pytest -m gpu`, perf aside): with pytest-xdist installed, 3 workers per
@@ -11,7 +11,7 @@
    - every other test (`pytest -m "not gpu"`: unit, parity on vit_tiny, the CPU compile checks) with
      CUDA hidden, over a few xdist workers, exactly as the CPU job runs them;
    - `python -m parity check` on the embedded default (CHECK ARGS override, e.g. --stages fp32 bf16)
-     and `python -m parity check --task amg` (segment everything, parity.amg) on its embedded
+     and `python -m parity check --task amg` (segment everything, parity.tasks.amg) on its embedded
      default, every default GPU stage when there is a GPU (the pytest test that runs the same is
      then left to this step). Not inside pytest: their models (the trained vit_tiny) are not the
      GPU layers' (vit_b and vit_h, seeded), so they would share no build, and their exit codes keep
@@ -41,11 +41,12 @@ import threading
 import time
 from pathlib import Path
 
-from parity import compile_cache, gate_time, run_order, vec_isa
-from parity.amg.embedded import EMBEDDED as EMBEDDED_AMG
-from parity.amg.embedded import EMBEDDED_GOLDEN as EMBEDDED_AMG_ALL_STAGES
-from parity.gate_devices import WORKERS_PER_GPU_ENV, visible_gpus
-from parity.report import REPORT_FILES
+from parity.gate import compile_cache, run_order, vec_isa
+from parity.gate import timing as gate_time
+from parity.gate.devices import WORKERS_PER_GPU_ENV, visible_gpus
+from parity.report.verdicts import REPORT_FILES
+from parity.tasks.amg.embedded import EMBEDDED as EMBEDDED_AMG
+from parity.tasks.amg.embedded import EMBEDDED_GOLDEN as EMBEDDED_AMG_ALL_STAGES
 
 # Everything a gate run leaves in its report folder (the workflow uploads these).
 # The gate's three pytest runs, in the order their layers appear in the table.
@@ -328,7 +329,3 @@ def main(argv: list[str] | None = None) -> int:
             gate_time.write_tests(times, tests)
         compile_cache.seal(cache)
     return verdict(list(codes.values()), check_code)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Hashable, Sequence, TypeVar
 
-from parity import gate_time
+from parity.gate import timing as gate_time
 
 TIMES_ENV = "SAMFAST_TEST_TIMES"
 TIMES_FILE = "test-times.json"

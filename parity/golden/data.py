@@ -6,7 +6,7 @@ folder on disk, or the scenes held in memory). Masks and images are decoded only
 is read, so pointing at val2017 (36k annotations) costs an index, not gigabytes of masks.
 
 Bad data is a DataError naming the file and the item, never a traceback from pycocotools or PIL:
-the whole annotation file is checked up front (parity.coco_format), image paths are confined to
+the whole annotation file is checked up front (parity.golden.coco_format), image paths are confined to
 the image folder, and each image is checked as it is read (decodable, of a known value range,
 of the size its annotations say).
 """
@@ -25,9 +25,9 @@ import numpy as np
 from pycocotools import mask as mask_utils
 from pycocotools.coco import COCO
 
-from parity.coco_format import DataError, check_coco
-from parity.scenes import generate_scenes
-from parity.settings import DATA_ENV, DataNotFoundError, dataset_dir
+from parity.golden.coco_format import DataError, check_coco
+from parity.golden.scenes import generate_scenes
+from parity.golden.settings import DATA_ENV, DataNotFoundError, dataset_dir
 from samfast import transforms
 
 __all__ = ["DataError", "DataNotFoundError", "Dataset", "Sample", "load_coco", "load_dataset"]

@@ -27,7 +27,7 @@ def data_root() -> Path:
                 "holds coco-mini/ and sam-demo/ (e.g. export SAMFAST_DATA=../shared/data)."
             )
         return root
-    beside_checkout = Path(__file__).resolve().parents[2] / "shared" / "data"
+    beside_checkout = Path(__file__).resolve().parents[3] / "shared" / "data"
     if beside_checkout.is_dir():
         return beside_checkout
     raise DataNotFoundError(

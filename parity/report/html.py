@@ -20,8 +20,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from parity.check import NEAR_FAILING, StageResult
-from parity.report import fmt, overall_verdict, stage_verdict, stages_to_show
+from parity.compare.gates import NEAR_FAILING, StageResult
+from parity.report.verdicts import fmt, overall_verdict, stage_verdict, stages_to_show
 
 CHROMIUM_INSTALL = "apt-get install -y chromium"
 WINDOW = (1280, 2000)
@@ -199,7 +199,3 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"wrote {png}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

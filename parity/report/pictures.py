@@ -1,12 +1,10 @@
 """One picture of a disagreement between golden and stage masks: what a reviewer looks at instead of ids.
 
     png = mask_comparison_png(image, golden_mask, stage_mask, point=(x, y), title="ann 17: IoU 0.41")
-    png = amg_comparison_png(image, golden_masks, stage_masks, pairs, title="image 3: 2 lost")
 
-Four panels: the image (a crop around both masks, with the prompt), the golden mask(s), the stage's
-mask(s), and their difference (green: golden only, red: stage only, white: both). For segment
-everything the panels show the whole image, each matched pair in one colour of its own, a golden
-mask with no match (lost) and a stage mask with no match (new) in plain red.
+Four panels: the image (a crop around both masks, with the prompt), the golden mask, the stage's
+mask, and their difference (green: golden only, red: stage only, white: both). The panel sheet,
+difference and PNG helpers serve every task's pictures (segment everything's: parity/tasks/amg/pictures.py).
 """
 
 from __future__ import annotations
@@ -42,7 +40,7 @@ def _tint(rgb: np.ndarray, mask: np.ndarray, color) -> np.ndarray:
     return out.astype(np.uint8)
 
 
-def _difference(rgb: np.ndarray, golden: np.ndarray, stage: np.ndarray) -> np.ndarray:
+def difference(rgb: np.ndarray, golden: np.ndarray, stage: np.ndarray) -> np.ndarray:
     out = (rgb.astype(np.float32) * 0.25).astype(np.uint8)
     out[golden & stage] = BOTH
     out[golden & ~stage] = GOLDEN_ONLY
@@ -50,20 +48,7 @@ def _difference(rgb: np.ndarray, golden: np.ndarray, stage: np.ndarray) -> np.nd
     return out
 
 
-# Matched AMG pairs, one colour each (a pair shares its colour), none of them near UNMATCHED's red.
-PALETTE = [(60, 120, 255), (0, 200, 200), (250, 220, 40), (170, 80, 220), (120, 200, 60), (230, 230, 230),
-           (20, 90, 60)]
-UNMATCHED = (230, 40, 40)
-
-
-def _paint(rgb: np.ndarray, masks: list[np.ndarray], colors: list[tuple]) -> np.ndarray:
-    out = rgb.astype(np.float32) * 0.45
-    for mask, color in zip(masks, colors):  # stronger than _tint: the colours tell the masks apart
-        out[mask] = 0.2 * rgb[mask] + 0.8 * np.asarray(color, np.float32)
-    return out.astype(np.uint8)
-
-
-def _sheet(panels: list[np.ndarray], labels: tuple[str, ...], title: str):
+def panel_sheet(panels: list[np.ndarray], labels: tuple[str, ...], title: str):
     """The panels side by side under their labels and a title: (sheet, draw, scale, inset, top), where a
     panel pixel (x, y) lands at (left + inset + x * scale, top + y * scale)."""
     h, w = panels[0].shape[:2]
@@ -84,13 +69,13 @@ def _sheet(panels: list[np.ndarray], labels: tuple[str, ...], title: str):
     return sheet, draw, scale, inset, title_height + LABEL_HEIGHT
 
 
-def _png_bytes(sheet: Image.Image) -> bytes:
+def png_bytes(sheet: Image.Image) -> bytes:
     buffer = io.BytesIO()
     sheet.save(buffer, format="PNG", optimize=True)
     return buffer.getvalue()
 
 
-def _rgb(image: np.ndarray) -> np.ndarray:
+def as_rgb(image: np.ndarray) -> np.ndarray:
     return np.repeat(image[..., None], 3, axis=2) if image.ndim == 2 else np.asarray(image)[..., :3]
 
 
@@ -101,14 +86,14 @@ def mask_comparison_png(image: np.ndarray, golden: np.ndarray, stage: np.ndarray
     image: HxW or HxWx3 uint8; golden, stage: HxW bool; point (x, y) and box (x0, y0, x1, y1) in pixels.
     """
     golden, stage = np.asarray(golden, bool), np.asarray(stage, bool)
-    rgb = _rgb(image)
+    rgb = as_rgb(image)
     if not (rgb.shape[:2] == golden.shape == stage.shape):
         raise ValueError(f"image {rgb.shape[:2]}, golden mask {golden.shape} and stage mask {stage.shape} differ in size")
     x0, y0, x1, y1 = crop_box([golden, stage], point)
     crop = (slice(y0, y1), slice(x0, x1))
     panels = [rgb[crop], _tint(rgb[crop], golden[crop], (60, 120, 255)), _tint(rgb[crop], stage[crop], (255, 140, 0)),
-              _difference(rgb[crop], golden[crop], stage[crop])]
-    sheet, draw, scale, inset, top = _sheet(panels, ("image + prompt", "golden", "stage", "diff: green golden, red stage"), title)
+              difference(rgb[crop], golden[crop], stage[crop])]
+    sheet, draw, scale, inset, top = panel_sheet(panels, ("image + prompt", "golden", "stage", "diff: green golden, red stage"), title)
     for left in range(0, 4 * (PANEL + 4), PANEL + 4):  # the prompt on every panel
 
         def to_sheet(x, y):
@@ -119,24 +104,6 @@ def mask_comparison_png(image: np.ndarray, golden: np.ndarray, stage: np.ndarray
         if point is not None:
             px, py = to_sheet(point[0] + 0.5, point[1] + 0.5)  # the centre of the prompt's pixel
             draw.ellipse([px - 5, py - 5, px + 5, py + 5], fill=PROMPT_COLOR, outline=(0, 0, 0), width=2)
-    return _png_bytes(sheet)
+    return png_bytes(sheet)
 
 
-def amg_comparison_png(image: np.ndarray, golden: list[np.ndarray], stage: list[np.ndarray],
-                       pairs: list[tuple[int, int]], title: str = "") -> bytes:
-    """PNG bytes: image | the golden's masks | the stage's masks | difference of their unions, under `title`.
-
-    pairs: (golden index, stage index) of matched masks; each pair gets a colour of its own, masks
-    without a match are red in their panel.
-    """
-    rgb = _rgb(image)
-    if any(m.shape != rgb.shape[:2] for m in [*golden, *stage]):
-        raise ValueError(f"every mask must have the image's size {rgb.shape[:2]}")
-    golden_colors, stage_colors = [UNMATCHED] * len(golden), [UNMATCHED] * len(stage)
-    for n, (g, s) in enumerate(pairs):
-        golden_colors[g] = stage_colors[s] = PALETTE[n % len(PALETTE)]
-    empty = np.zeros(rgb.shape[:2], bool)
-    panels = [rgb, _paint(rgb, golden, golden_colors), _paint(rgb, stage, stage_colors),
-              _difference(rgb, np.logical_or.reduce([empty, *golden]), np.logical_or.reduce([empty, *stage]))]
-    labels = ("image", "golden (red: lost)", "stage (red: new)", "diff: green golden, red stage")
-    return _png_bytes(_sheet(panels, labels, title)[0])

@@ -3,7 +3,7 @@
 A kernel that cannot serve a call (no Triton, CPU tensors without TRITON_INTERPRET=1, a dtype or
 shape it does not handle, autograd) runs its PyTorch reference instead; the reason is counted in
 :data:`FALLBACK_COUNTS` and logged once, so a stage whose kernels silently stopped running shows
-up in the parity gate (parity.exercised) instead of passing on the slow path.
+up in the parity gate (parity.checks.exercised) instead of passing on the slow path.
 """
 
 from __future__ import annotations

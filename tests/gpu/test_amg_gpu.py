@@ -10,7 +10,7 @@ import torch
 
 import samfast
 from parity.checks.syncs import find_syncs, profile_region
-from parity.scenes import generate_scenes
+from parity.golden.scenes import generate_scenes
 from tests.planted import item_sync_in_decoder
 
 pytestmark = pytest.mark.gpu

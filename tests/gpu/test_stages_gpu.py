@@ -7,7 +7,7 @@ with no graph break and no recompile. The nt switch must give the per-image loop
 
 Compile mode is `default` here to keep compile time down; max-autotune changes kernel choice,
 not the graph, and is what bench.ladder times. Models come from the session's model cache
-(parity.gate_models), shared with tests/gpu/test_syncs_gpu.py: each stage is built and compiled
+(parity.gate.models), shared with tests/gpu/test_syncs_gpu.py: each stage is built and compiled
 once; the cache compiles it at build (its warm-up), so the tests here assert that this first
 compile was clean and that their own inputs then compile nothing new.
 """
@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 import torch
 
-from parity.check import load_thresholds, thresholds_for
 from parity.checks.compile import watch
-from parity.gate_models import xdist_group
+from parity.compare.gates import load_thresholds, thresholds_for
+from parity.gate.models import xdist_group
 from samfast import Prompts, SamPredictor
 from samfast.stages import FP8, LADDER, SPARSE_WITHOUT_INT8, StageError, parse_stages
 

@@ -13,7 +13,7 @@ import pytest
 
 import samfast
 from parity.checks.syncs import assert_no_syncs, find_syncs, profile_region
-from parity.gate_models import xdist_group
+from parity.gate.models import xdist_group
 from samfast import Prompts
 from samfast.stages import FP8, LADDER, SPARSE_WITHOUT_INT8
 from tests.planted import item_sync_in_decoder

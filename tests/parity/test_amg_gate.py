@@ -10,15 +10,15 @@ import pytest
 import torch
 from PIL import Image
 
-from parity.amg import golden as amg_golden
-from parity.amg import runner as amg_runner
-from parity.amg.generate import AmgParams, Generated
-from parity.amg.report import picture_name
-from parity.amg.embedded import EMBEDDED_GOLDEN
 from parity.cli import DEFAULT_GPU_STAGES, main
-from parity.data import load_dataset
-from parity.pictures import PANEL
-from parity.runner import ModelSource
+from parity.golden.data import load_dataset
+from parity.report.pictures import PANEL
+from parity.tasks.amg import golden as amg_golden
+from parity.tasks.amg import runner as amg_runner
+from parity.tasks.amg.embedded import EMBEDDED_GOLDEN
+from parity.tasks.amg.generate import AmgParams, Generated
+from parity.tasks.amg.report import picture_name
+from parity.tasks.source import ModelSource
 from samfast.checkpoint import NAMED_CHECKPOINTS
 
 # One generated scene, a 3x3 grid: a few seconds per generation on the CPU.

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from PIL import Image
 
-from parity.data import load_coco, load_dataset
-from parity.distributed import KILL_AFTER_ENV, Ranks, WorkFolder, encode_record, read_records
-from parity.runner import ModelSource, make_golden
-from parity.scenes import generate_scenes
+from parity.golden.data import load_coco, load_dataset
+from parity.golden.distributed import KILL_AFTER_ENV, Ranks, WorkFolder, encode_record, read_records
+from parity.golden.scenes import generate_scenes
+from parity.tasks.point.runner import make_golden
+from parity.tasks.source import ModelSource
 from tests.child_env import child_env
 
 REPO = Path(__file__).resolve().parents[2]

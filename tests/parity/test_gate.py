@@ -8,9 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from parity import golden as golden_io
-from parity.data import load_dataset
-from parity.runner import ModelSource, make_golden, run_check
+from parity.golden import manifest as golden_io
+from parity.golden.data import load_dataset
+from parity.tasks.point import golden as point_golden
+from parity.tasks.point.runner import make_golden, run_check
+from parity.tasks.source import ModelSource
 
 LIMIT = 2  # two generated scenes: 18 annotations, a few seconds per stage on the CPU
 
@@ -37,7 +39,7 @@ def checkpoint_file(tmp_path_factory):
 
 
 def test_golden_round_trip(synthetic_golden, scenes):
-    manifest, outputs = golden_io.read_golden(synthetic_golden)
+    manifest, outputs = point_golden.read_golden(synthetic_golden)
     assert manifest["model_type"] == "vit_tiny"
     assert manifest["dataset_fingerprint"] == scenes.fingerprint
     assert manifest["prompt_policy"] == "centre-point-v1"
@@ -142,7 +144,7 @@ def test_failed_regeneration_keeps_the_old_golden(synthetic_golden, scenes, monk
     ("bf16+compile+sdpa+triton+nt+sparse", "sparse"),
 ])
 def test_stage_is_held_to_the_precision_it_runs_in(stages, precision):
-    from parity.check import load_thresholds, thresholds_for
+    from parity.compare.gates import load_thresholds, thresholds_for
 
     thresholds = load_thresholds()
     assert thresholds_for(stages, thresholds) is thresholds[precision]
@@ -150,7 +152,8 @@ def test_stage_is_held_to_the_precision_it_runs_in(stages, precision):
 
 
 def _outputs(scores: list[float], masks: list[np.ndarray]):
-    from parity.evaluate import AnnotationOutput, StageOutputs, encode_rle
+    from parity.golden.rle import encode_rle
+    from parity.tasks.point.evaluate import AnnotationOutput, StageOutputs
 
     ann = AnnotationOutput(ann_id=1, image_id=1, category_id=1, scores=scores, best=int(np.argmax(scores)),
                            rles=[encode_rle(m) for m in masks], gt_iou=0.5)
@@ -162,7 +165,8 @@ def _outputs(scores: list[float], masks: list[np.ndarray]):
     ([0.900, 0.500, 0.30], False),  # a clear winner: choosing mask 1 is an error
 ])
 def test_best_mask_flip_is_forgiven_only_on_a_near_tie(golden_scores, passes):
-    from parity.check import compare, load_thresholds, thresholds_for
+    from parity.compare.gates import load_thresholds, thresholds_for
+    from parity.tasks.point.compare import compare
 
     masks = [np.zeros((32, 32), bool) for _ in range(3)]
     masks[0][:16], masks[1][16:], masks[2][:, :4] = True, True, True  # three disjoint masks

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from parity import store
+from parity.golden import store
 
 REPO = Path(__file__).resolve().parents[2]
 REGENERATE = "python -m parity golden --model vit_tiny --data scenes"
@@ -172,7 +172,7 @@ def test_disk_full_keeps_the_old_golden_and_no_leftovers(tmp_path, monkeypatch):
 WRITER = textwrap.dedent("""
     import hashlib, json, os, signal, sys
     from pathlib import Path
-    from parity import store
+    from parity.golden import store
 
     folder, kill_at, torn, tag = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "torn", sys.argv[4]
     inner, steps = store._fs, []
@@ -251,7 +251,7 @@ def test_previous_writers_staging_folders_are_removed(tmp_path):
 HOLDER = textwrap.dedent("""
     import sys
     from pathlib import Path
-    from parity import store
+    from parity.golden import store
     with store._locked(Path(sys.argv[1]), shared=False, wait_s=0):
         print("locked", flush=True)
         sys.stdin.readline()
@@ -279,8 +279,8 @@ def test_second_writer_is_refused_naming_the_holder(tmp_path, monkeypatch):
 
 def _gate_golden():
     """vit_tiny trained on one scene: real masks, a few seconds on the CPU."""
-    from parity.data import load_dataset
-    from parity.runner import ModelSource
+    from parity.golden.data import load_dataset
+    from parity.tasks.source import ModelSource
     from samfast.checkpoint import resolve_checkpoint
 
     return ModelSource("vit_tiny", resolve_checkpoint("trained")), load_dataset("scenes", limit=1)
@@ -288,7 +288,7 @@ def _gate_golden():
 
 @pytest.fixture(scope="module")
 def small_golden(tmp_path_factory) -> Path:
-    from parity.runner import make_golden
+    from parity.tasks.point.runner import make_golden
 
     source, dataset = _gate_golden()
     return make_golden(source, dataset, device="cpu", root=tmp_path_factory.mktemp("golden"))
@@ -312,12 +312,12 @@ def check_args(golden: Path, tmp_path: Path) -> list[str]:
 
 def _rewrite(folder: Path, change) -> None:
     """Re-publish the golden's outputs after `change(outputs)`: checksums valid, contents bad."""
-    from parity import golden as golden_io
+    from parity.tasks.point import golden as point_golden
 
-    manifest, outputs = golden_io.read_golden(folder)
+    manifest, outputs = point_golden.read_golden(folder)
     change(outputs)
     manifest = {k: v for k, v in manifest.items() if k != "files"}
-    golden_io.write_golden(folder, outputs, manifest)
+    point_golden.write_golden(folder, outputs, manifest)
 
 
 def _edit_scores(folder: Path) -> None:
@@ -389,7 +389,7 @@ def test_exit_2_through_python_m_parity(small_golden, tmp_path):
 
 
 def test_regenerating_gives_identical_bytes_and_normal_modes(small_golden, tmp_path):
-    from parity.runner import make_golden
+    from parity.tasks.point.runner import make_golden
 
     source, dataset = _gate_golden()
     again = make_golden(source, dataset, device="cpu", root=tmp_path)

@@ -5,12 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from parity import golden as golden_io
+from parity.checks.exercised import watch_switches
 from parity.cli import main
-from parity.data import load_dataset
-from parity.exercised import watch_switches
-from parity.report import REPORT_FILES
-from parity.runner import ModelSource, make_golden, run_check
+from parity.golden import manifest as golden_io
+from parity.golden.data import load_dataset
+from parity.report.verdicts import REPORT_FILES
+from parity.tasks.point.runner import make_golden, run_check
+from parity.tasks.source import ModelSource
 from samfast import kernels
 
 

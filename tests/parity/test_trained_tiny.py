@@ -7,11 +7,14 @@ import json
 import numpy as np
 
 import samfast
-from parity import golden as golden_io
-from parity.data import load_dataset
-from parity.evaluate import decode_rle, evaluate
-from parity.metrics import mask_iou
-from parity.runner import ModelSource, golden_folder
+from parity.compare.metrics import mask_iou
+from parity.golden import manifest as golden_io
+from parity.golden.data import load_dataset
+from parity.golden.rle import decode_rle
+from parity.tasks.point import golden as point_golden
+from parity.tasks.point.evaluate import evaluate
+from parity.tasks.point.runner import golden_folder
+from parity.tasks.source import ModelSource
 from samfast.checkpoint import NAMED_CHECKPOINTS
 
 SCORE_ATOL = 1e-3  # the golden was made on another CPU: fp32 rounding of reordered additions
@@ -28,7 +31,7 @@ def test_trained_model_reproduces_its_committed_golden():
     dataset = load_dataset("scenes")
     source = ModelSource("vit_tiny", NAMED_CHECKPOINTS["trained"])
     folder = golden_folder(source, source.sha256(), dataset, "point")
-    manifest, golden = golden_io.read_golden(folder)
+    manifest, golden = point_golden.read_golden(folder)
     assert manifest["masks_meaningful"] is True
     first_two = load_dataset("scenes", limit=2)  # a few annotations keep this test quick
     ours = evaluate(samfast.build_sam("vit_tiny", checkpoint="trained", device="cpu"), first_two)

@@ -14,7 +14,7 @@ import torch
 
 import samfast
 from parity.checks.compile import watch
-from parity.gate_models import ModelCache
+from parity.gate.models import ModelCache
 
 pytestmark = pytest.mark.slow
 

@@ -17,7 +17,7 @@ from PIL import Image
 from pycocotools import mask as mask_utils
 
 import samfast
-from parity.scenes import generate_scenes
+from parity.golden.scenes import generate_scenes
 from samfast.amg import grids, masks, rle
 from tests.reference import reference_sam
 

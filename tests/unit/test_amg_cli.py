@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 from pycocotools import mask as mask_utils
 
-from parity.scenes import generate_scenes
+from parity.golden.scenes import generate_scenes
 from samfast.amg.__main__ import main as amg_main
 
 REPO = Path(__file__).resolve().parents[2]

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from pycocotools import mask as mask_utils
 
-from parity.amg.check import compare
-from parity.amg.matching import match_image, summarize
-from parity.check import load_thresholds
+from parity.compare.gates import load_thresholds
+from parity.tasks.amg.compare import compare
+from parity.tasks.amg.matching import match_image, summarize
 
 HEIGHT, WIDTH = 96, 128
 # Five disjoint rectangles (y0, y1, x0, x1) of varied sizes, like one image's generated masks.

@@ -16,13 +16,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 import torch
 from PIL import Image
 
 import samfast
 from parity import cli
-from parity.data import DataError, load_coco
+from parity.golden.data import DataError, load_coco
 from samfast import CheckpointError, InputError, Prompts
 from tests.child_env import child_env
 
@@ -395,8 +394,8 @@ def test_python_m_parity_prints_one_line_and_exits_2(subprocess_runs, case):
 def test_a_damaged_budgets_file_is_bad_input_but_a_defect_of_ours_is_not(tmp_path, capsys, monkeypatch):
     """Exit 2 means bad input only: a budgets.toml that is not TOML says so in one line, while a plain
     ValueError from our own code keeps its traceback (exit 1) instead of passing for bad input."""
-    from parity import runner
-    from parity.check import load_thresholds
+    from parity.compare.gates import load_thresholds
+    from parity.tasks.point import runner
 
     broken = tmp_path / "budgets.toml"
     broken.write_text("[accuracy.fp32\nmin_mean_iou = ")

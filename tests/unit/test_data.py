@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from parity.data import BOX_POLICY, PROMPT_POLICY, centre_point, load_coco, load_dataset, mask_box
-from parity.settings import DataNotFoundError
+from parity.golden.data import BOX_POLICY, PROMPT_POLICY, centre_point, load_coco, load_dataset, mask_box
+from parity.golden.settings import DataNotFoundError
 
 # sha256 of coco-mini's annotation json, all 21 images and the prompt policies: the same on
 # every machine; it changes only when the data or the prompt policy changes (then update it).

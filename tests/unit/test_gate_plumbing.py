@@ -14,9 +14,11 @@ from types import SimpleNamespace
 
 import pytest
 
-
-from parity import compile_cache, gate_time, run_order
-from parity.gate import (
+from parity.gate import compile_cache, run_order
+from parity.gate import timing as gate_time
+from parity.gate.devices import WorkerAssignmentError, gpu_for_worker, visible_gpus
+from parity.gate.models import ModelCache, SharedModelMutated, make_key
+from parity.gate.run import (
     COVERED_BY_GPU_CHECKS,
     MAX_CPU_WORKERS,
     PERF_CORES,
@@ -34,8 +36,6 @@ from parity.gate import (
     split_cores,
     verdict,
 )
-from parity.gate_devices import WorkerAssignmentError, gpu_for_worker, visible_gpus
-from parity.gate_models import ModelCache, SharedModelMutated, make_key
 from tests.child_env import child_env
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -230,8 +230,8 @@ def test_perf_early_keeps_cores_of_its_own_and_pins_every_other_step_off_them(tm
 
 
 def stand_in_steps(monkeypatch, tmp_path, cpu=(sys.executable, "-c", "pass"), perf=(sys.executable, "-c", "pass")):
-    """parity.gate with stand-in pytest steps, no checks, no GPU and a compile cache of its own."""
-    import parity.gate as gate
+    """parity.gate.run with stand-in pytest steps, no checks, no GPU and a compile cache of its own."""
+    import parity.gate.run as gate
 
     monkeypatch.setattr(gate, "pytest_commands", lambda *args, **kwargs: {
         "gpu": [sys.executable, "-c", "pass"], "cpu": list(cpu), "perf": list(perf)})
@@ -245,7 +245,7 @@ def stand_in_steps(monkeypatch, tmp_path, cpu=(sys.executable, "-c", "pass"), pe
 
 def test_cpu_workers_count_the_cores_this_process_may_use_not_the_machines(tmp_path, monkeypatch, capsys):
     """A runner container limited to 8 of a host's 64 cores must not start 16 CPU-layer workers."""
-    import parity.gate as gate
+    import parity.gate.run as gate
 
     pytest.importorskip("xdist", reason="without pytest-xdist the CPU layers run in one process")
     stand_in_steps(monkeypatch, tmp_path)
@@ -260,7 +260,7 @@ def test_cpu_workers_count_the_cores_this_process_may_use_not_the_machines(tmp_p
 def test_perf_early_times_perf_while_the_cpu_layers_still_run(tmp_path, monkeypatch):
     """The gate's order with --perf-early, with stand-in steps: the CPU layers wait until perf has
     finished, which they can only see if perf runs while they do; each step on its own cores."""
-    import parity.gate as gate
+    import parity.gate.run as gate
 
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs 2 cores to give perf one of its own")
@@ -287,7 +287,7 @@ def test_perf_early_times_perf_while_the_cpu_layers_still_run(tmp_path, monkeypa
 def test_a_refused_command_line_exits_2_before_touching_cache_or_reports(tmp_path, monkeypatch, capsys, argv):
     """Exit 2 means bad input, and a bad argument must not cost the runner its warm cache: the gate
     unseals the cache while it runs, so options are checked before it is opened."""
-    import parity.gate as gate
+    import parity.gate.run as gate
 
     def touched(*args, **kwargs):
         raise AssertionError("the compile cache was opened for a command line that is refused")
@@ -531,7 +531,7 @@ def test_pytest_under_the_gate_collects_the_slowest_first_and_xdist_workers_agre
 
 
 def test_the_gate_keeps_this_runs_times_for_the_next_and_names_them_to_its_steps(tmp_path, monkeypatch):
-    import parity.gate as gate
+    import parity.gate.run as gate
 
     saw = tmp_path / "saw"
     step = ("import os, sys; from parity import gate_time; open(sys.argv[1], 'w').write(os.environ['SAMFAST_TEST_TIMES']);"

@@ -1,4 +1,5 @@
-"""The package layers: bench -> tinysam -> parity -> samfast, no import upward, no import circle in samfast.
+"""The package layers: bench -> tinysam -> parity -> samfast, no import upward, no import circle in any of
+them; inside parity, its subpackages in layers of their own (PARITY_LAYERS) and no task importing another.
 
 Read from the source with ast (every import, also the ones inside functions), so an import that only
 runs on one code path is checked too. Each checker also gets a planted defect in a throwaway tree.
@@ -11,9 +12,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 # Lowest first: a package may import the ones at or below its own layer, never one above.
 LAYERS = ("samfast", "parity", "tinysam", "bench")
+# parity's concerns, lowest first, the same rule one level down: the golden store and datasets know no
+# task and no check; a check (syncs, compile, budgets, switch proof) knows no verdict; comparison and
+# reports know no task; a task (parity/tasks/<name>/) builds on all of those and on parity/tasks/*.py,
+# never on another task; the CLI dispatches to tasks; the gate orchestrates the CLI and pytest.
+PARITY_LAYERS = ("parity.golden", "parity.checks", "parity.compare", "parity.report", "parity.tasks",
+                 "parity.cli", "parity.gate")
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -53,6 +62,38 @@ def upward_imports(root: Path) -> list[str]:
     return problems
 
 
+def parity_layer(module: str) -> int | None:
+    """The index in PARITY_LAYERS of the concern a parity module belongs to (None: parity's own entry points)."""
+    for rank, layer in enumerate(PARITY_LAYERS):
+        if module == layer or module.startswith(layer + "."):
+            return rank
+    return None
+
+
+def task_of(module: str) -> str | None:
+    """'point' for parity.tasks.point.runner; None for modules outside a task (parity.tasks.source too)."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 3 and parts[:2] == ["parity", "tasks"] else None
+
+
+def parity_layer_violations(root: Path) -> list[str]:
+    """'file:line: a imports b (why)' for each import inside parity against PARITY_LAYERS or between tasks."""
+    problems = []
+    for path in sorted((root / "parity").rglob("*.py")):
+        source = module_name(path, root)
+        rank = parity_layer(source)
+        for line, target in imports_of(path, root):
+            if rank is None or not target.startswith("parity."):
+                continue
+            target_rank = parity_layer(target)
+            where = f"{path.relative_to(root)}:{line}: {source} imports {target}"
+            if target_rank is not None and target_rank > rank:
+                problems.append(f"{where} ({PARITY_LAYERS[target_rank]} is a layer above {PARITY_LAYERS[rank]})")
+            elif task_of(source) and task_of(target) and task_of(source) != task_of(target):
+                problems.append(f"{where} (a task never imports another task)")
+    return problems
+
+
 def import_cycle(root: Path, package: str) -> list[str]:
     """One import circle among the package's modules (as [a, b, ..., a]), or [] when there is none."""
     graph = {}
@@ -82,8 +123,21 @@ def test_no_package_imports_a_layer_above_it():
     assert upward_imports(REPO) == []
 
 
-def test_samfast_has_no_import_circle():
-    assert import_cycle(REPO, "samfast") == []
+@pytest.mark.parametrize("package", LAYERS)
+def test_package_has_no_import_circle(package):
+    assert import_cycle(REPO, package) == []
+
+
+def test_parity_concerns_keep_their_layers():
+    assert parity_layer_violations(REPO) == []
+
+
+def test_every_parity_module_belongs_to_a_concern():
+    """A new module at parity's top level is a new concern: add it to PARITY_LAYERS (or to the entry points)."""
+    entry_points = {"parity", "parity.__main__", "parity.cli", "parity.html_report"}
+    stray = sorted(m for m in (module_name(p, REPO) for p in (REPO / "parity").rglob("*.py"))
+                   if parity_layer(m) is None and m not in entry_points)
+    assert stray == []
 
 
 def test_each_samfast_module_imports_on_its_own():
@@ -131,3 +185,41 @@ def test_planted_circle_is_reported(tmp_path):
         "samfast/stages.py": "class StageError(ValueError): ...\ndef apply():\n    from .quantize import q\n",
     })
     assert import_cycle(root, "samfast") == ["samfast.stages", "samfast.quantize", "samfast.stages"]
+
+
+def test_planted_circle_is_reported_in_parity(tmp_path):
+    """The circle the report package had: the markdown report rendered HTML, the HTML report read markdown helpers."""
+    root = _tree(tmp_path, {
+        "parity/__init__.py": "",
+        "parity/report/__init__.py": "",
+        "parity/report/verdicts.py": "def write():\n    from parity.report.html import render_html\n",
+        "parity/report/html.py": "from parity.report.verdicts import fmt\n",
+    })
+    assert import_cycle(root, "parity") == ["parity.report.html", "parity.report.verdicts", "parity.report.html"]
+
+
+def test_planted_parity_layer_violations_are_reported(tmp_path):
+    """The store reaching into a task, a report importing the gate, one task reaching into another."""
+    root = _tree(tmp_path, {
+        "parity/__init__.py": "",
+        "parity/golden/__init__.py": "",
+        "parity/golden/manifest.py": "from parity.tasks.point.evaluate import StageOutputs\n",
+        "parity/report/__init__.py": "",
+        "parity/report/html.py": "def f():\n    from parity.gate import run\n",
+        "parity/gate/__init__.py": "",
+        "parity/gate/run.py": "from parity.tasks.point import runner\n",
+        "parity/tasks/__init__.py": "",
+        "parity/tasks/source.py": "",
+        "parity/tasks/point/__init__.py": "",
+        "parity/tasks/point/evaluate.py": "from parity.tasks.source import ModelSource\n",
+        "parity/tasks/point/runner.py": "from parity.tasks.amg.runner import POINTS\n",
+        "parity/tasks/amg/__init__.py": "",
+        "parity/tasks/amg/runner.py": "from parity.golden import manifest\n",
+    })
+    assert parity_layer_violations(root) == [
+        "parity/golden/manifest.py:1: parity.golden.manifest imports parity.tasks.point.evaluate "
+        "(parity.tasks is a layer above parity.golden)",
+        "parity/report/html.py:2: parity.report.html imports parity.gate.run (parity.gate is a layer above parity.report)",
+        "parity/tasks/point/runner.py:1: parity.tasks.point.runner imports parity.tasks.amg.runner "
+        "(a task never imports another task)",
+    ]

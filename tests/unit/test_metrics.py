@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from parity.metrics import IouSummary, logits_error, mask_iou, miou_vs_ground_truth, summarize_ious
+from parity.compare.metrics import IouSummary, logits_error, mask_iou, miou_vs_ground_truth, summarize_ious
 
 
 def _columns(start, stop, shape=(4, 8)):

@@ -25,8 +25,8 @@ from pycocotools import mask as mask_utils
 from torch import nn
 
 import samfast
-from parity.coco_format import _compressed_counts
-from parity.data import DataError, DataNotFoundError, load_coco
+from parity.golden.coco_format import _compressed_counts
+from parity.golden.data import DataError, DataNotFoundError, load_coco
 from samfast import InputError, Prompts
 
 PROPERTIES = settings(max_examples=25, deadline=None, derandomize=True, database=None,

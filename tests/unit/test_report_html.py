@@ -9,12 +9,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from parity.check import Gate, StageResult
-from parity.data import load_dataset
-from parity.html_report import CHROMIUM_INSTALL, dump_dom, find_chromium, render_html, screenshot
-from parity.pictures import mask_comparison_png
-from parity.report import _draw_limits, render_markdown, stages_to_show
-from parity.runner import ModelSource, make_golden, run_check
+from parity.compare.gates import Gate, StageResult
+from parity.golden.data import load_dataset
+from parity.report.html import CHROMIUM_INSTALL, dump_dom, find_chromium, render_html, screenshot
+from parity.report.pictures import mask_comparison_png
+from parity.report.verdicts import stages_to_show
+from parity.tasks.point.report import _draw_limits, render_markdown
+from parity.tasks.point.runner import make_golden, run_check
+from parity.tasks.source import ModelSource
 from samfast.checkpoint import NAMED_CHECKPOINTS
 from tests.parity.test_gate import _perturbed_build
 
@@ -59,7 +61,7 @@ def test_page_is_self_contained_with_one_picture_per_worst_annotation():
 
 
 def test_every_report_details_the_failing_stages_then_the_near_failing_ones():
-    """One rule (parity.report.stages_to_show): the point markdown used to leave out the near-failing
+    """One rule (parity.report.verdicts.stages_to_show): the point markdown used to leave out the near-failing
     stages that the HTML page and the AMG markdown showed."""
     results = [_stage("fp32", 0.999), _stage("nt", 0.9905), _stage("bf16", 0.9)]  # pass, near-failing, fail
     for r in results:

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 from pycocotools import mask as mask_utils
 
-from parity.data import load_dataset
-from parity.scenes import CATEGORIES, generate_scenes
+from parity.golden.data import load_dataset
+from parity.golden.scenes import CATEGORIES, generate_scenes
 
 # Digests of generate_scenes(16, seed=0), the embedded "scenes" dataset: pinned so that a machine,
 # numpy or Python that draws different bits fails here instead of silently shifting goldens.

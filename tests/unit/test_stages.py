@@ -60,7 +60,7 @@ def test_fp8_on_cpu_is_refused_with_the_fix(stages):
 
 
 def test_fp8_stages_are_held_to_fp8_thresholds():
-    from parity.check import load_thresholds, thresholds_for
+    from parity.compare.gates import load_thresholds, thresholds_for
 
     thresholds = load_thresholds()
     assert thresholds_for("fp8", thresholds) is thresholds["fp8"]

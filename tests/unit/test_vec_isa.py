@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from parity import vec_isa
+from parity.gate import vec_isa
 from tests.child_env import child_env
 
 AGREE = {"probed": ["avx512", "avx2"], "claimed": ["avx512", "avx2"]}

@@ -74,7 +74,7 @@ def test_the_session_check_fails_on_a_planted_unknown_session(tmp_path):
 
 
 def test_every_uploaded_path_is_one_the_gate_writes(workflow):
-    from parity.gate import OUTPUTS
+    from parity.gate.run import OUTPUTS
 
     uploaded = uploaded_files(workflow)
     assert uploaded, "the gpu job uploads no reports"

@@ -2,5 +2,5 @@
 
 The point-prompt gate compares one mask per annotation. A mask generator returns a set of masks
 whose size may change between stages (a mask splits in two, one drops under a threshold), so
-this gate matches the two sets one to one before comparing anything (parity.amg.matching).
+this gate matches the two sets one to one before comparing anything (parity.tasks.amg.matching).
 """

@@ -2,15 +2,15 @@
 
 Images are keyed by image id; the stage must have run on exactly the golden's images (an image
 missing on either side is an error, never silently dropped). Every gate is applied whatever the
-weights: with weights that find nothing the golden refuses to be written (parity.amg.golden).
+weights: with weights that find nothing the golden refuses to be written (parity.tasks.amg.golden).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from parity.amg.matching import MatchSummary, match_image, summarize
-from parity.check import Gate, StageResult
+from parity.compare.gates import Gate, StageResult
+from parity.tasks.amg.matching import MatchSummary, match_image, summarize
 
 
 def gates(summary: MatchSummary, limits: Mapping[str, float]) -> list[Gate]:

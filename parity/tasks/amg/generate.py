@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from parity.data import Dataset
+from parity.golden.data import Dataset
 from samfast import SamAutomaticMaskGenerator
 
 # What the golden keeps of each record: every key of the reference generator's records.

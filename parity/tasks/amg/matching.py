@@ -60,7 +60,7 @@ class ImageMatch:
 
     @property
     def union_iou_mean(self) -> float:
-        # Both sides found nothing: they agree (as parity.metrics.mask_iou says of two empty masks).
+        # Both sides found nothing: they agree (as parity.compare.metrics.mask_iou says of two empty masks).
         return sum(p.iou for p in self.pairs) / self.union if self.union else 1.0
 
 

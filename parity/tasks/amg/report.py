@@ -9,11 +9,19 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from parity import report as point_report
-from parity.amg.matching import MATCH_IOU
-from parity.check import StageResult
-from parity.report import (VERDICT_COLORS, failure_lines, fmt, render_junit, report_payload, stage_verdict,
-                           stages_to_show, verdict_line)
+from parity.compare.gates import StageResult
+from parity.report import verdicts
+from parity.report.verdicts import (
+    VERDICT_COLORS,
+    failure_lines,
+    fmt,
+    render_junit,
+    report_payload,
+    stage_verdict,
+    stages_to_show,
+    verdict_line,
+)
+from parity.tasks.amg.matching import MATCH_IOU
 
 COLUMNS = ("union IoU mean", "matched IoU mean", "matched p5", "golden / stage masks", "matched", "lost", "new",
            "images with another count", "score err", "stability err (not gated)", "ms/img")
@@ -25,7 +33,7 @@ def picture_name(stage: str, image_id: int) -> str:
 
 def remove_reports(folder: Path) -> None:
     """The point report's files and every picture of an earlier run: none may outlive a failed or crashed check."""
-    point_report.remove_reports(folder)
+    verdicts.remove_reports(folder)
     for picture in folder.glob("worst-*.png"):
         picture.unlink()
 

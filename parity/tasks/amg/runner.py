@@ -1,6 +1,6 @@
 """The gate's two jobs for segment-everything: make an AMG golden, check stages against it.
 
-Mirrors parity.runner (the point-prompt task) and shares its ModelSource; the CLI reaches these
+Mirrors parity.tasks.point.runner (the point-prompt task) and shares its ModelSource; the CLI reaches these
 with `--task amg`. Images go through the generator one at a time, so models are built for batch 1.
 """
 
@@ -11,17 +11,17 @@ from typing import Callable
 
 import torch
 
-from parity import golden as golden_io
-from parity.amg import golden as amg_golden
-from parity.amg.check import compare
-from parity.amg.generate import AmgParams, Generated, generate, make_generator
-from parity.amg.report import remove_reports, write_reports
-from parity.check import StageResult, load_thresholds, thresholds_for
-from parity.data import Dataset
-from parity.exercised import watch_switches
-from parity.evaluate import decode_rle
-from parity.pictures import amg_comparison_png
-from parity.runner import ModelSource, default_device
+from parity.checks.exercised import watch_switches
+from parity.compare.gates import StageResult, load_thresholds, thresholds_for
+from parity.golden import manifest as golden_io
+from parity.golden.data import Dataset
+from parity.golden.rle import decode_rle
+from parity.tasks.amg import golden as amg_golden
+from parity.tasks.amg.compare import compare
+from parity.tasks.amg.generate import AmgParams, Generated, generate, make_generator
+from parity.tasks.amg.pictures import amg_comparison_png
+from parity.tasks.amg.report import remove_reports, write_reports
+from parity.tasks.source import ModelSource, default_device
 from samfast.stages import canonical_name, parse_stages
 
 POINTS_PER_BATCH = 64  # the reference's default; it splits work into decoder calls, never changes masks
@@ -84,7 +84,7 @@ def run_check(
     require_gpu: bool = False,
 ) -> tuple[list[StageResult], dict[str, Path]]:
     """Check each stage's generated masks against the AMG golden; write report.md/json, junit.xml and a plot.
-    A stage whose switch did not run (parity.exercised) is "not exercised", or failed with `require_gpu`."""
+    A stage whose switch did not run (parity.checks.exercised) is "not exercised", or failed with `require_gpu`."""
     remove_reports(Path(report_dir))  # first of all: a check that stops on bad input leaves no earlier PASS behind
     device = torch.device(device) if device else default_device()
     sha = source.sha256()

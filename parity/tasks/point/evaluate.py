@@ -2,7 +2,7 @@
 
 The golden writer and the checker both call `evaluate`, so the golden and each stage see the
 same images, prompts, batching and post-processing; only the model differs. Under torchrun the
-batches are shared among ranks (parity.distributed); every batch's result reaches the assembler
+batches are shared among ranks (parity.golden.distributed); every batch's result reaches the assembler
 as the bytes of its record, whether computed now, on another rank, or by a run that was killed.
 """
 
@@ -16,12 +16,12 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
-from pycocotools import mask as mask_utils
 from tqdm import tqdm
 
-from parity.data import DataError, Dataset
-from parity.distributed import SINGLE_PROCESS, Ranks, WorkFolder, failure, raise_first_failure
-from parity.metrics import mask_iou
+from parity.compare.metrics import mask_iou
+from parity.golden.data import DataError, Dataset
+from parity.golden.distributed import SINGLE_PROCESS, Ranks, WorkFolder, failure, raise_first_failure
+from parity.golden.rle import encode_rle
 from samfast import InputError, Prompts, SamPredictor
 
 LOGITS_SUBSET = 8  # annotations whose low-res logits are kept (fp16, 3 x 256 x 256 each): bounds golden size
@@ -94,15 +94,6 @@ def prompts_for(sample, prompt: str) -> Prompts:
         points = np.array([[a.point] for a in sample.annotations], dtype=float)
         return Prompts(point_coords=points, point_labels=np.ones(points.shape[:2]))
     return Prompts(boxes=np.array([a.box for a in sample.annotations], dtype=float))
-
-
-def encode_rle(mask: np.ndarray) -> dict:
-    rle = mask_utils.encode(np.asfortranarray(mask.astype(np.uint8)))
-    return {"size": list(rle["size"]), "counts": rle["counts"].decode("ascii")}
-
-
-def decode_rle(rle: dict) -> np.ndarray:
-    return mask_utils.decode({"size": rle["size"], "counts": rle["counts"].encode("ascii")}).astype(bool)
 
 
 def image_batches(num_images: int, batch_size: int) -> list[range]:

@@ -6,8 +6,6 @@ The CLI (python -m parity) is a thin layer over these; tests call them directly,
 
 from __future__ import annotations
 
-import shlex
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -15,51 +13,20 @@ import numpy as np
 import torch
 
 import samfast
-from parity import golden as golden_io
-from parity.check import StageResult, compare, load_thresholds, thresholds_for
-from parity.data import Dataset
-from parity.distributed import SINGLE_PROCESS, RankFailure, Ranks, WorkFolder, failure, raise_first_failure
-from parity.evaluate import StageOutputs, decode_rle, evaluate
-from parity.exercised import watch_switches
-from parity.pictures import mask_comparison_png
-from parity.report import remove_reports, write_reports
-from samfast.checkpoint import synthetic_state_dict
+from parity.checks.exercised import watch_switches
+from parity.compare.gates import StageResult, load_thresholds, thresholds_for
+from parity.golden import manifest as golden_io
+from parity.golden.data import Dataset
+from parity.golden.distributed import SINGLE_PROCESS, RankFailure, Ranks, WorkFolder, failure, raise_first_failure
+from parity.golden.rle import decode_rle
+from parity.report.pictures import mask_comparison_png
+from parity.report.verdicts import remove_reports
+from parity.tasks.point import golden as point_golden
+from parity.tasks.point.compare import compare
+from parity.tasks.point.evaluate import StageOutputs, evaluate
+from parity.tasks.point.report import write_reports
+from parity.tasks.source import ModelSource, default_device
 from samfast.stages import canonical_name, parse_stages
-
-
-@dataclass(frozen=True)
-class ModelSource:
-    """Which weights: a checkpoint file, or seeded synthetic weights (which make meaningless masks)."""
-
-    model_type: str
-    checkpoint: Path | None = None
-    seed: int = 0
-
-    @property
-    def label(self) -> str:
-        return self.checkpoint.name if self.checkpoint else f"synthetic seed {self.seed}"
-
-    @property
-    def masks_meaningful(self) -> bool:
-        return self.checkpoint is not None
-
-    def sha256(self) -> str:
-        if self.checkpoint:
-            return golden_io.file_sha256(self.checkpoint)
-        return golden_io.state_dict_sha256(synthetic_state_dict(self.model_type, self.seed))
-
-    def dir_id(self, sha: str) -> str:
-        return f"{self.checkpoint.stem}-{sha[:8]}" if self.checkpoint else f"synthetic-seed{self.seed}"
-
-    def build(self, stages: str, device: torch.device, batch_size: int):
-        return samfast.build_sam(self.model_type, self.checkpoint, seed=self.seed, device=device, stages=stages, batch_size=batch_size)
-
-    def cli_args(self) -> str:
-        return f"--model {self.model_type} " + (f"--checkpoint {shlex.quote(str(self.checkpoint))}" if self.checkpoint else f"--seed {self.seed}")
-
-
-def default_device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def golden_folder(source: ModelSource, sha: str, dataset: Dataset, prompt: str, root: Path | None = None) -> Path:
@@ -68,7 +35,7 @@ def golden_folder(source: ModelSource, sha: str, dataset: Dataset, prompt: str, 
 
 def run_identity(task: str, source: ModelSource, sha: str, dataset: Dataset, prompt: str, batch_size: int,
                  stage: str, device: torch.device) -> dict:
-    """What a resumed run must share with the one that left its batches (parity.distributed.WorkFolder)."""
+    """What a resumed run must share with the one that left its batches (parity.golden.distributed.WorkFolder)."""
     return {"task": task, "model_type": source.model_type, "checkpoint_sha256": sha,
             "dataset_fingerprint": dataset.fingerprint, "prompt": prompt, "batch_size": batch_size, "stage": stage,
             "samfast_version": samfast.__version__, "torch_version": torch.__version__,
@@ -104,7 +71,7 @@ def make_golden(source: ModelSource, dataset: Dataset, *, prompt: str = "point",
         raise
     manifest = golden_io.base_manifest(source.model_type, source.label, sha, dataset, prompt, device)
     manifest.update(fp32_settings=settings, masks_meaningful=source.masks_meaningful, batch_size=batch_size)
-    written = golden_io.write_golden(folder, outputs, manifest)
+    written = point_golden.write_golden(folder, outputs, manifest)
     work.remove()
     return written
 
@@ -159,7 +126,7 @@ def run_check(
     """Check each stage against the golden; write report.md/json/html, junit.xml and a plot (rank 0; the
     other ranks return None). Each stage's finished batches wait in report_dir/.<stage>.work/ until
     the reports are written, so a re-run after a kill resumes; a custom `build` is not resumable
-    (nothing identifies it). A stage whose switch did not run (parity.exercised) is "not exercised",
+    (nothing identifies it). A stage whose switch did not run (parity.checks.exercised) is "not exercised",
     or failed with `require_gpu`."""
     if ranks.is_main:  # first of all: a check that stops on bad input or crashes leaves no earlier PASS behind
         remove_reports(Path(report_dir))
@@ -167,7 +134,7 @@ def run_check(
     sha = source.sha256()
     folder = Path(golden) if golden else golden_folder(source, sha, dataset, prompt)
     regenerate = regenerate_command(source, data_args, prompt)
-    manifest, golden_outputs = golden_io.read_golden(folder, regenerate)
+    manifest, golden_outputs = point_golden.read_golden(folder, regenerate)
     expected = {
         "model_type": source.model_type,
         "checkpoint_sha256": sha,

@@ -1,0 +1,67 @@
+"""What every benchmark here measures the same way: a device sync, the median time of a call, peak
+memory, freeing between configurations, the device's name, and how a figure is printed."""
+
+from __future__ import annotations
+
+import gc
+import os
+import platform
+import statistics
+import time
+
+import torch
+
+
+# --- timing --------------------------------------------------------------------------------------
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_call(fn, device: torch.device, *, warmup: int, iters: int, repeats: int) -> float:
+    """Median seconds per call over `repeats` runs of `iters` calls, after `warmup` calls."""
+    for _ in range(warmup):
+        fn()
+    runs = []
+    for _ in range(repeats):
+        sync(device)
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(iters):
+                fn()
+            end.record()
+            end.synchronize()
+            runs.append(start.elapsed_time(end) / 1e3 / iters)
+        else:
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                fn()
+            runs.append((time.perf_counter() - t0) / iters)
+    return statistics.median(runs)
+
+
+def peak_gib(device: torch.device) -> float | None:
+    return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+
+
+def reset_peak(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def free(device: torch.device) -> None:
+    gc.collect()
+    torch._dynamo.reset()  # every compiled encoder shares nn.Module._call_impl's code: keep its cache clean
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
+
+
+def fmt(x, digits: int = 2) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"

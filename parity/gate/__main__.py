@@ -1,0 +1,5 @@
+import sys
+
+from parity.gate.run import main
+
+sys.exit(main())

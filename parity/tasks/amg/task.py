@@ -1,0 +1,66 @@
+"""The segment-everything task: the automatic mask generator's masks on every image, matched one to one
+with the fp32 golden's. The generator decodes one image's grid at a time, so the nt switch (prompts of
+several images in one nested decoder call) is not applicable to it."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import fields
+
+import torch
+
+from parity.golden.data import Dataset
+from parity.golden.distributed import Ranks
+from parity.tasks.amg import golden as amg_golden
+from parity.tasks.amg import runner
+from parity.tasks.amg.generate import AmgParams
+from parity.tasks.source import ModelSource
+from parity.tasks.task import Task, positive_int
+from samfast.stages import SWITCHES
+
+
+def _add_arguments(parser: argparse.ArgumentParser) -> list[str]:
+    group = parser.add_argument_group("segment everything (--task amg only; defaults: the reference generator's)")
+    for f in fields(AmgParams):
+        group.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), metavar=type(f.default).__name__.upper())
+    group.add_argument("--points-per-batch", type=positive_int, help="points per decoder call (splits work; masks do not change)")
+    return [f.name for f in fields(AmgParams)] + ["points_per_batch"]
+
+
+def _params(args) -> AmgParams:
+    return AmgParams(**{f.name: getattr(args, f.name) for f in fields(AmgParams) if getattr(args, f.name) is not None})
+
+
+def _batch(args) -> dict:
+    return {"points_per_batch": args.points_per_batch} if args.points_per_batch else {}
+
+
+def _make_golden(args, source: ModelSource, dataset: Dataset, device: torch.device, ranks: Ranks) -> str:
+    folder = runner.make_golden(source, dataset, _params(args), device=device, root=args.golden_root, **_batch(args))
+    return f"AMG golden written: {folder} ({len(dataset.samples)} images)"
+
+
+def _run_check(args, source: ModelSource, dataset: Dataset, data_args: str, stages: list[str], device: torch.device,
+               ranks: Ranks):
+    return runner.run_check(source, dataset, stages, _params(args), data_args=data_args, device=device,
+                            golden=args.golden, report_dir=args.report_dir / "amg", require_gpu=args.require_gpu,
+                            **_batch(args))
+
+
+AMG = Task(
+    name="amg",
+    help="segment everything (parity.tasks.amg)",
+    golden_files=(amg_golden.MASKS_FILE,),
+    switches=frozenset(SWITCHES) - {"nt"},
+    add_arguments=_add_arguments,
+    make_golden=_make_golden,
+    run_check=_run_check,
+    planted_defects=(
+        "tests/parity/test_amg_gate.py::test_perturbed_decoder_fails",
+        "tests/unit/test_amg_matching.py::test_mask_split_in_two_fails",
+        "tests/unit/test_amg_matching.py::test_mask_lost_fails_through_the_union_mean",
+        "tests/unit/test_amg_matching.py::test_mask_shifted_by_a_few_pixels_fails",
+        "tests/unit/test_amg_matching.py::test_permuted_scores_fail_through_the_score_error",
+    ),
+    one_process=True,
+)

@@ -1,0 +1,10 @@
+"""Every task the gate knows, by the name `--task` takes. The first is the default."""
+
+from __future__ import annotations
+
+from parity.tasks.amg.task import AMG
+from parity.tasks.point.task import POINT
+from parity.tasks.task import Task
+
+TASKS: dict[str, Task] = {task.name: task for task in (POINT, AMG)}
+DEFAULT_TASK = POINT.name

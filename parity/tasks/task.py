@@ -1,0 +1,57 @@
+"""The one shape every task of the gate has (point prompts, segment everything, and video next).
+
+A task lives in parity/tasks/<name>/ and owns four things there: what its golden stores (golden.py),
+how a stage's outputs are compared with it (compare.py), what its report shows (report.py) and its
+planted defects (tests that make its comparison fail). It reaches the CLI through one `Task` value in
+its task.py, listed in parity/tasks/registry.py: `python -m parity golden|check --task <name>`
+dispatches there, and adding a task touches no other task.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from parity.compare.gates import StageResult
+from parity.golden.data import Dataset
+from parity.golden.distributed import Ranks
+from parity.tasks.source import ModelSource
+
+# make_golden(args, source, dataset, device, ranks) -> what was written, one line (None on ranks other than 0)
+MakeGolden = Callable[[argparse.Namespace, ModelSource, Dataset, torch.device, Ranks], "str | None"]
+# run_check(args, source, dataset, data_args, stages, device, ranks) -> (results, report paths), None off rank 0
+RunCheck = Callable[[argparse.Namespace, ModelSource, Dataset, str, list, torch.device, Ranks],
+                    "tuple[list[StageResult], dict[str, Path]] | None"]
+
+
+def positive_int(text: str) -> int:
+    """argparse type of a count: a whole number >= 1, refused in one line otherwise."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    help: str  # one line for `--task`'s help
+    golden_files: tuple[str, ...]  # the content files its golden stores beside manifest.json
+    switches: frozenset[str]  # the switches its run reads; any other is "not applicable" to it
+    add_arguments: Callable[[argparse.ArgumentParser], list[str]]  # its own flags; returns their dests
+    make_golden: MakeGolden
+    run_check: RunCheck
+    planted_defects: tuple[str, ...]  # pytest node ids of the tests that show its comparison failing
+    one_process: bool = False  # True: refuses --nproc
+
+    def validate(self, args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+        """Refuse (exit 2, through parser.error) what this task cannot run."""
+        if self.one_process and args.nproc not in (None, 1):
+            parser.error(f"--task {self.name} runs in one process; drop --nproc")
