@@ -10,9 +10,9 @@ this process only, what sessions 10, 12 and 14 changed, so one run shows what ea
 
 - before: PIL resize on the host, cuDNN's transposed convolutions in the decoder;
 - resize: + the image resized on the device (samfast.resize);
-- gemm: + the decoder's upscaling as GEMMs (MaskDecoder.upscale_impl "gemm", session 10);
+- gemm: + the decoder's upscaling as GEMMs (MaskDecoder.upscale_impl "gemm", commit 355f977);
 - upscale: + the upscaling and mask product as one Triton kernel where the stage has the triton
-  switch (upscale_impl "triton", kernels.upscaled_masks, session 12);
+  switch (upscale_impl "triton", kernels.upscaled_masks, commit 40073d9);
 - all: + the cross attentions folded into per-prompt matrices, likewise under the triton switch
   (TwoWayTransformer.fused_cross_attention, kernels.decoder_attention): what build_sam gives now.
 

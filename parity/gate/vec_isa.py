@@ -6,7 +6,7 @@ per ISA (kept in the inductor cache) and, in torch 2.11, starts a Python child p
 torch to dlopen it, every time. On the H100 runner that was ~36 s (cProfile) of the ~58 s a CPU
 compile check's first test took beyond the same test run second in its process, and every xdist worker that
 compiles for the CPU paid it. In the whole gate it cut the CPU compile checks' test-seconds by ~11%
-without moving the warm wall, which other load sets (docs/gpu-gate.md, session 9).
+without moving the warm wall, which other load sets (docs/gpu-gate.md, the runs with perf early and the ISA probe, commit adb5303).
 
 `settle` probes once with torch's own check and keeps the verdict in the cache folder
 (vec-isa.json, sealed and validated with the rest). When every ISA the CPU reports passed the

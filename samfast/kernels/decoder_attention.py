@@ -303,7 +303,7 @@ def _unsupported_reason(attn, keys, pe, tokens, extra=()) -> str | None:
         return reason
     if keys.dtype == torch.float32 and not interpreting():
         # fp32 products without tensor cores: Triton 3.6 did not finish compiling the token-to-image
-        # kernel within 60 s on an H100 (session 14); the module path is exact there, and the
+        # kernel within 60 s on an H100 (commit 3fc16ae, which added the folded attention); the module path is exact there, and the
         # kernels pay off in 16 bits
         return "float32 on the GPU (the kernels are built for 16-bit tensor-core products)"
     c = keys.shape[-1]

@@ -10,7 +10,7 @@ outputs, 4 x 32 -> 4 x masks) run in registers, and only the masks are written. 
 (:func:`upscaled_masks_reference`) writes and reads the (P, 128, 128, 64) and (P, 256, 256, 32)
 activations, 2 and 4 GiB in bf16 for segment-everything's 1024 prompts.
 
-Measured on an H100 (bf16, P = 1024, docs/amg.md, session 12): 8.1 ms for this path vs 13.1 ms for
+Measured on an H100 (bf16, P = 1024, docs/amg.md, the fused upscaling of commit 40073d9): 8.1 ms for this path vs 13.1 ms for
 the GEMM path compiled by inductor. A kernel doing the first convolution as well was slower (13.9 ms
 with the second convolution's sub-pixels as one product, 38.8 ms with one product per sub-pixel):
 cuBLAS does that GEMM best.
@@ -44,7 +44,7 @@ def upscaled_masks_reference(src: torch.Tensor, upscaling: nn.Sequential, hyper_
     followed by placing the 4 outputs in their 2x2 block. cuDNN ran the two of them on NCHW
     bf16 in 8.8 ms of a decoder call over 1024 AMG prompts on an H100, and the transformer's
     tokens are already channels-last, so the NCHW transpose goes too: 4-5 ms off that call
-    (docs/amg.md, session 10). Same weights, same products up to the order of summation.
+    (docs/amg.md, the upscaling as GEMMs, commit 355f977). Same weights, same products up to the order of summation.
     Returns (P, M, 4h, 4w) for hyper_in (P, M, C / 8).
     """
     conv1, norm, act1, conv2, act2 = upscaling
@@ -123,7 +123,7 @@ def _upscale_masks_fwd(
 
 
 # Not BLOCK_R 64 with 4 warps: Triton 3.6 builds that one with an out-of-bounds shared-memory read in
-# the final store's layout change (compute-sanitizer on an H100, session 12; the configs here pass it).
+# the final store's layout change (compute-sanitizer on an H100, commit 45c2a1a; the configs here pass it).
 _AUTOTUNE_CONFIGS = (
     [triton.Config({"BLOCK_R": r}, num_warps=w, num_stages=2) for r, w in ((128, 4), (128, 8), (256, 8))]
     if triton is not None

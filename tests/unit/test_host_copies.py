@@ -44,7 +44,7 @@ def test_no_module_copies_host_data_to_a_device_except_through_transfer():
 
 
 def test_planted_session_10_resize_copy_is_found():
-    """Planted defect: the device resize's coefficient copies as session 10 wrote them."""
+    """Planted defect: the device resize's coefficient copies as commit 355f977 wrote them (before the fix in 10b67b2)."""
     planted = ("first = torch.as_tensor(first, device=device)\n"
                "weights = torch.as_tensor(weights, dtype=torch.int32, device=device)\n"
                "offsets = torch.from_numpy(counts).to(device)\n"
