@@ -24,6 +24,7 @@ from parity.golden.data import DataError, load_coco, load_dataset
 from parity.golden.distributed import DEFAULT_TIMEOUT_S, RankFailure, start, stop
 from parity.golden.settings import DataNotFoundError
 from parity.golden.store import GoldenError
+from parity.report.verdicts import overall_verdict
 from parity.tasks.registry import DEFAULT_TASK, TASKS
 from parity.tasks.task import positive_int
 from samfast import CheckpointError, InputError, StageError
@@ -109,8 +110,10 @@ def _stages(text: str) -> str:
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="vit_tiny", choices=MODEL_TYPES, help="model type (default vit_tiny)")
-    parser.add_argument("--checkpoint", help="official sam_vit_*.pth, a state dict in that layout, or 'trained'")
-    parser.add_argument("--seed", type=_seed, default=0, help="seed of the synthetic weights when no --checkpoint")
+    parser.add_argument("--checkpoint", help="official sam_vit_*.pth, a state dict in that layout, or 'trained' "
+                        "(the default for vit_tiny: the small SAM this project trained)")
+    parser.add_argument("--seed", type=_seed, help="seeded synthetic weights instead of a checkpoint (their masks "
+                        "mean nothing: logits gate, mask IoU is only reported)")
     parser.add_argument("--data", default="scenes", help="coco-mini, scenes (embedded, the default) or a folder")
     parser.add_argument("--coco-root", type=Path, help="folder of COCO images (e.g. coco/val2017); with --ann-file")
     parser.add_argument("--ann-file", type=Path, help="COCO instances json (e.g. instances_val2017.json)")
@@ -189,14 +192,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.nproc is not None and args.nproc != 1:
         return _under_torchrun(args.nproc, sys.argv[1:] if argv is None else list(argv))
 
-    from parity.tasks.source import ModelSource
-
     try:  # bad input found before any process group, model or data exists
+        source = _model_source(args, command_parser)
         if args.command == "golden":
             check_writable(args.golden_root or golden_io.GOLDEN_ROOT, "--golden-root")
         else:
             check_writable(args.report_dir, "--report-dir")
-        source = ModelSource(args.model, resolve_checkpoint(args.checkpoint) if args.checkpoint else None, args.seed)
     except BAD_INPUT_ERRORS as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -215,6 +216,21 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     finally:
         stop(ranks)
+
+
+def _model_source(args, parser: argparse.ArgumentParser):
+    """The weights asked for: a checkpoint, seeded weights (--seed), or by default what the gate checks,
+    the trained vit_tiny; a published model type has no default weights here (none can be downloaded)."""
+    from parity.tasks.source import ModelSource
+
+    if args.checkpoint and args.seed is not None:
+        parser.error("--checkpoint and --seed exclude each other: weights come from a file or from a seed")
+    if args.checkpoint or args.seed is None:
+        if not args.checkpoint and args.model != "vit_tiny":
+            parser.error(f"--model {args.model} needs weights: --checkpoint sam_{args.model}_*.pth (the official "
+                         "file), or --seed N for seeded synthetic weights (their masks mean nothing)")
+        return ModelSource(args.model, resolve_checkpoint(args.checkpoint or "trained"))
+    return ModelSource(args.model, None, args.seed)
 
 
 def _under_torchrun(nproc: int, argv: list[str]) -> int:
@@ -237,6 +253,14 @@ def _under_torchrun(nproc: int, argv: list[str]) -> int:
     return subprocess.call(command)
 
 
+def final_line(results, paths: dict[str, Path]) -> str:
+    """The check's last line: its verdict, and the one file to open (the others lie beside it)."""
+    failed = [r.stage for r in results if r.blocks]
+    return (f"Verdict: {overall_verdict(results)}, {sum(r.passed for r in results)} of {len(results)} stages pass"
+            + (f" (failed: {', '.join(failed)})" if failed else "")
+            + f"; report: {paths['report.html']} (report.md, report.json, junit.xml and report.png beside it)")
+
+
 def _run(task, args, source, ranks, device) -> int:
     dataset, data_args = _dataset(args)
     if args.command == "golden":
@@ -250,6 +274,6 @@ def _run(task, args, source, ranks, device) -> int:
     if outcome:
         results, paths = outcome
         print(paths["report.md"].read_text())
-        print("reports: " + ", ".join(str(p) for p in paths.values()))
+        print(final_line(results, paths))
         verdict = 1 if any(r.blocks for r in results) else 0  # a stage not exercised fails only with --require-gpu
     return ranks.from_main(verdict)  # every rank exits with rank 0's verdict

@@ -78,7 +78,7 @@ def load_budgets(path: str | Path | None = None) -> dict[tuple[str, str, str, in
 
     budgets = {}
     for gpu, models in data.items():
-        if gpu in ("accuracy", "amg"):  # accuracy thresholds, read by parity.compare.gates and parity.tasks.amg.compare
+        if gpu in ("accuracy", "amg", "gate_time"):  # read by parity.compare.gates, parity.tasks.amg.compare, parity.gate.time_budget
             continue
         if gpu not in GPU_KEYS:
             raise fail(f"[{gpu}]", f"unknown GPU key; use one of {', '.join(GPU_KEYS)}")

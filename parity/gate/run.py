@@ -41,8 +41,10 @@ import threading
 import time
 from pathlib import Path
 
-from parity.gate import compile_cache, run_order, vec_isa
+from parity.checks.budgets import BudgetError
+from parity.gate import compile_cache, run_order, time_budget, vec_isa
 from parity.gate import timing as gate_time
+from parity.gate import verdict as final_verdict
 from parity.gate.devices import WORKERS_PER_GPU_ENV, visible_gpus
 from parity.report.verdicts import REPORT_FILES
 from parity.tasks.amg.embedded import EMBEDDED as EMBEDDED_AMG
@@ -243,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
                         f"steps are done, on {PERF_CORES} cores of its own, while the CPU-only layers (which never "
                         f"touch the GPU) finish on the others (default: on with a GPU and {PERF_EARLY_MIN_CORES}+ cores); "
                         "--no-perf-early times it alone after everything else")
+    parser.add_argument("--strict-time", action="store_true", help="a step over its time budget (budgets.toml "
+                        "[gate_time.<runner>.<cold|warm>]) fails the gate instead of being a finding in the report")
     parser.add_argument("--_check-step", dest="check_step", type=Path, help=argparse.SUPPRESS)
     args, check_args = parser.parse_known_args(argv)
     if args.check_step:
@@ -265,7 +269,10 @@ def main(argv: list[str] | None = None) -> int:
         cores = len(other_cores or available)
         spare = spare_cores(cores, other_processes=workers + len(checks))
         cpu_workers = choose_cpu_workers(args.cpu_workers, spare, have_xdist)
-    except GateUsageError as error:
+        runner = time_budget.runner_class(gpus)
+        if args.strict_time and time_budget.load(runner, "cold") is None:
+            raise GateUsageError("--strict-time: " + time_budget.missing_row(runner, "cold"))
+    except (GateUsageError, BudgetError) as error:
         parser.error(str(error))  # exit 2, bad input
 
     args.report_dir.mkdir(parents=True, exist_ok=True)
@@ -323,9 +330,27 @@ def main(argv: list[str] | None = None) -> int:
              "exit codes: " + ", ".join(f"pytest {step} {code}" for step, code in codes.items())
              + ", " + ", ".join(f"{step} {code}" for step, code in check_codes.items())]
     wall = {step: round(seconds, 1) for step, seconds in wall.items()}
-    print("\nTime to verdict\n\n" + gate_time.write_table(args.report_dir, rows, wall, notes, gate_time.slowest(tests)), flush=True)
+    state = "cold" if cache.started_empty else "warm"
+    step_of = {"pytest gpu": "gpu", "pytest cpu": "cpu", "pytest perf": "perf", "total": "whole",
+               **{layer: key for key, (layer, _) in checks.items()}}
+    budget = time_budget.load(runner, state)
+    allowed = {name: budget[step] for name, step in step_of.items() if budget and step in budget}
+    findings = (time_budget.over_budget({step_of[name]: seconds for name, seconds in wall.items()}, budget)
+                if budget else [time_budget.missing_row(runner, state)])
+    notes.insert(0, f"time budget: runner class {runner}, {state} cache" + (" (--strict-time)" if args.strict_time else ""))
+    print("\nTime to verdict\n\n" + gate_time.write_table(args.report_dir, rows, wall, notes, gate_time.slowest(tests),
+                                                          allowed, findings), flush=True)
     if all(c in (0, 1, 5) for c in codes.values()) and check_code in (0, 1):
         if cache.owned:  # nothing reads it while a run lasts: the next run orders its tests by it
             gate_time.write_tests(times, tests)
         compile_cache.seal(cache)
-    return verdict(list(codes.values()), check_code)
+    code = verdict(list(codes.values()), check_code)
+    if code == 0 and args.strict_time and findings:
+        code = 1
+    runs = [(final_verdict.read_junit(run, args.report_dir / f"junit-{run}.xml"), codes[run]) for run in PYTEST_RUNS]
+    check_reports = {"check": args.report_dir / "report.json", "check-amg": args.report_dir / "amg" / "report.json"}
+    checks_done = [(layer, check_reports[key], check_codes[layer]) for key, (layer, _) in checks.items()]
+    time_lines = ([f"{f}{' (fails the gate: --strict-time)' if args.strict_time else ''}" for f in findings]
+                  or [f"every step within its {runner} {state} budget ({wall['total']:.0f} s of {budget['whole']:.0f} s)"])
+    print("\n" + final_verdict.render(code, runs, checks_done, time_lines, args.report_dir), flush=True)
+    return code

@@ -82,13 +82,25 @@ def slowest(tests: list[TestTime], n: int = SLOWEST) -> list[dict]:
              "compile_seconds": round(t.compile_seconds, 1)} for t in ranked]
 
 
+def _wall_line(name: str, seconds: float, budget: float | None) -> str:
+    if budget is None:
+        return f"- wall time, {name}: {seconds:.1f} s"
+    verdict = f"OVER, {seconds / budget:.2f}x" if seconds > budget else "within"
+    return f"- wall time, {name}: {seconds:.1f} s (budget {budget:g} s: {verdict})"
+
+
 def to_markdown(rows: list[dict], wall_seconds: dict[str, float], notes: list[str] = (),
-                slowest_tests: list[dict] = ()) -> str:
+                slowest_tests: list[dict] = (), budgets: dict[str, float] | None = None,
+                findings: list[str] = ()) -> str:
+    """The table; `budgets` (wall name -> seconds allowed) puts each step beside its budget, and each
+    finding (a step over budget, a missing budget row) is listed under the wall times."""
+    budgets = budgets or {}
     lines = ["| layer | tests | failed | seconds | compile seconds |", "|---|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['layer']} | {r['tests']} | {r['failed']} | {r['seconds']:.1f} | {r['compile_seconds']:.1f} |")
     lines.append("")
-    lines += [f"- wall time, {name}: {seconds:.1f} s" for name, seconds in wall_seconds.items()]
+    lines += [_wall_line(name, seconds, budgets.get(name)) for name, seconds in wall_seconds.items()]
+    lines += [f"- **time finding**: {finding}" for finding in findings]
     lines += [f"- {note}" for note in notes]
     if slowest_tests:
         lines += ["", "Slowest tests:", "", "| test | layer | seconds | compile seconds |", "|---|---|---:|---:|"]
@@ -107,12 +119,14 @@ def write_tests(path: Path, tests: list[TestTime]) -> None:
 
 
 def write_table(out_dir: Path, rows: list[dict], wall_seconds: dict[str, float], notes: list[str] = (),
-                slowest_tests: list[dict] = ()) -> str:
+                slowest_tests: list[dict] = (), budgets: dict[str, float] | None = None,
+                findings: list[str] = ()) -> str:
     """reports/gate-time.md and .json; returns the markdown."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    markdown = to_markdown(rows, wall_seconds, notes, slowest_tests)
+    markdown = to_markdown(rows, wall_seconds, notes, slowest_tests, budgets, findings)
     (out_dir / "gate-time.md").write_text("# Time to verdict\n\n" + markdown)
     (out_dir / "gate-time.json").write_text(json.dumps({"layers": rows, "wall_seconds": wall_seconds, "notes": list(notes),
-                                                        "slowest": list(slowest_tests)}, indent=1) + "\n")
+                                                        "slowest": list(slowest_tests), "budgets": budgets or {},
+                                                        "findings": list(findings)}, indent=1) + "\n")
     return markdown

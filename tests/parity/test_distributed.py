@@ -52,7 +52,7 @@ def _write_coco(folder: Path, annotated: list[int], unreadable: int | None = Non
 
 
 def _args(data: Path, golden_root: Path) -> list[str]:
-    return ["golden", "--data", str(data), "--batch-size", "1", "--device", "cpu", "--golden-root", str(golden_root)]
+    return ["golden", "--seed", "0", "--data", str(data), "--batch-size", "1", "--device", "cpu", "--golden-root", str(golden_root)]
 
 
 def _golden_in(root: Path) -> Path:

@@ -26,7 +26,7 @@ def golden(one_scene, tmp_path_factory):
 
 
 def _check(golden, report_dir, *extra):
-    return main(["check", "--model", "vit_tiny", "--data", "scenes", "--limit", "1", "--device", "cpu",
+    return main(["check", "--model", "vit_tiny", "--seed", "0", "--data", "scenes", "--limit", "1", "--device", "cpu",
                  "--stages", "fp32+triton", "--golden", str(golden), "--report-dir", str(report_dir), *extra])
 
 

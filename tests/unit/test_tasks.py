@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from parity import cli
+from parity.report.verdicts import REPORT_FILES
 from parity.tasks import registry
 from parity.tasks.task import Task
 from samfast.stages import SWITCHES
@@ -63,11 +64,11 @@ def test_a_new_task_plugs_in_through_the_registry_alone(monkeypatch, tmp_path, c
 
     def run_check(args, source, dataset, data_args, stages, device, ranks):
         calls.append(("check", tuple(stages)))
-        report = tmp_path / "report.md"
-        report.write_text("stand-in report\n")
-        return [], {"report.md": report}
+        for name in REPORT_FILES:  # what every task's report writes
+            (tmp_path / name).write_text("stand-in report\n")
+        return [], {name: tmp_path / name for name in REPORT_FILES}
 
-    standin = Task(name="standin", help="a stand-in", golden_files=("frames.json.gz",), switches=frozenset({"fp32"}),
+    standin = Task(name="standin", help="a stand-in", golden_files=("frames.json.gz",),
                    add_arguments=add_arguments, make_golden=make_golden, run_check=run_check,
                    planted_defects=("tests/unit/test_tasks.py::test_a_new_task_plugs_in_through_the_registry_alone",))
     monkeypatch.setattr(cli, "TASKS", {**registry.TASKS, "standin": standin})
