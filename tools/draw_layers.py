@@ -4,9 +4,9 @@
     python tools/draw_layers.py --rev 735c8cd --out docs/images/layers-before.png   # a commit's tree
 
 Boxes are grouped by what tests/unit/test_layers.py enforces: samfast at the bottom, parity's concerns
-(PARITY_LAYERS) in rows above it, then tinysam and bench. A parity module outside every concern (a
-flat module at parity's top level) gets a box of its own in a row of its own, so a flat package shows
-as one long row. The same import reader as the layering test, so the picture and the test agree.
+(PARITY_LAYERS) in rows above it, then tinysam and bench. A parity module outside every concern gets a
+box of its own in one row above them, so a flat package shows as one long row. The same import reader
+and the same concern rule as the layering test, so the picture and the test agree.
 """
 
 from __future__ import annotations
@@ -22,55 +22,51 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from tests.unit.test_layers import LAYERS, PARITY_LAYERS, imports_of, module_name  # noqa: E402
+from tests.unit.test_layers import LAYERS, PARITY_LAYERS, imports_of, module_name, parity_layer  # noqa: E402
 
 
-def concern(module: str, root: Path) -> str:
-    """The box a module is drawn in: parity's concern (a task's own box), or the package's name. A concern
-    is a subpackage (a folder): a module that only shares a concern's name (the flat parity/golden.py) is not one."""
+def concern(module: str) -> str:
+    """The box a module is drawn in: parity's concern (a task's own box), or the package's name."""
     parts = module.split(".")
     if parts[0] != "parity":
         return parts[0]
     if parts[:2] == ["parity", "tasks"] and len(parts) > 3:
         return ".".join(parts[:3])
-    for layer in PARITY_LAYERS:
-        if (module == layer or module.startswith(layer + ".")) and (root / Path(*layer.split("."))).is_dir():
-            return layer
-    return module  # a flat module: its own box
+    rank = parity_layer(module)
+    return module if rank is None else PARITY_LAYERS[rank]  # a module outside every concern: a box of its own
 
 
-def row(box: str, root: Path) -> tuple[int, str]:
-    """(height, label) of a box's row: packages by LAYERS, parity's concerns by PARITY_LAYERS inside parity's band."""
+def row(box: str) -> int:
+    """A box's height: packages by LAYERS, parity's concerns by PARITY_LAYERS inside parity's band, and
+    parity's modules outside every concern in one row above them."""
     top = box.split(".")[0]
     if top != "parity":
-        return (LAYERS.index(top) * 10 + (20 if top != "samfast" else 0), top)
-    for rank, layer in enumerate(PARITY_LAYERS):
-        if (box == layer or box.startswith(layer + ".")) and (root / Path(*layer.split("."))).is_dir():
-            return (10 + rank, "parity")
-    return (10 + len(PARITY_LAYERS), "parity (flat)")
+        return LAYERS.index(top) * 10 + (20 if top != "samfast" else 0)
+    rank = parity_layer(box)
+    return 10 + (len(PARITY_LAYERS) if rank is None else rank)
 
 
 def edges_of(root: Path) -> dict[tuple[str, str], int]:
     edges = defaultdict(int)
     for package in LAYERS:
         for path in (root / package).rglob("*.py"):
-            source = concern(module_name(path, root), root)
+            source = concern(module_name(path, root))
             for _, target in imports_of(path, root):
-                if target.split(".")[0] in LAYERS and concern(target, root) != source:
-                    edges[(source, concern(target, root))] += 1
+                if target.split(".")[0] in LAYERS and concern(target) != source:
+                    edges[(source, concern(target))] += 1
     return edges
 
 
-def draw(edges: dict[tuple[str, str], int], root: Path, title: str, out: Path) -> None:
+def draw(edges: dict[tuple[str, str], int], title: str, out: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    boxes = sorted({b for edge in edges for b in edge}, key=lambda b: (row(b, root)[0], b))
+    boxes = sorted({b for edge in edges for b in edge}, key=lambda b: (row(b), b))
     rows = defaultdict(list)
     for box in boxes:
-        rows[row(box, root)[0]].append(box)
+        rows[row(box)].append(box)
     place = {}
     for level, (height, members) in enumerate(sorted(rows.items())):
         shift = 0.12 * ((level % 3) - 1) if len(members) < 3 else 0.0  # a zigzag: no arrow runs through a box
@@ -103,12 +99,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     if not args.rev:
-        draw(edges_of(REPO), REPO, "the working tree", args.out)
+        draw(edges_of(REPO), "the working tree", args.out)
         return 0
     archive = subprocess.run(["git", "archive", args.rev, *LAYERS], cwd=REPO, capture_output=True, check=True).stdout
     with tempfile.TemporaryDirectory() as tree:
         tarfile.open(fileobj=BytesIO(archive)).extractall(tree, filter="data")
-        draw(edges_of(Path(tree)), Path(tree), f"commit {args.rev}", args.out)
+        draw(edges_of(Path(tree)), f"commit {args.rev}", args.out)
     return 0
 
 
