@@ -15,14 +15,9 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from samfast import build_sam
-from tinysam.train import (
-    BatchSampler,
-    DeviceData,
-    TrainingStep,
-    build_pool,
-    make_optimizer,
-    prepare_for_training,
-)
+from tinysam.data import BatchSampler, DeviceData, build_pool
+from tinysam.loop import TrainingStep, prepare_for_training
+from tinysam.optimizer import make_optimizer
 
 PHASES = ("encoder", "decoder", "loss", "backward", "optimizer")  # train_step's profiler labels
 

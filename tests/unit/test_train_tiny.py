@@ -1,7 +1,8 @@
-"""tinysam.train: target geometry, flips, prompts, SAM's loss, the schedule, and one smoke run."""
+"""tinysam's trainer: target geometry, flips, prompts, SAM's loss, the schedule, and one smoke run (its losses pinned)."""
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import json
 
@@ -10,23 +11,16 @@ import pytest
 import torch
 from pycocotools import mask as mask_utils
 
-from parity.metrics import mask_iou
-from parity.scenes import generate_scenes
-from tinysam.train import (
-    BatchSampler,
-    DeviceData,
-    build_pool,
-    flip_images,
-    flip_targets,
-    learning_rate,
-    lowres_target,
-    mask_loss_table,
-    output_ious,
-    sam_loss,
-    train_seeds,
-)
+from parity.compare.metrics import mask_iou
+from parity.golden.scenes import generate_scenes
 from samfast import build_sam
 from samfast.transforms import preprocess_shape
+from tinysam.configs import VIT_TINY
+from tinysam.data import BatchSampler, DeviceData, build_pool, train_seeds
+from tinysam.losses import mask_loss_table, output_ious, sam_loss
+from tinysam.optimizer import learning_rate
+from tinysam.targets import flip_images, flip_targets, lowres_target
+from tinysam.train import main
 
 
 @pytest.fixture(scope="module")
@@ -181,20 +175,44 @@ def test_learning_rate_warms_up_then_decays_to_one_percent():
     assert lrs[100] == pytest.approx(1e-5)
 
 
-@pytest.mark.slow
-def test_smoke_run_writes_a_loadable_checkpoint_and_manifest(tmp_path):
-    from tinysam.train import CHECKPOINT_NAME, main
+# The losses of `python -m tinysam.train --smoke` (seed 0), recorded before the trainer was split into
+# modules (tinysam.data, .losses, .loop, ...): step 1 checks the seeded init, scene pool, sampler,
+# targets and loss; step 2 also the optimizer step. Thread counts move them by < 1e-6 (relative).
+SMOKE_LOSSES = {  # step: (loss, mask, single, iou)
+    1: (10.70996, 4.495543, 5.949841, 0.2645711),
+    2: (5.584510, 2.789147, 2.611152, 0.1842110),
+}
 
-    manifest = main(["--smoke", "--steps", "1", "--device", "cpu", "--out", str(tmp_path)])
-    path = tmp_path / CHECKPOINT_NAME
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    """One --smoke run of two steps, shared by the tests below (it takes most of this file's time)."""
+    out = tmp_path_factory.mktemp("smoke")
+    manifest = main(["--smoke", "--steps", "2", "--device", "cpu", "--out", str(out)])
+    return out, manifest
+
+
+@pytest.mark.slow
+def test_smoke_run_writes_a_loadable_checkpoint_and_manifest(smoke_run):
+    tmp_path, manifest = smoke_run
+    path = tmp_path / VIT_TINY.checkpoint_name
     state = torch.load(path, map_location="cpu", weights_only=True)
     assert state["image_encoder.patch_embed.proj.weight"].dtype == torch.float16
     assert path.stat().st_size <= 16 * 2**20
     saved = json.loads((tmp_path / "vit_tiny_trained.json").read_text())
     assert saved["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest() == manifest["sha256"]
-    assert saved["steps"] == 1 and min(saved["data"]["seeds"]) >= 1000
+    assert saved["steps"] == 2 and min(saved["data"]["seeds"]) >= 1000
     assert {"heldout_point", "heldout_box", "scenes_point", "scenes_box"} <= set(saved["validation"])
     assert (tmp_path / "training_curve.png").stat().st_size > 0
     assert (tmp_path / "training_log.csv").read_text().startswith("step,")
     build_sam("vit_tiny", checkpoint=path, device="cpu")  # the official layout, loaded as users load it
     assert not list(tmp_path.glob("*.tmp*"))
+
+
+@pytest.mark.slow
+def test_seeded_smoke_run_reproduces_the_recorded_losses(smoke_run):
+    tmp_path, _ = smoke_run
+    with open(tmp_path / "training_log.csv", newline="") as f:
+        logged = {int(row["step"]): tuple(float(row[k]) for k in ("loss", "mask", "single", "iou"))
+                  for row in csv.DictReader(f) if row["loss"]}
+    assert logged == {step: pytest.approx(losses, rel=1e-5) for step, losses in SMOKE_LOSSES.items()}

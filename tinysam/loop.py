@@ -1,0 +1,169 @@
+"""The training loop: one optimization step (TrainingStep) and the loop around it (train), which
+fits the cosine schedule, the periodic validations and the final ones into the time budget."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch.profiler import record_function
+
+from tinysam.data import BatchSampler, DeviceData
+from tinysam.losses import sam_loss
+from tinysam.optimizer import learning_rate, make_optimizer
+from tinysam.validation import ValidationSet, validate
+
+CALIBRATE_STEPS = (10, 30)  # steps between which the speed is measured (after kernel warm-up)
+SCHEDULE_MARGIN = 0.97  # of the measured speed, so the cosine ends before the budget does
+
+
+def prepare_for_training(model) -> None:
+    model.train().requires_grad_(True)
+    for module in model.modules():
+        if hasattr(module, "attn_impl"):
+            module.attn_impl = "sdpa"  # fused attention kernels train several times faster than the math path
+
+
+def training_autocast(device: torch.device) -> torch.autocast:
+    """bf16 autocast on the GPU; true fp32 on the CPU (bf16 matmuls crawl there)."""
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return torch.autocast("cpu", enabled=False)
+
+
+def decode_prompts(model, embeddings: torch.Tensor, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """All 4 mask logits (P, 4, 256, 256) and IoU predictions (P, 4) for a mix of point and box
+    prompts over several images, in one decoder pass. A point prompt (point + SAM's padding
+    "not a point") and a box (two corners) are both two sparse tokens, so they share a batch."""
+    pe = model.prompt_encoder
+    # Outside autocast: the Fourier features are sin/cos of arguments up to ~100, which bf16
+    # matmuls would scramble (the prompt encoder keeps them fp32 in every samfast stage, too).
+    with torch.autocast(embeddings.device.type, enabled=False):
+        labels = torch.ones(inputs["points"].shape[:2], dtype=torch.int, device=embeddings.device)
+        point_tokens, dense = pe(points=(inputs["points"], labels), boxes=None, masks=None)
+        box_tokens, _ = pe(points=None, boxes=inputs["boxes"], masks=None)
+        sparse = torch.where(inputs["is_box"][:, None, None], box_tokens, point_tokens)
+        image_pe = pe.get_dense_pe()
+    return model.mask_decoder.predict_masks(embeddings, image_pe, sparse, dense, inputs["image_index"])
+
+
+class TrainingStep:
+    """One optimization step on a sampled batch: encoder, decoder, loss, backward, optimizer.
+
+    compiled: run the encoder, the decoder pass and the loss through torch.compile. On an H100
+    that halves a step (16 images x 8 prompts: 115 -> 61 ms, about 75 s of compiling first;
+    `python -m bench.train_step_profile`): eager, the step is mostly small elementwise kernels
+    (casts, adds, reductions over 128 prompt-sized copies of the image embedding) that inductor
+    fuses. The compiled callables are separate objects, so validation keeps running the eager
+    model (one image, no grad) without recompiling the training graphs.
+    The phases are labelled for torch.profiler (bench.train_step_profile reads them); outside
+    a profiler the labels cost microseconds.
+    """
+
+    def __init__(self, model, optimizer, compiled: bool):
+        self.model, self.optimizer = model, optimizer
+        self.autocast = training_autocast(model.device)
+        self.encoder, self.decode, self.loss = model.image_encoder, decode_prompts, sam_loss
+        if compiled:
+            self.encoder, self.decode, self.loss = (torch.compile(f) for f in (self.encoder, self.decode, self.loss))
+
+    def __call__(self, data: DeviceData, sampler: BatchSampler) -> tuple[torch.Tensor, dict]:
+        model = self.model
+        inputs = data.assemble(sampler.sample(), model.pixel_mean, model.pixel_std)
+        with self.autocast:
+            with record_function("encoder"):
+                embeddings = self.encoder(inputs["images"])
+            with record_function("decoder"):
+                logits, iou_pred = self.decode(model, embeddings, inputs)
+        with record_function("loss"):
+            loss, parts = self.loss(logits, iou_pred, inputs["targets"])
+        self.optimizer.zero_grad(set_to_none=True)
+        with record_function("backward"):
+            loss.backward()
+        with record_function("optimizer"):
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            self.optimizer.step()
+        return loss, parts
+
+
+def train(model, data: DeviceData, sampler: BatchSampler, heldout: ValidationSet, args, deadline: float,
+          start: float, log) -> tuple[list[dict], dict]:
+    """The training loop. Without --steps it measures its speed over CALIBRATE_STEPS and then fixes
+    the step count so that the cosine schedule, the periodic validations and the final ones fit
+    the budget; a safety stop ends it early if the estimate was wrong."""
+    device = model.device
+    train_step = TrainingStep(model, make_optimizer(model, args.lr, args.weight_decay), compiled=args.compile)
+    calibrating = args.steps is None
+    total = args.steps or 10**9  # set after calibration when the budget decides
+    warmup = min(args.warmup, max(1, total // 5))
+    final_reserve = 20.0
+    # With --steps the schedule is fixed up front; otherwise validations start after calibration.
+    next_val = time.monotonic() + args.val_every if not calibrating and args.val_every > 0 else None
+    rows: list[dict] = []
+    step, running, seen, t_log, s_log, t_cal = 0, None, 0, time.monotonic(), 0, 0.0
+    train_start = time.monotonic()
+    stopped_early = False
+    while step < total:
+        lr = learning_rate(step, total, warmup, args.lr)
+        for group in train_step.optimizer.param_groups:
+            group["lr"] = lr
+        loss, parts = train_step(data, sampler)
+        step += 1
+        values = torch.stack([loss.detach(), parts["mask"], parts["single"], parts["iou"]])
+        running = values if running is None else running + values  # summed on the device: no sync
+        seen += 1
+
+        if calibrating and step == CALIBRATE_STEPS[0]:
+            _sync(device)
+            t_cal = time.monotonic()
+        if calibrating and step == CALIBRATE_STEPS[1]:
+            _sync(device)
+            rate = (CALIBRATE_STEPS[1] - CALIBRATE_STEPS[0]) / (time.monotonic() - t_cal)
+            miou = validate(model, heldout)["point"]["miou"]
+            rows.append({"step": step, "seconds": round(time.monotonic() - start, 1), "val_miou": miou})
+            # Timed on a second pass: the first one also tunes kernels for the new shapes
+            # (cudnn.benchmark), about 5x slower on an H100, and would make the plan reserve too much.
+            t_val = time.monotonic()
+            validate(model, heldout)
+            val_seconds = time.monotonic() - t_val
+            # The end validates the saved weights in true fp32 (math attention: about twice as slow)
+            # on the held-out and embedded scenes, points and boxes (about 1.5 x one kind), and
+            # on coco-mini's 21 larger photos; then it saves and plots.
+            per_image = val_seconds / len(heldout.samples)
+            final_reserve = 2 * per_image * (1.5 * (len(heldout.samples) + 16) + 2 * 21) + 15.0
+            left = deadline - time.monotonic() - final_reserve
+            periodic = int(left // args.val_every) if args.val_every > 0 else 0
+            total = step + max(1, int((left - periodic * val_seconds) * rate * SCHEDULE_MARGIN))
+            warmup = min(args.warmup, max(1, total // 5))
+            next_val = time.monotonic() + args.val_every if args.val_every > 0 else None
+            log(f"calibrated: {rate:.2f} steps/s, validation {val_seconds:.1f} s (held-out mIoU {miou:.3f}); "
+                f"training {total} steps, to end near {deadline - final_reserve - start:.0f} s")
+
+        if step % args.log_every == 0 or step == total:
+            now = time.monotonic()
+            mean = (running / seen).tolist()
+            speed = (step - s_log) / (now - t_log)
+            rows.append({"step": step, "seconds": round(now - start, 1), "lr": lr, "loss": mean[0], "mask": mean[1],
+                         "single": mean[2], "iou": mean[3], "steps_per_s": round(speed, 3)})
+            memory = f", {torch.cuda.max_memory_allocated(device) / 2**30:.1f} GiB peak" if device.type == "cuda" else ""
+            log(f"step {step}/{total if total < 10**9 else '?'} loss {mean[0]:.4f} (mask {mean[1]:.4f}, "
+                f"single {mean[2]:.4f}, iou {mean[3]:.4f}) lr {lr:.2e} {speed:.2f} steps/s{memory}")
+            running, seen, t_log, s_log = None, 0, now, step
+        if next_val is not None and time.monotonic() >= next_val and step < total:
+            result = validate(model, heldout)["point"]
+            rows.append({"step": step, "seconds": round(time.monotonic() - start, 1), "val_miou": result["miou"]})
+            log(f"validation at step {step}: held-out mIoU {result['miou']:.4f} ({result['count']} objects, centre point)")
+            t_log, s_log = time.monotonic(), step  # keep validation time out of the speed figure
+            next_val = time.monotonic() + args.val_every
+        if calibrating and step > CALIBRATE_STEPS[1] and time.monotonic() > deadline - final_reserve:
+            log(f"time budget reached at step {step} of {total}: stopping early")
+            stopped_early = True
+            break
+    seconds = time.monotonic() - train_start
+    return rows, {"steps": step, "planned_steps": total, "warmup": warmup, "seconds": seconds,
+                  "stopped_early": stopped_early}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

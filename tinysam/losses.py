@@ -1,0 +1,54 @@
+"""SAM's training loss: focal + dice on the best of the multimask outputs, MSE on the IoU head."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+FOCAL_WEIGHT, DICE_WEIGHT, IOU_WEIGHT = 20.0, 1.0, 1.0
+
+
+def mask_loss_table(logits: torch.Tensor, targets: torch.Tensor, gamma: float = 2.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-output sigmoid focal loss (mean over pixels) and dice loss: two (P, C) tables.
+
+    logits (P, C, h, w); targets (P, h, w) in [0, 1] (soft at edges). No alpha weighting: with
+    soft targets it would move the 0.5 crossing, i.e. shrink every mask.
+    """
+    logits = logits.float()
+    t = targets[:, None].float().expand_as(logits)
+    prob = logits.sigmoid()
+    ce = F.binary_cross_entropy_with_logits(logits, t, reduction="none")
+    p_t = prob * t + (1 - prob) * (1 - t)
+    focal = (ce * (1 - p_t) ** gamma).mean(dim=(2, 3))
+    inter = (prob * t).sum(dim=(2, 3))
+    dice = 1 - (2 * inter + 1) / (prob.sum(dim=(2, 3)) + t.sum(dim=(2, 3)) + 1)
+    return focal, dice
+
+
+@torch.no_grad()
+def output_ious(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """(P, C) IoU of each output mask (logits > 0) with the target (covered >= half), at low res."""
+    pred = logits > 0
+    truth = (targets >= 0.5)[:, None]
+    inter = (pred & truth).sum(dim=(2, 3)).float()
+    union = (pred | truth).sum(dim=(2, 3)).float()
+    return torch.where(union > 0, inter / union.clamp(min=1), torch.ones_like(union))
+
+
+def sam_loss(logits: torch.Tensor, iou_pred: torch.Tensor, targets: torch.Tensor,
+             single_weight: float = 1.0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """SAM's training loss for (P, 4, h, w) logits and (P, 4) IoU predictions (output 0 = single mask).
+
+    The mask loss (20 focal + 1 dice) of the three multimask outputs counts only for the output
+    that matches best (the min over outputs), so each can specialise on one reading of an
+    ambiguous prompt; the IoU head learns every output's real IoU (MSE).
+    """
+    focal, dice = mask_loss_table(logits, targets)
+    table = FOCAL_WEIGHT * focal + DICE_WEIGHT * dice  # (P, 4)
+    best = table[:, 1:].argmin(dim=1)
+    mask_term = table[:, 1:].gather(1, best[:, None]).mean()
+    single_term = table[:, 0].mean()
+    iou_term = F.mse_loss(iou_pred.float(), output_ious(logits, targets))
+    total = mask_term + single_weight * single_term + IOU_WEIGHT * iou_term
+    return total, {"mask": mask_term.detach(), "single": single_term.detach(), "iou": iou_term.detach(),
+                   "best": best.detach()}
