@@ -62,6 +62,7 @@ EMBEDDED_CHECK = ["--model", "vit_tiny", "--checkpoint", "trained", "--data", "s
 EMBEDDED_CHECKS = {"check": ("python -m parity check", EMBEDDED_CHECK),
                    "check-amg": ("python -m parity check --task amg", EMBEDDED_AMG)}
 GPU_CHECKS = {**EMBEDDED_CHECKS, "check-amg": ("python -m parity check --task amg", EMBEDDED_AMG_ALL_STAGES)}
+CACHE_STATES = {"cold": "empty: cold", "warm": "sealed: warm", "resumed": "a killed run's entries: resumed"}
 # Tests that run what a check step runs (with a GPU): the gate leaves them to the step.
 COVERED_BY_GPU_CHECKS = ["tests/parity/test_amg_gate.py::test_embedded_amg_golden_passes_every_stage_on_the_gpu"]
 
@@ -282,7 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     isa_note = vec_isa.settle(cache.path, may_write=cache.owned)  # before any step starts: they inherit it
     times = cache.path / run_order.TIMES_FILE  # the previous run's, kept with the compile cache
     os.environ[run_order.TIMES_ENV] = str(times)  # every pytest run below starts its slowest tests first
-    print(f"compile cache: {cache.path} ({'empty: cold run' if cache.started_empty else 'reused: warm run'}); "
+    state = "cold" if cache.started_empty else "resumed" if cache.resumed else "warm"  # which time budget applies
+    print(f"compile cache: {cache.path} ({CACHE_STATES[state]} run); "
           f"pytest workers: {workers} for the gpu tests ({why}), {cpu_workers} for the others", flush=True)
 
     commands = pytest_commands(args, args.report_dir, workers, cpu_workers, gpu_checks=bool(gpus))
@@ -319,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     tests = [t for run in PYTEST_RUNS if (args.report_dir / f"gate-time-{run}.json").exists()
              for t in gate_time.read_tests(args.report_dir / f"gate-time-{run}.json")]
     rows = gate_time.summarize(tests, check_rows)
-    notes = [f"compile cache {'empty (cold)' if cache.started_empty else 'reused (warm)'}: {cache.path}",
+    notes = [f"compile cache {CACHE_STATES[state]}: {cache.path}",
              f"pytest workers: {workers} for the gpu tests ({why}); {cpu_workers} for the others, with CUDA hidden "
              f"({cores} CPU cores); these and the checks at the same time, then perf "
              + (f"on cores {sorted(perf_cores)} of its own while the CPU layers finished" if perf_cores else "alone")
@@ -330,7 +332,6 @@ def main(argv: list[str] | None = None) -> int:
              "exit codes: " + ", ".join(f"pytest {step} {code}" for step, code in codes.items())
              + ", " + ", ".join(f"{step} {code}" for step, code in check_codes.items())]
     wall = {step: round(seconds, 1) for step, seconds in wall.items()}
-    state = "cold" if cache.started_empty else "warm"
     step_of = {"pytest gpu": "gpu", "pytest cpu": "cpu", "pytest perf": "perf", "total": "whole",
                **{layer: key for key, (layer, _) in checks.items()}}
     budget = time_budget.load(runner, state)

@@ -42,99 +42,9 @@ ROOT = Path(__file__).resolve().parents[2]
 KEY = {"torch": "2.11.0", "triton": "3.5.0", "cuda": "12.8", "gpu": "NVIDIA H100 80GB HBM3"}
 
 
-# --- compile cache ------------------------------------------------------------------------------
-def _run_that_compiles(root: Path, key=KEY, seal=True) -> compile_cache.CacheFolder:
-    """activate, write some 'compiled' files as inductor would, seal (or die before sealing)."""
-    env: dict = {}
-    cache = compile_cache.activate(root, key, env)
-    (cache.path / "inductor" / "fxgraph").mkdir(parents=True, exist_ok=True)
-    (cache.path / "inductor" / "fxgraph" / "graph.bin").write_bytes(b"compiled graph" * 100)
-    (cache.path / "triton" ).mkdir(exist_ok=True)
-    (cache.path / "triton" / "kernel.cubin").write_bytes(b"cubin" * 100)
-    if seal:
-        compile_cache.seal(cache)
-    else:
-        compile_cache.release(cache)
-    return cache
+# --- the compile cache: tests/unit/test_compile_cache.py ------------------------------------------
 
 
-def test_children_keep_their_bytecode_in_the_folder_even_where_the_image_forbids_writing_it(tmp_path):
-    """A runner image with PYTHONDONTWRITEBYTECODE made every child compile torch's source again."""
-    env = {"PYTHONDONTWRITEBYTECODE": "1", "PATH": os.environ["PATH"]}
-    cache = compile_cache.activate(tmp_path / "c", KEY, env)
-    assert "PYTHONDONTWRITEBYTECODE" not in env and env["PYTHONPYCACHEPREFIX"] == str(cache.path / "pycache")
-    (tmp_path / "child_module.py").write_text("X = 1\n")
-    subprocess.run([sys.executable, "-c", "import child_module"], cwd=tmp_path, env=env, check=True)
-    assert list((cache.path / "pycache").rglob("child_module*.pyc")), "the child wrote no bytecode under the prefix"
-    assert not (tmp_path / "__pycache__").exists()  # nothing beside the source
-    compile_cache.release(cache)
-    mine = {"PYTHONPYCACHEPREFIX": "/mine", "PYTHONDONTWRITEBYTECODE": "1"}
-    compile_cache.release(compile_cache.activate(tmp_path / "d", KEY, mine))
-    assert mine["PYTHONPYCACHEPREFIX"] == "/mine" and mine["PYTHONDONTWRITEBYTECODE"] == "1"  # the caller's choice stands
-
-
-def test_cache_env_points_inductor_and_triton_into_the_key_folder(tmp_path):
-    env: dict = {}
-    cache = compile_cache.activate(tmp_path, KEY, env)
-    assert cache.owned and cache.started_empty and cache.path.parent == tmp_path
-    assert env["TORCHINDUCTOR_CACHE_DIR"] == str(cache.path / "inductor")
-    assert env["TRITON_CACHE_DIR"] == str(cache.path / "triton")
-    assert env["TORCHINDUCTOR_FX_GRAPH_CACHE"] == env["TORCHINDUCTOR_AUTOGRAD_CACHE"] == "1"
-    compile_cache.release(cache)
-
-
-def test_cache_root_default_and_override():
-    assert compile_cache.cache_root({"SAMFAST_CACHE_DIR": "/x/c"}) == Path("/x/c")
-    assert compile_cache.cache_root({"XDG_CACHE_HOME": "/x/xdg"}) == Path("/x/xdg/samfast")
-    assert compile_cache.cache_root({}) == Path.home() / ".cache" / "samfast"
-
-
-def test_another_key_gets_another_folder():
-    names = {compile_cache.key_folder_name({**KEY, field: "other"}) for field in KEY}
-    assert len(names | {compile_cache.key_folder_name(KEY)}) == len(KEY) + 1
-
-
-def test_a_sealed_cache_is_reused_as_it_is(tmp_path):
-    first = _run_that_compiles(tmp_path)
-    again = compile_cache.activate(tmp_path, KEY, {})
-    assert again.path == first.path and not again.started_empty
-    assert (again.path / "triton" / "kernel.cubin").exists()
-    compile_cache.release(again)
-
-
-@pytest.mark.parametrize("damage", ["truncate", "garbage_stamp", "no_stamp", "foreign_stamp", "extra_file"])
-def test_a_damaged_or_unfinished_cache_is_moved_aside_and_rebuilt(tmp_path, damage, capsys):
-    cache = _run_that_compiles(tmp_path, seal=damage != "no_stamp")
-    stamp = cache.path / compile_cache.STAMP
-    if damage == "truncate":
-        (cache.path / "triton" / "kernel.cubin").write_bytes(b"cub")
-    elif damage == "garbage_stamp":
-        stamp.write_bytes(b"\x00not json")
-    elif damage == "foreign_stamp":
-        stamp.write_text(json.dumps({**json.loads(stamp.read_text()), "key": {**KEY, "torch": "2.10"}}))
-    elif damage == "extra_file":
-        (cache.path / "inductor" / "stray.so").write_bytes(b"?")
-    again = compile_cache.activate(tmp_path, KEY, {})
-    assert again.started_empty, f"{damage}: the cache was trusted"
-    assert not (again.path / "triton" / "kernel.cubin").exists()
-    assert (tmp_path / f"{again.path.name}.stale-0" / "triton" / "kernel.cubin").exists()  # kept for a post-mortem
-    assert "not trusted" in capsys.readouterr().out
-    compile_cache.release(again)
-
-
-def test_a_cache_in_use_by_another_run_is_shared_not_moved(tmp_path):
-    owner = compile_cache.activate(tmp_path, KEY, {})
-    (owner.path / "inductor").mkdir()
-    (owner.path / "inductor" / "being-written").write_bytes(b"x")
-    second = compile_cache.activate(tmp_path, KEY, {})  # unstamped, but the owner holds the lock
-    assert not second.owned and (owner.path / "inductor" / "being-written").exists()
-    compile_cache.seal(second)  # not the owner: no stamp
-    assert not (owner.path / compile_cache.STAMP).exists()
-    compile_cache.seal(owner)
-    assert compile_cache.why_untrusted(owner.path, KEY) is None
-
-
-# --- xdist: one GPU per worker ------------------------------------------------------------------
 def test_each_worker_gets_its_own_gpu():
     assert [gpu_for_worker(f"gw{k}", ["0", "1"]) for k in range(2)] == ["0", "1"]
     assert gpu_for_worker("gw1", ["3", "GPU-uuid-7"]) == "GPU-uuid-7"  # the K-th *visible* device
@@ -534,7 +444,7 @@ def test_the_gate_keeps_this_runs_times_for_the_next_and_names_them_to_its_steps
     import parity.gate.run as gate
 
     saw = tmp_path / "saw"
-    step = ("import os, sys; from parity import gate_time; open(sys.argv[1], 'w').write(os.environ['SAMFAST_TEST_TIMES']);"
+    step = ("import os, sys; from parity.gate import timing as gate_time; open(sys.argv[1], 'w').write(os.environ['SAMFAST_TEST_TIMES']);"
             "gate_time.write_tests(sys.argv[2], [gate_time.TestTime('tests/unit/x.py::t', 'unit', 7.5, 0.0, 'passed')])")
     reports = tmp_path / "reports"
     stand_in_steps(monkeypatch, tmp_path, cpu=[sys.executable, "-c", step, str(saw), str(reports / "gate-time-cpu.json")])

@@ -118,3 +118,20 @@ def test_a_check_line_gives_the_worst_gate_of_the_report(tmp_path):
     assert line == ("- python -m parity check: FAIL, 1 of 2 stages pass; worst: nt score_max_abs_err 0.7200 "
                     "(1.44x its limit); failed: nt")
     assert "no report (exit 2: bad input" in final_verdict.check_line("x", tmp_path / "missing.json", 2)
+
+
+def test_a_run_on_a_killed_runs_cache_is_held_to_the_resumed_budget(tmp_path, monkeypatch, capsys):
+    import parity.gate.run as gate
+    from parity.gate import compile_cache
+
+    budgets = tmp_path / "budgets.toml"
+    budgets.write_text('[gate_time.CPU.cold]\nwhole = 500\nsource = "s"\n[gate_time.CPU.warm]\nwhole = 100\nsource = "s"\n')
+    real_load = time_budget.load
+    monkeypatch.setattr(gate.time_budget, "load", lambda runner, state, path=None: real_load(runner, state, budgets))
+    stand_in_steps(monkeypatch, tmp_path)
+    folder = tmp_path / "cache" / "left-by-a-killed-run"
+    folder.mkdir(parents=True)
+    monkeypatch.setattr(gate.compile_cache, "activate", lambda: compile_cache.CacheFolder(folder, False, False, True))
+    assert gate.main(["--report-dir", str(tmp_path / "reports")]) == 0
+    table = (tmp_path / "reports" / "gate-time.md").read_text()
+    assert "runner class CPU, resumed cache" in table and "(budget 300 s: within)" in table  # 100 + (500 - 100) / 2
