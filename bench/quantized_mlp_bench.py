@@ -27,7 +27,7 @@ SHAPES = {"vit_b, 32 images": (32 * 4096, 768, 3072), "vit_h, 8 images": (8 * 40
 
 
 class OneMLP(nn.Module):
-    """One MLP where quantize_encoder looks for an encoder's block linears (blocks.0.mlp.lin1 ...)."""
+    """One MLP named as in an encoder (blocks.0.mlp.lin1 ...), where quantize.encoder_linears finds its linears."""
 
     def __init__(self, mlp: nn.Module) -> None:
         super().__init__()
@@ -40,12 +40,12 @@ class OneMLP(nn.Module):
 
 def compiled_mlp(mlp: nn.Module, switch: str, gelu_impl: str, mode: str) -> nn.Module:
     """A compiled copy of `mlp` with this switch's quantization (samfast.quantize; none for bf16) and GELU path."""
-    from samfast.quantize import quantize_encoder
+    from samfast.quantize import encoder_linears, quantize_linears
 
     torch._dynamo.reset()  # one compiled instance at a time: dynamo would count each as a recompile
     one = OneMLP(copy.deepcopy(mlp))
     if switch != "bf16":
-        quantize_encoder(one, int8=switch == "int8", sparse=False, fp8=switch == "fp8")
+        quantize_linears(one, encoder_linears(one), int8=switch == "int8", sparse=False, fp8=switch == "fp8")
     one.blocks[0].mlp.gelu_impl = gelu_impl
     one.compile(mode=mode, fullgraph=True)  # int8: with the switch's own inductor flags
     return one

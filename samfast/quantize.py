@@ -1,10 +1,10 @@
 """The int8 and 2:4 sparse switches: what they do to the image encoder's linear layers.
 
-    quantize_encoder(sam.image_encoder, int8=True, sparse=False)
+    quantize_linears(sam.image_encoder, sam.encoder_linears(), int8=True, sparse=False)
 
-Only the nn.Linear layers inside the encoder's transformer blocks change (attn.qkv, attn.proj,
-mlp.lin1, mlp.lin2: nearly all of the encoder's FLOPs); patch embedding, neck, prompt encoder and
-mask decoder stay as they are.
+Only the linears the model names change (Sam.encoder_linears: the nn.Linear layers inside the
+encoder's transformer blocks, attn.qkv, attn.proj, mlp.lin1, mlp.lin2: nearly all of the encoder's
+FLOPs); patch embedding, neck, prompt encoder and mask decoder stay as they are.
 
 * int8: torchao's Int8DynamicActivationInt8WeightConfig: int8 weights with per-output-channel
   scales, activations quantized per token at run time, an int8 x int8 -> int32 matmul, then the
@@ -53,39 +53,45 @@ AUTO_BACKEND_M = 2 * 64 * 64
 MAX_SPARSE_REL_ERR = 1e-2
 
 
-def quantize_encoder(image_encoder: nn.Module, *, int8: bool, sparse: bool, fp8: bool = False) -> None:
-    """Apply the int8, fp8 and/or 2:4 sparse switch to the encoder's block linears, in place.
+def quantize_linears(image_encoder: nn.Module, linears: dict[str, nn.Linear], *, int8: bool, sparse: bool,
+                     fp8: bool = False) -> None:
+    """Apply the int8, fp8 and/or 2:4 sparse switch to `linears` (modules inside `image_encoder`), in place.
 
-    Call before compiling the encoder (samfast.stages.apply_stages does). Raises StageError
-    (a ValueError) when the combination or the machine cannot run it, saying what to use.
+    The model names the linears (Sam.encoder_linears), so a family whose encoder is laid out
+    otherwise plugs in unchanged; `image_encoder` is the module the compile switch compiles (int8
+    hands its compile inductor flags). Call before compiling the encoder (samfast.stages.apply_stages
+    does). Raises StageError (a ValueError) when the combination or the machine cannot run it, saying
+    what to use.
     """
-    linears = encoder_linears(image_encoder)
     if not linears:
         raise StageError("the image encoder has no nn.Linear layers in its blocks to quantize or sparsify")
+    chosen = _is_one_of(linears)
     if fp8:
-        _fp8(image_encoder, linears)
+        _fp8(image_encoder, linears, chosen)
     elif int8 and sparse:
-        _int8_sparse(image_encoder)
+        _int8_sparse(image_encoder, linears, chosen)
     elif int8:
-        _int8(image_encoder)
+        _int8(image_encoder, chosen)
     elif sparse:
         _sparse(image_encoder, linears)
 
 
 def encoder_linears(image_encoder: nn.Module) -> dict[str, nn.Linear]:
-    """The linears the switches touch: every nn.Linear inside the encoder's blocks, by qualified name."""
-    return {name: m for name, m in image_encoder.named_modules() if _is_block_linear(m, name)}
+    """Every nn.Linear inside a ViT encoder's `blocks`, by name within the encoder (what Sam.encoder_linears offers)."""
+    return {name: m for name, m in image_encoder.named_modules() if isinstance(m, nn.Linear) and name.startswith("blocks.")}
 
 
-def _is_block_linear(module: nn.Module, name: str) -> bool:
-    return isinstance(module, nn.Linear) and name.startswith("blocks.")
+def _is_one_of(linears: dict[str, nn.Linear]):
+    """torchao's filter_fn for exactly these modules: by identity, since their names are the model's, not the encoder's."""
+    ids = {id(m) for m in linears.values()}
+    return lambda module, _name: id(module) in ids
 
 
 # --- int8 ---------------------------------------------------------------------------------------
-def _int8(image_encoder: nn.Module) -> None:
+def _int8(image_encoder: nn.Module, chosen) -> None:
     from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
 
-    quantize_(image_encoder, Int8DynamicActivationInt8WeightConfig(set_inductor_config=False), filter_fn=_is_block_linear)
+    quantize_(image_encoder, Int8DynamicActivationInt8WeightConfig(set_inductor_config=False), filter_fn=chosen)
     _compile_with_inductor_flags(image_encoder, INT8_INDUCTOR_FLAGS)
 
 
@@ -135,7 +141,7 @@ def check_fp8_supported(weight: torch.Tensor) -> None:
         raise StageError(f"fp8 GEMMs need in and out features that are multiples of 16, got {n}x{k}")
 
 
-def _fp8(image_encoder: nn.Module, linears: dict[str, nn.Linear]) -> None:
+def _fp8(image_encoder: nn.Module, linears: dict[str, nn.Linear], chosen) -> None:
     from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, quantize_
 
     for linear in linears.values():
@@ -144,7 +150,7 @@ def _fp8(image_encoder: nn.Module, linears: dict[str, nn.Linear]) -> None:
     # slots) has amax 0, and torchao's scale amax / 448 would then be 0 and the cast 0 / 0 = NaN.
     config = Float8DynamicActivationFloat8WeightConfig(
         granularity=PerRow(), activation_value_lb=ACTIVATION_AMAX_FLOOR, set_inductor_config=False)
-    quantize_(image_encoder, config, filter_fn=_is_block_linear)
+    quantize_(image_encoder, config, filter_fn=chosen)
 
 
 # --- 2:4 sparsity -------------------------------------------------------------------------------
@@ -309,16 +315,18 @@ def _sparse(image_encoder: nn.Module, linears: dict[str, nn.Linear]) -> None:
         check_sparse_supported(linear.weight)
     first = next(iter(linears.values())).weight
     backend, timings = choose_sparse_backend([tuple(m.weight.shape) for m in linears.values()], first.dtype, first.device)
-    for name, linear in linears.items():
-        parent, _, child = name.rpartition(".")
-        setattr(image_encoder.get_submodule(parent), child, SemiStructuredLinear.from_linear(linear, backend))
+    swapped = {id(m): SemiStructuredLinear.from_linear(m, backend) for m in linears.values()}
+    for parent in list(image_encoder.modules()):
+        for child, module in parent.named_children():
+            if id(module) in swapped:
+                setattr(parent, child, swapped[id(module)])
     # for reports: which backend, and the timings that chose it (empty when SPARSE_BACKEND chose)
     image_encoder.sparse_backend = backend
     image_encoder.sparse_timings = timings
 
 
 # --- int8 + 2:4 ---------------------------------------------------------------------------------
-def _int8_sparse(image_encoder: nn.Module) -> None:
+def _int8_sparse(image_encoder: nn.Module, linears: dict[str, nn.Linear], chosen) -> None:
     try:
         from torchao.dtypes import SemiSparseLayout  # older torchao releases had it
         from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
@@ -330,13 +338,12 @@ def _int8_sparse(image_encoder: nn.Module) -> None:
             f"torchao {torchao.__version__} does not have: use stages 'bf16+compile+sdpa+triton+nt+sparse' "
             "(2:4 sparse in bf16, no int8) or the 'int8' stage (int8, dense)"
         ) from None
-    linears = encoder_linears(image_encoder)
     for linear in linears.values():
         check_sparse_supported(linear.weight)
         linear.weight.data = prune_2_4(linear.weight.data)
     quantize_(
         image_encoder,
         Int8DynamicActivationInt8WeightConfig(layout=SemiSparseLayout(), set_inductor_config=False),
-        filter_fn=_is_block_linear,
+        filter_fn=chosen,
     )
     _compile_with_inductor_flags(image_encoder, INT8_INDUCTOR_FLAGS)

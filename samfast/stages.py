@@ -11,7 +11,7 @@ import os
 import torch
 
 from samfast.errors import StageError
-from samfast.quantize import quantize_encoder
+from samfast.quantize import quantize_linears
 
 LADDER = ("fp32", "bf16", "compile", "sdpa", "triton", "nt", "int8", "sparse")
 # fp8 is a sibling of int8, not a rung above it: both quantize the same encoder linears, so a
@@ -60,38 +60,44 @@ def canonical_name(switches: frozenset[str]) -> str:
 
 
 def apply_stages(model, switches: frozenset[str]) -> None:
-    """Change `model` in place into the requested stage. Order matters: dtype, weights, then compile."""
+    """Change `model` in place into the requested stage. Order matters: dtype, weights, then compile.
+
+    Each switch asks the model for the modules it acts on (Sam.attention_modules, encoder_linears,
+    prompt_decoder, ...), so a family that offers the same accessors takes every switch unedited.
+    What each switch must leave behind is checked by parity.checks.switch_proofs.
+    """
     if "bf16" in switches:
         # Parameters only: the buffers (pixel mean/std, positional Gaussian) stay fp32 on purpose.
         for param in model.parameters():
             param.data = param.data.to(torch.bfloat16)
     attn = "sdpa" if "sdpa" in switches else "math"
-    for module in model.modules():
-        if hasattr(module, "attn_impl"):
-            module.attn_impl = attn
+    for module in model.attention_modules().values():
+        module.attn_impl = attn
+    decoder = model.prompt_decoder()
     if "triton" in switches:
-        for block in model.image_encoder.blocks:
-            block.attn.attn_impl = "triton"
-        model.mask_decoder.upscale_impl = "triton"  # the upscaling and mask product fused: kernels.upscaled_masks
-        model.mask_decoder.transformer.fused_cross_attention = True  # kernels.decoder_attention
+        for module in model.relpos_attention_modules().values():
+            module.attn_impl = "triton"
+        decoder.upscale_impl = "triton"  # the upscaling and mask product fused: kernels.upscaled_masks
+        decoder.transformer.fused_cross_attention = True  # kernels.decoder_attention
     if switches & {"int8", "sparse", FP8}:
-        quantize_encoder(model.image_encoder, int8="int8" in switches, sparse="sparse" in switches, fp8=FP8 in switches)
+        quantize_linears(model.image_encoder, model.encoder_linears(), int8="int8" in switches,
+                         sparse="sparse" in switches, fp8=FP8 in switches)
     if "triton" in switches and switches & {FP8, "int8"} and "sparse" not in switches:
         # lin1's GELU and lin2's activation quantization in one pass: kernels.gelu_quantize (an
         # int8 2:4 weight, where torchao still has one, is another tensor type: not for this path)
-        for block in model.image_encoder.blocks:
-            block.mlp.gelu_impl = "quantized_kernel"
+        for mlp in model.encoder_mlps():
+            mlp.gelu_impl = "quantized_kernel"
     if "compile" in switches:
-        model.image_encoder.patch_embed.as_gemm = True  # see PatchEmbed: cuDNN's conv for it is slow
+        model.patch_embedding().as_gemm = True  # see PatchEmbed: cuDNN's conv for it is slow
         if "triton" not in switches:  # likewise the decoder's transposed convs: kernels.upscaled_masks_reference
-            model.mask_decoder.upscale_impl = "gemm"
+            decoder.upscale_impl = "gemm"
         if "bf16" in switches and not switches & {"int8", "sparse", FP8}:
             # see MLPBlock: lin1 + GELU as one GEMM; the tanh GELU is within bf16's rounding, not fp32's,
             # and a quantized lin1 is no plain weight for cuBLASLt
-            for block in model.image_encoder.blocks:
-                block.mlp.gelu_impl = "epilogue"
+            for mlp in model.encoder_mlps():
+                mlp.gelu_impl = "epilogue"
         model.image_encoder.compile(mode=compile_mode(model.device), dynamic=False, fullgraph=True)
-        model.mask_decoder.compile_for_any_prompt_count()
+        decoder.compile_for_any_prompt_count()
     model.switches = switches
 
 

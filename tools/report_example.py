@@ -28,7 +28,7 @@ from parity.tasks.point.report import write_reports  # noqa: E402
 from parity.tasks.point.runner import make_golden, run_check  # noqa: E402
 from parity.tasks.source import ModelSource  # noqa: E402
 from samfast.checkpoint import NAMED_CHECKPOINTS  # noqa: E402
-from samfast.quantize import encoder_linears, prune_2_4  # noqa: E402
+from samfast.quantize import prune_2_4  # noqa: E402
 
 STAGES = ["fp32", "fp32+sdpa", "fp32+triton", "fp32+nt"]
 DEFECT_STAGE, DEFECT_LABEL = "fp32+nt", "2:4-pruned encoder (dense, CPU)"
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     def build(stage: str):
         model = source.build(stage, torch.device("cpu"), 8)
         if stage == DEFECT_STAGE:
-            for linear in encoder_linears(model.image_encoder).values():
+            for linear in model.encoder_linears().values():
                 linear.weight.data = prune_2_4(linear.weight.data)
         return model
 

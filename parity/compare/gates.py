@@ -68,6 +68,8 @@ class StageResult:
     worst: list[dict] = field(default_factory=list)
     error: str | None = None  # the stage could not run at all
     not_exercised: list[str] = field(default_factory=list)  # switches that did not run, with the reason
+    exercised: list[str] = field(default_factory=list)  # switches that ran, each with what proves it
+    not_applicable: dict[str, str] = field(default_factory=dict)  # switch -> why the task ignores it
     exercise_required: bool = False  # --require-gpu: a switch that did not run fails the stage
     # ann_id -> (golden RLE, stage RLE) of the worst annotations only, for pictures; not in report.json
     worst_masks: dict[int, tuple[dict, dict]] = field(default_factory=dict, repr=False)

@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 from parity.compare.gates import NEAR_FAILING, StageResult
-from parity.report.verdicts import fmt, overall_verdict, stage_verdict, stages_to_show
+from parity.report.verdicts import fmt, not_applicable_lines, overall_verdict, stage_verdict, stages_to_show
 
 CHROMIUM_INSTALL = "apt-get install -y chromium"
 WINDOW = (1280, 2000)
@@ -101,6 +101,12 @@ def _stage_section(result: StageResult) -> str:
     return "\n".join(parts)
 
 
+def _proofs(results: list[StageResult]) -> str:
+    """What shows each switch of each stage ran (parity.checks.switch_proofs), folded: a reviewer opens it to check."""
+    items = [f"<li><b>{html.escape(r.stage)}</b> {html.escape(proof)}</li>" for r in results for proof in r.exercised]
+    return f"<details><summary>switch proofs</summary><ul>{''.join(items)}</ul></details>" if items else ""
+
+
 def render_html(header: dict, results: list[StageResult], plot_png: bytes) -> str:
     verdict = overall_verdict(results)
     passed = sum(r.passed for r in results)
@@ -124,6 +130,7 @@ def render_html(header: dict, results: list[StageResult], plot_png: bytes) -> st
     heads = "".join(f"<th>{label}</th>" for label in GATE_LABELS.values())
     notes = [f"<li><b>{html.escape(r.stage)}</b> not exercised: {html.escape(reason)}</li>"
              for r in results for reason in r.not_exercised]
+    notes += [f"<li><b>{html.escape(r.stage)}</b> {html.escape(line)}</li>" for r in results for line in not_applicable_lines(r)]
     notes += [f"<li><b>{html.escape(r.stage)}</b> could not run: {html.escape(r.error)}</li>" for r in results if r.error]
     # errors and unexercised switches are the notes above; a section is about gates
     shown = [r for r in stages_to_show(results) if r.failures or r.near_failing]
@@ -133,6 +140,7 @@ def render_html(header: dict, results: list[StageResult], plot_png: bytes) -> st
         '<ul class="facts">' + "".join(f"<li>{f}</li>" for f in facts) + "</ul>",
         f"<table><tr><th>stage</th><th class='verdict'>verdict</th>{heads}<th>img/s</th></tr>\n{rows}\n</table>",
         ("<ul>" + "".join(notes) + "</ul>") if notes else "",
+        _proofs(results),
         f"<figure>{_png(plot_png, 'plot', 'logits error and mask IoU per stage with limits')}"
         "<figcaption>Black lines: each stage's limit (dashed: reported, not gated).</figcaption></figure>",
         *(_stage_section(r) for r in shown),

@@ -67,6 +67,18 @@ def failure_lines(result: StageResult) -> list[str]:
     return lines + [f"- {g.describe()} ({g.ratio:.2f}x the limit)" for g in result.failures]
 
 
+def switch_lines(result: StageResult) -> list[str]:
+    """What the stage's switches did, one line each: the proof that a switch ran, that it did not, or why
+    the task does not read it (markdown sub-items of the stage in every task's report)."""
+    return ([f"  - exercised: {proof}" for proof in result.exercised]
+            + [f"  - not exercised: {reason}" for reason in result.not_exercised]
+            + [f"  - {line}" for line in not_applicable_lines(result)])
+
+
+def not_applicable_lines(result: StageResult) -> list[str]:
+    return [f"not applicable to this task: {switch} ({why})" for switch, why in result.not_applicable.items()]
+
+
 def verdict_line(results: list[StageResult]) -> str:
     """The report's first line: the verdict, how many stages pass, which failed and which did not exercise."""
     failed = [r.stage for r in results if r.blocks]
@@ -114,7 +126,8 @@ def report_payload(header: dict, results: list[StageResult]) -> dict:
         "passed": not any(r.blocks for r in results),
         "stages": [
             {"stage": r.stage, "verdict": r.verdict, "passed": r.passed, "error": r.error,
-             "not_exercised": r.not_exercised, "summary": r.summary, "worst": r.worst,
+             "not_exercised": r.not_exercised, "exercised": r.exercised, "not_applicable": r.not_applicable,
+             "summary": r.summary, "worst": r.worst,
              "gates": [{**g.__dict__, "passed": g.passed, "ratio": g.ratio} for g in r.gates]}
             for r in results
         ],

@@ -10,7 +10,8 @@ dispatches there, and adding a task touches no other task.
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -20,6 +21,7 @@ from parity.compare.gates import StageResult
 from parity.golden.data import Dataset
 from parity.golden.distributed import Ranks
 from parity.tasks.source import ModelSource
+from samfast.stages import SWITCHES
 
 # make_golden(args, source, dataset, device, ranks) -> what was written, one line (None on ranks other than 0)
 MakeGolden = Callable[[argparse.Namespace, ModelSource, Dataset, torch.device, Ranks], "str | None"]
@@ -44,12 +46,19 @@ class Task:
     name: str
     help: str  # one line for `--task`'s help
     golden_files: tuple[str, ...]  # the content files its golden stores beside manifest.json
-    switches: frozenset[str]  # the switches its run reads; any other is "not applicable" to it
     add_arguments: Callable[[argparse.ArgumentParser], list[str]]  # its own flags; returns their dests
     make_golden: MakeGolden
     run_check: RunCheck
     planted_defects: tuple[str, ...]  # pytest node ids of the tests that show its comparison failing
     one_process: bool = False  # True: refuses --nproc
+    # switch -> why its run never reads it: "not applicable" in its reports, never proven (its run_check
+    # hands the same mapping to parity.checks.exercised.watch_switches)
+    ignored_switches: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def switches(self) -> frozenset[str]:
+        """The switches its run reads."""
+        return frozenset(SWITCHES) - self.ignored_switches.keys()
 
     def validate(self, args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
         """Refuse (exit 2, through parser.error) what this task cannot run."""

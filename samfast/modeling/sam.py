@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from samfast.config import IMAGE_SIZE, PATCH_SIZE, PIXEL_MEAN, PIXEL_STD, PROMPT_EMBED_DIM, ModelConfig
+from samfast.quantize import encoder_linears
 
 from .image_encoder import ImageEncoderViT
 from .mask_decoder import MaskDecoder
@@ -37,6 +38,34 @@ class Sam(nn.Module):
     @property
     def dtype(self) -> torch.dtype:
         return self.prompt_encoder.dtype
+
+    # --- what the stage switches act on (samfast.stages asks; another family answers the same questions)
+    def attention_modules(self) -> dict[str, nn.Module]:
+        """Every attention module with an `attn_impl` (the sdpa switch's), encoder then decoder, by qualified name."""
+        return {name: m for name, m in self.named_modules() if hasattr(m, "attn_impl")}
+
+    def relpos_attention_modules(self) -> dict[str, nn.Module]:
+        """The encoder attentions with a decomposed rel-pos bias: those the triton switch's kernel takes."""
+        return {f"{name}.attn": block.attn for name, block in self.encoder_blocks().items()}
+
+    def encoder_blocks(self) -> dict[str, nn.Module]:
+        """The encoder's transformer blocks, by qualified name: bf16 must hold between them."""
+        return {f"image_encoder.blocks.{i}": block for i, block in enumerate(self.image_encoder.blocks)}
+
+    def encoder_linears(self) -> dict[str, nn.Linear]:
+        """The linears the int8, fp8 and sparse switches replace (inside the encoder's blocks), by qualified name."""
+        return {f"image_encoder.{name}": m for name, m in encoder_linears(self.image_encoder).items()}
+
+    def encoder_mlps(self) -> list[nn.Module]:
+        """The encoder's MLP blocks, whose GELU path (`gelu_impl`) the switches choose."""
+        return [block.mlp for block in self.image_encoder.blocks]
+
+    def patch_embedding(self) -> nn.Module:
+        return self.image_encoder.patch_embed
+
+    def prompt_decoder(self) -> MaskDecoder:
+        """The mask decoder: prompts in, masks out (its upscaling and cross attention are switched, and it is compiled)."""
+        return self.mask_decoder
 
     def embed_images(self, images: torch.Tensor) -> torch.Tensor:
         """Image embeddings (N, 256, 64, 64) of preprocessed (N, 3, 1024, 1024) images.

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+import samfast
+
 from parity.checks.exercised import watch_switches
 from parity.cli import main
 from parity.golden import manifest as golden_io
@@ -60,6 +62,7 @@ def test_compile_that_ran_eagerly_is_not_exercised(golden, one_scene, tmp_path, 
 def test_switches_that_ran_are_exercised(monkeypatch):
     """The other side of both checks: a real compile and a kernel served by the Triton interpreter count."""
     with watch_switches(frozenset({"compile"})) as used:
+        used.watch(samfast.build_sam("vit_tiny", device="cpu"))  # the compile proof reads dynamo's counters only
         torch.compile(lambda x: (x * 2).sin(), backend="eager", fullgraph=True)(torch.ones(3))
     assert used.graphs_compiled == 1 and used.not_exercised == []
 
@@ -68,8 +71,26 @@ def test_switches_that_ran_are_exercised(monkeypatch):
     qkv = torch.randn(3, 1, 1, 16, 16, generator=gen)
     rel_h, rel_w = torch.randn(1, 1, 16, 4, generator=gen), torch.randn(1, 1, 16, 4, generator=gen)
     with watch_switches(frozenset({"triton"})) as used:
+        used.watch(samfast.build_sam("vit_tiny", device="cpu", stages="fp32+triton"))
         kernels.relpos_attention(qkv, rel_h, rel_w)
     assert used.kernel_fallbacks == {} and used.not_exercised == []
+
+
+def test_sdpa_switch_that_did_nothing_is_not_exercised_not_pass(golden, one_scene, tmp_path, monkeypatch):
+    """Planted (issue 34's reviewer trick): the sdpa switch leaves every attention module on the math path,
+    which gives fp32's numbers: the gates pass, the proof does not."""
+    apply = samfast.build.apply_stages
+
+    def sdpa_does_nothing(model, switches):
+        apply(model, switches - {"sdpa"})
+        model.switches = switches
+
+    monkeypatch.setattr(samfast.build, "apply_stages", sdpa_does_nothing)
+    (result,) = run_check(ModelSource("vit_tiny"), one_scene, ["fp32+sdpa"], data_args="--data scenes --limit 1",
+                          device="cpu", golden=golden, report_dir=tmp_path)[0]
+    assert not result.failures and result.verdict == "not exercised"
+    assert result.not_exercised[0].startswith("sdpa: 11 of 11 attention modules stayed on the math path: ")
+    assert "  - not exercised: sdpa: 11 of 11 attention modules" in (tmp_path / "report.md").read_text()
 
 
 def test_stale_reports_are_removed_before_a_check(one_scene, tmp_path):

@@ -11,7 +11,7 @@ from torch import nn
 
 import samfast
 from samfast import quantize
-from samfast.quantize import INT8_INDUCTOR_FLAGS, prune_2_4, quantize_encoder
+from samfast.quantize import INT8_INDUCTOR_FLAGS, encoder_linears, prune_2_4, quantize_linears
 from samfast.stages import StageError
 
 
@@ -121,7 +121,7 @@ def test_int8_inductor_flags_go_to_this_modules_compile_only(monkeypatch):
 
     before = inductor_config.get_config_copy()
     toy = _Toy()
-    quantize_encoder(toy, int8=True, sparse=False)
+    quantize_linears(toy, encoder_linears(toy), int8=True, sparse=False)
     assert inductor_config.get_config_copy() == before  # nothing global changed
     assert type(toy.neck.weight) is nn.Parameter and type(toy.blocks[0][0].weight) is not nn.Parameter
 
@@ -149,7 +149,7 @@ def test_int8_module_compiles_with_the_flags_on_cpu():
     toy = _Toy()
     x = torch.randn(2, 16, 64, generator=torch.Generator().manual_seed(3))
     ref = toy(x)
-    quantize_encoder(toy, int8=True, sparse=False)
+    quantize_linears(toy, encoder_linears(toy), int8=True, sparse=False)
     eager = toy(x)
     toy.compile(mode="default", dynamic=False, fullgraph=True)
     try:
@@ -236,7 +236,7 @@ def test_sparse_switch_swaps_in_flattening_linears(monkeypatch):
     tokens = torch.randn(2, 8, 8, encoder.blocks[0].mlp.lin1.in_features)
     expected = torch.nn.functional.linear(tokens, pruned["blocks.0.mlp.lin1"], encoder.blocks[0].mlp.lin1.bias)
 
-    quantize_encoder(encoder, int8=False, sparse=True)
+    quantize_linears(encoder, encoder_linears(encoder), int8=False, sparse=True)
 
     assert list(encoder.state_dict()) == keys
     swapped = quantize.encoder_linears(encoder)

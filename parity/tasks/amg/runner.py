@@ -18,7 +18,7 @@ from parity.golden.data import Dataset
 from parity.golden.rle import decode_rle
 from parity.tasks.amg import golden as amg_golden
 from parity.tasks.amg.compare import compare
-from parity.tasks.amg.generate import AmgParams, Generated, generate, make_generator
+from parity.tasks.amg.generate import IGNORED_SWITCHES, AmgParams, Generated, generate, make_generator
 from parity.tasks.amg.pictures import amg_comparison_png
 from parity.tasks.amg.report import remove_reports, write_reports
 from parity.tasks.source import ModelSource, default_device
@@ -35,9 +35,12 @@ def regenerate_command(source: ModelSource, data_args: str, params: AmgParams) -
     return " ".join(filter(None, ["python -m parity golden --task amg", source.cli_args(), data_args, params.cli_args()]))
 
 
-def _run(source: ModelSource, stages: str, device: torch.device, params: AmgParams, points_per_batch: int,
-         dataset: Dataset, desc: str, build: Callable[[str], torch.nn.Module] | None = None) -> Generated:
-    model = build(stages) if build else source.build(stages, device, 1)
+def _build(source: ModelSource, stages: str, device: torch.device,
+           build: Callable[[str], torch.nn.Module] | None = None) -> torch.nn.Module:
+    return build(stages) if build else source.build(stages, device, 1)
+
+
+def _run(model: torch.nn.Module, params: AmgParams, points_per_batch: int, dataset: Dataset, desc: str) -> Generated:
     return generate(make_generator(model, params, points_per_batch), dataset, desc)
 
 
@@ -61,7 +64,8 @@ def make_golden(source: ModelSource, dataset: Dataset, params: AmgParams, *, dev
     device = torch.device(device) if device else default_device()
     settings = golden_io.fp32_settings()
     sha = source.sha256()
-    generated = _run(source, "fp32", device, params, points_per_batch, dataset, f"AMG golden {source.model_type} fp32")
+    generated = _run(_build(source, "fp32", device), params, points_per_batch, dataset,
+                     f"AMG golden {source.model_type} fp32")
     amg_golden.refuse_useless(generated.images, "lower --pred-iou-thresh / --stability-score-thresh")
     manifest = golden_io.base_manifest(source.model_type, source.label, sha, dataset, "point", device)
     manifest.update(fp32_settings=settings, masks_meaningful=source.masks_meaningful, amg_params=params.as_dict(),
@@ -101,8 +105,9 @@ def run_check(
         switches = parse_stages(stage)
         name = canonical_name(switches)
         try:
-            with watch_switches(switches) as used:
-                generated = _run(source, stage, device, params, points_per_batch, dataset, f"AMG check {name}", build)
+            with watch_switches(switches, IGNORED_SWITCHES) as used:
+                model = used.watch(_build(source, stage, device, build))
+                generated = _run(model, params, points_per_batch, dataset, f"AMG check {name}")
         except Exception as err:  # a stage that cannot run here is a failed stage, reported with its reason
             results.append(StageResult(name, [], {}, error=f"{type(err).__name__}: {err}"))
             continue
@@ -110,7 +115,7 @@ def run_check(
         if result.summary:
             result.summary.update(seconds=generated.seconds, ms_per_image=generated.ms_per_image,
                                   kernel_fallbacks=used.kernel_fallbacks)
-        result.not_exercised, result.exercise_required = used.not_exercised, require_gpu
+        used.record(result, require_gpu)
         if result.failures or result.near_failing:
             result.pictures = worst_pictures(result, dataset, golden_images, generated.images)
         results.append(result)

@@ -13,10 +13,9 @@ from parity.golden.data import Dataset
 from parity.golden.distributed import Ranks
 from parity.tasks.amg import golden as amg_golden
 from parity.tasks.amg import runner
-from parity.tasks.amg.generate import AmgParams
+from parity.tasks.amg.generate import IGNORED_SWITCHES, AmgParams
 from parity.tasks.source import ModelSource
 from parity.tasks.task import Task, positive_int
-from samfast.stages import SWITCHES
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> list[str]:
@@ -51,7 +50,6 @@ AMG = Task(
     name="amg",
     help="segment everything (parity.tasks.amg)",
     golden_files=(amg_golden.MASKS_FILE,),
-    switches=frozenset(SWITCHES) - {"nt"},
     add_arguments=_add_arguments,
     make_golden=_make_golden,
     run_check=_run_check,
@@ -63,4 +61,5 @@ AMG = Task(
         "tests/unit/test_amg_matching.py::test_permuted_scores_fail_through_the_score_error",
     ),
     one_process=True,
+    ignored_switches=IGNORED_SWITCHES,
 )

@@ -17,6 +17,7 @@ from parity.report.verdicts import (
     report_payload,
     stage_verdict,
     stages_to_show,
+    switch_lines,
     verdict_line,
 )
 
@@ -60,7 +61,7 @@ def render_markdown(header: dict, results: list[StageResult]) -> str:
     lines += ["", "All gates per stage:", ""]
     for r in results:
         lines.append(f"- **{r.stage}**: " + ("; ".join(g.describe() for g in r.gates) if not r.error else r.error))
-        lines += [f"  - not exercised: {reason}" for reason in r.not_exercised]
+        lines += switch_lines(r)
     return "\n".join(lines) + "\n"
 
 

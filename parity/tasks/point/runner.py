@@ -155,8 +155,8 @@ def run_check(
                               run_identity("check", source, sha, dataset, prompt, batch_size, name, device), ranks)
             works.append(work)
         try:
-            with watch_switches(switches) as used:
-                outputs = evaluate(_build_on_every_rank(build, stage, ranks), dataset, prompt=prompt,
+            with watch_switches(switches) as used:  # the point task reads every switch
+                outputs = evaluate(used.watch(_build_on_every_rank(build, stage, ranks)), dataset, prompt=prompt,
                                    batch_size=batch_size, desc=f"check {name}", ranks=ranks, work=work)
         except RankFailure as err:  # a stage that cannot run here is a failed stage, reported with its reason
             if err.bad_input or not err.agreed:  # bad data, or this rank lost its peers: no later stage can run
@@ -168,7 +168,7 @@ def run_check(
         result = compare(name, outputs, golden_outputs, thresholds_for(stage, thresholds), source.masks_meaningful)
         # Visible, not silent: calls the fused kernel could not serve and sent to the slow path.
         result.summary["kernel_fallbacks"] = used.kernel_fallbacks
-        result.not_exercised, result.exercise_required = used.not_exercised, require_gpu
+        used.record(result, require_gpu)
         if result.failures or result.near_failing:
             result.pictures = worst_pictures(result, dataset, prompt)
         result.worst_masks = {}  # the pictures are made: nothing else needs the masks

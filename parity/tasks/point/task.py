@@ -13,7 +13,6 @@ from parity.tasks.point import golden as point_golden
 from parity.tasks.point.runner import make_golden, run_check
 from parity.tasks.source import ModelSource
 from parity.tasks.task import Task
-from samfast.stages import SWITCHES
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> list[str]:
@@ -37,7 +36,6 @@ POINT = Task(
     name="point",
     help="one prompt per annotation (default)",
     golden_files=point_golden.CONTENT_FILES,
-    switches=frozenset(SWITCHES),
     add_arguments=_add_arguments,
     make_golden=_make_golden,
     run_check=_run_check,
