@@ -7,6 +7,7 @@ from samfast.build import build_sam
 from samfast.checkpoint import CheckpointError, synthetic_state_dict
 from samfast.config import MODEL_TYPES
 from samfast.predictor import Prediction, Prompts, SamPredictor
+from samfast.sam2.config import SAM2_MODEL_TYPES
 from samfast.errors import StageError
 from samfast.stages import LADDER
 from samfast.transforms import InputError
@@ -18,6 +19,7 @@ __all__ = [
     "InputError",
     "Prediction",
     "Prompts",
+    "SAM2_MODEL_TYPES",
     "SamAutomaticMaskGenerator",
     "SamPredictor",
     "StageError",

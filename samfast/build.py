@@ -9,6 +9,9 @@ import torch
 from samfast.checkpoint import check_state_dict, read_checkpoint, synthetic_state_dict
 from samfast.config import model_config
 from samfast.modeling.sam import Sam, build_sam_modules
+from samfast.sam2.build import build_sam2_model
+from samfast.sam2.config import is_sam2_type
+from samfast.sam2.sam2_base import SAM2Base
 from samfast.stages import apply_stages, parse_stages
 
 
@@ -20,14 +23,17 @@ def build_sam(
     device: str | torch.device | None = None,
     stages: str = "fp32",
     batch_size: int = 8,
-) -> Sam:
-    """A ready-to-run Sam in eval mode.
+) -> Sam | SAM2Base:
+    """A ready-to-run Sam (SAM2Base for a SAM 2 model type, see samfast.sam2) in eval mode.
 
-    checkpoint: path of an official sam_vit_*.pth (or any state dict in that layout); None for
+    checkpoint: path of an official sam_vit_*.pth (or any state dict in that layout), or for SAM 2
+    an official sam2*_hiera_*.pt or its {"model": state_dict}; None for
     `synthetic_state_dict(model_type, seed)`. stages: a ladder name or switches joined by '+'
     (see samfast.LADDER). batch_size: with the compile switch the encoder always runs batches
     of exactly this size (smaller ones padded, larger ones split), so it never recompiles.
     """
+    if is_sam2_type(model_type):  # the SAM 2 family lives in samfast.sam2
+        return build_sam2_model(model_type, checkpoint, seed=seed, device=device, stages=stages)
     config = model_config(model_type)
     switches = parse_stages(stages)
     model = build_sam_modules(config)

@@ -79,7 +79,10 @@ def resolve_checkpoint(checkpoint: str | Path) -> Path:
         path = NAMED_CHECKPOINTS[checkpoint]
     else:
         path = Path(checkpoint)
-    fix = "Pass the path of an official sam_vit_*.pth file, or leave checkpoint=None for seeded synthetic weights."
+    fix = (
+        "Pass the path of an official sam_vit_*.pth (SAM 1) or sam2.1_hiera_*.pt (SAM 2) file, "
+        "or leave checkpoint=None for seeded synthetic weights."
+    )
     if path.is_dir():
         raise CheckpointError(f"checkpoint {path} is a directory, not a file. {fix}")
     if not path.is_file():
@@ -100,20 +103,33 @@ def read_checkpoint(path: str | Path) -> dict[str, torch.Tensor]:
         raise CheckpointError(
             f"{path} ({size:,} bytes) is not a readable PyTorch checkpoint: {reason}. "
             "The file is probably truncated or not a checkpoint; download it again "
-            "(official sizes: vit_b 375 MB, vit_l 1.25 GB, vit_h 2.56 GB) and check its sha256."
+            "(official sizes: vit_b 375 MB, vit_l 1.25 GB, vit_h 2.56 GB; sam2.1_hiera_tiny 156 MB to "
+            "sam2.1_hiera_large 898 MB) and check its sha256."
         ) from err
     if isinstance(state, dict) and "model" in state and isinstance(state["model"], dict):
-        state = state["model"]  # training checkpoints wrap the state dict
-    if not isinstance(state, dict) or "image_encoder.patch_embed.proj.weight" not in state:
+        state = state["model"]  # training checkpoints (and every official SAM 2 file) wrap the state dict
+    from samfast.sam2.config import TRUNK_KEY
+
+    if not isinstance(state, dict) or not ({"image_encoder.patch_embed.proj.weight", TRUNK_KEY} & set(state)):
         raise CheckpointError(
-            f"{path} holds no SAM state dict (no 'image_encoder.patch_embed.proj.weight' key); "
-            "pass an official sam_vit_*.pth file or one saved with torch.save(model.state_dict())."
+            f"{path} holds no SAM state dict (neither SAM 1's 'image_encoder.patch_embed.proj.weight' key nor "
+            f"SAM 2's {TRUNK_KEY!r}); pass an official sam_vit_*.pth or sam2.1_hiera_*.pt file or one saved with "
+            "torch.save(model.state_dict())."
         )
     return state
 
 
 def check_state_dict(state_dict: dict[str, torch.Tensor], config: ModelConfig, expected: dict[str, torch.Size]) -> None:
     """Refuse a state dict of another model type, or with missing, unexpected or misshapen keys."""
+    from samfast.sam2.config import TRUNK_KEY, infer_sam2_model_type
+
+    if TRUNK_KEY in state_dict:
+        found = infer_sam2_model_type(state_dict)[0]
+        fix = f"Call build_sam({found!r}, checkpoint=...) for it" if found else "It is of no SAM 2 type samfast knows"
+        raise CheckpointError(
+            f"this is a SAM 2 checkpoint ({found or 'unknown size'}), not a SAM 1 one; you asked for {config.name}. "
+            f"{fix}, or pass a {config.name} checkpoint."
+        )
     found, embed_dim, depth = infer_model_type(state_dict)
     if (embed_dim, depth) != (config.embed_dim, config.depth):
         what = found or f"an unknown model type (embed dim {embed_dim}, depth {depth})"

@@ -1,4 +1,5 @@
-"""Hyper-parameters of each SAM model type (the published ones, plus vit_tiny for CPU tests)."""
+"""Hyper-parameters of each SAM model type (the published ones, plus vit_tiny for CPU tests and
+vit_b_2block for the GPU correctness layers)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,12 @@ MODEL_CONFIGS: dict[str, ModelConfig] = {
     # Same code paths as the real models (64x64 tokens, windowed + global blocks, rel-pos,
     # head dim 64, full prompt encoder and mask decoder) at a size a CPU runs in about a second.
     "vit_tiny": ModelConfig("vit_tiny", 128, 4, 2, (1, 3)),
+    # For the GPU correctness layers (tests/gpu: stages, syncs, kernels) only; no official checkpoint
+    # exists (seeded synthetic weights). vit_b's real widths (embed 768, 12 heads of dim 64, 14x14
+    # windows, 64x64 tokens, the same prompt encoder and mask decoder) with two blocks: block 0
+    # windowed, block 1 global. Every switch's code path at a sixth of vit_b's encoder; the perf
+    # layer and the parity checks keep the full-depth models.
+    "vit_b_2block": ModelConfig("vit_b_2block", 768, 2, 12, (1,)),
 }
 MODEL_TYPES = tuple(MODEL_CONFIGS)
 
@@ -40,4 +47,7 @@ def model_config(model_type: str) -> ModelConfig:
     try:
         return MODEL_CONFIGS[model_type]
     except KeyError:
-        raise ValueError(f"unknown model type {model_type!r}; choose one of {', '.join(MODEL_TYPES)}") from None
+        from samfast.sam2.config import SAM2_MODEL_TYPES
+
+        choices = f"{', '.join(MODEL_TYPES)} (SAM 2: {', '.join(SAM2_MODEL_TYPES)})"
+        raise ValueError(f"unknown model type {model_type!r}; choose one of {choices}") from None

@@ -1,0 +1,17 @@
+"""The SAM 2 family (SAM 2.1 and 2.0 image models), under sam2's own names and signatures.
+
+Code written for the `sam2` package runs by changing the import:
+
+    from samfast.sam2 import build_sam2, SAM2ImagePredictor
+    model = build_sam2("configs/sam2.1/sam2.1_hiera_t.yaml", "sam2.1_hiera_tiny.pt", device="cuda")
+
+samfast.build_sam("sam2.1_hiera_t", ...) builds the same model. Laid out like sam2: backbones/
+(Hiera trunk, FPN neck), sam/ (prompt encoder, mask decoder), memory/ (the video memory).
+"""
+
+from samfast.sam2.build import build_sam2
+from samfast.sam2.config import SAM2_MODEL_TYPES
+from samfast.sam2.image_predictor import SAM2ImagePredictor
+from samfast.sam2.sam2_base import SAM2Base
+
+__all__ = ["SAM2_MODEL_TYPES", "SAM2Base", "SAM2ImagePredictor", "build_sam2"]

@@ -1,0 +1,158 @@
+"""Hiera, SAM 2's trunk (https://arxiv.org/abs/2306.00989), with sam2's parameter names.
+
+Four stages of blocks on a (B, H, W, C) map; the first block of stages 2-4 halves the resolution
+by max-pooling its queries (q_pool) and doubles the width. Blocks attend within windows, except
+the global blocks listed in the config. The positional embedding is a small background table
+interpolated to the map's size plus a window-sized table tiled over it (windowed positional
+embeddings, https://arxiv.org/abs/2311.05613).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from samfast.sam2.backbones.windows import window_partition, window_unpartition
+from samfast.sam2.mlp import MLP
+
+
+def pool_hw(x: torch.Tensor, pool: nn.Module | None) -> torch.Tensor:
+    """Apply an NCHW pooling to a (B, H, W, C) map."""
+    if pool is None:
+        return x
+    return pool(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
+
+
+class PatchEmbed(nn.Module):
+    """A 7x7 stride-4 convolution: (B, 3, 1024, 1024) -> (B, 256, 256, C), channels last."""
+
+    def __init__(self, embed_dim: int, in_chans: int = 3) -> None:
+        super().__init__()
+        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=7, stride=4, padding=3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x).permute(0, 2, 3, 1)
+
+
+class MultiScaleAttention(nn.Module):
+    """Multi-head attention over the tokens of a window; with q_pool, the queries are pooled first,
+    so the output has the pooled resolution."""
+
+    def __init__(self, dim: int, dim_out: int, num_heads: int, q_pool: nn.Module | None = None) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.q_pool = q_pool
+        self.qkv = nn.Linear(dim, dim_out * 3)
+        self.proj = nn.Linear(dim_out, dim_out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, h, w, _ = x.shape
+        q, k, v = self.qkv(x).reshape(b, h * w, 3, self.num_heads, -1).unbind(2)
+        if self.q_pool is not None:
+            q = pool_hw(q.reshape(b, h, w, -1), self.q_pool)
+            h, w = q.shape[1:3]
+            q = q.reshape(b, h * w, self.num_heads, -1)
+        x = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        return self.proj(x.transpose(1, 2).reshape(b, h, w, -1))
+
+
+class MultiScaleBlock(nn.Module):
+    """Pre-norm attention (windowed when window_size > 0) and MLP; with q_stride it also pools
+    the residual, projected to the new width."""
+
+    def __init__(
+        self, dim: int, dim_out: int, num_heads: int, q_stride: tuple[int, int] | None, window_size: int
+    ) -> None:
+        super().__init__()
+        self.dim, self.dim_out = dim, dim_out
+        self.window_size = window_size
+        self.q_stride = q_stride
+        self.norm1 = nn.LayerNorm(dim, eps=1e-6)
+        self.pool = nn.MaxPool2d(kernel_size=q_stride, stride=q_stride) if q_stride else None
+        self.attn = MultiScaleAttention(dim, dim_out, num_heads, q_pool=self.pool)
+        self.norm2 = nn.LayerNorm(dim_out, eps=1e-6)
+        self.mlp = MLP(dim_out, 4 * dim_out, dim_out, num_layers=2, activation=nn.GELU)
+        if dim != dim_out:
+            self.proj = nn.Linear(dim, dim_out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shortcut = x
+        x = self.norm1(x)
+        if self.dim != self.dim_out:
+            shortcut = pool_hw(self.proj(x), self.pool)
+
+        window_size = self.window_size
+        if window_size > 0:
+            h, w = x.shape[1:3]
+            x, pad_hw = window_partition(x, window_size)
+        x = self.attn(x)
+        if self.q_stride:
+            # the queries were pooled: the windows and the map shrank by the stride
+            window_size = self.window_size // self.q_stride[0]
+            h, w = shortcut.shape[1:3]
+            pad_hw = (h + (window_size - h % window_size) % window_size, w + (window_size - w % window_size) % window_size)
+        if self.window_size > 0:
+            x = window_unpartition(x, window_size, pad_hw, (h, w))
+
+        x = shortcut + x
+        return x + self.mlp(self.norm2(x))
+
+
+class Hiera(nn.Module):
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        stages: tuple[int, ...],
+        global_att_blocks: tuple[int, ...],
+        window_pos_embed_bkg_spatial_size: tuple[int, int],
+        window_spec: tuple[int, ...],
+        q_pool: int = 3,
+        q_stride: tuple[int, int] = (2, 2),
+    ) -> None:
+        super().__init__()
+        self.stage_ends = [sum(stages[:i]) - 1 for i in range(1, len(stages) + 1)]
+        q_pool_blocks = [end + 1 for end in self.stage_ends[:-1]][:q_pool]
+        self.patch_embed = PatchEmbed(embed_dim)
+        self.pos_embed = nn.Parameter(torch.zeros(1, embed_dim, *window_pos_embed_bkg_spatial_size))
+        self.pos_embed_window = nn.Parameter(torch.zeros(1, embed_dim, window_spec[0], window_spec[0]))
+
+        self.blocks = nn.ModuleList()
+        stage = 0
+        for i in range(sum(stages)):
+            dim_out = embed_dim
+            # The first block of a stage still uses the previous stage's window (its input's
+            # resolution); its pooled output is in the new stage's window size.
+            window_size = 0 if i in global_att_blocks else window_spec[stage]
+            if i - 1 in self.stage_ends:
+                dim_out, num_heads, stage = 2 * embed_dim, 2 * num_heads, stage + 1
+            self.blocks.append(
+                MultiScaleBlock(
+                    embed_dim,
+                    dim_out,
+                    num_heads,
+                    q_stride=q_stride if i in q_pool_blocks else None,
+                    window_size=window_size,
+                )
+            )
+            embed_dim = dim_out
+        self.channel_list = [self.blocks[i].dim_out for i in self.stage_ends[::-1]]
+
+    def _get_pos_embed(self, hw: tuple[int, int]) -> torch.Tensor:
+        """(1, H, W, C): the background table resized bicubically to (H, W), plus the window table tiled."""
+        pos_embed = F.interpolate(self.pos_embed, size=hw, mode="bicubic")
+        window = self.pos_embed_window
+        pos_embed = pos_embed + window.tile([p // w for p, w in zip(pos_embed.shape, window.shape)])
+        return pos_embed.permute(0, 2, 3, 1)
+
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """Each stage's last output, NCHW, highest resolution first (strides 4, 8, 16, 32)."""
+        x = self.patch_embed(x)
+        x = x + self._get_pos_embed(x.shape[1:3])
+        outputs = []
+        for i, block in enumerate(self.blocks):
+            x = block(x)
+            if i in self.stage_ends:
+                outputs.append(x.permute(0, 3, 1, 2))
+        return outputs

@@ -1,0 +1,79 @@
+"""SAM 2's memory encoder: a frame's features fused with its predicted mask into a 64-channel memory."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from samfast.modeling.common import LayerNorm2d
+from samfast.sam2.position_encoding import PositionEmbeddingSine
+
+
+class MaskDownSampler(nn.Module):
+    """Four stride-2 3x3 convs (x4 channels each, LayerNorm2d, GELU), then a 1x1 conv to embed_dim:
+    a 1024x1024 mask to the 64x64 feature grid."""
+
+    def __init__(self, embed_dim: int = 256, num_layers: int = 4, stride: int = 2) -> None:
+        super().__init__()
+        self.encoder = nn.Sequential()
+        channels = 1
+        for _ in range(num_layers):
+            out = channels * stride**2
+            self.encoder.append(nn.Conv2d(channels, out, kernel_size=3, stride=stride, padding=1))
+            self.encoder.append(LayerNorm2d(out))
+            self.encoder.append(nn.GELU())
+            channels = out
+        self.encoder.append(nn.Conv2d(channels, embed_dim, kernel_size=1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.encoder(x)
+
+
+class CXBlock(nn.Module):
+    """ConvNeXt block: depthwise 7x7 conv, LayerNorm2d, pointwise MLP (as Linears), layer scale, residual."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.dwconv = nn.Conv2d(dim, dim, kernel_size=7, padding=3, groups=dim)
+        self.norm = LayerNorm2d(dim, eps=1e-6)
+        self.pwconv1 = nn.Linear(dim, 4 * dim)
+        self.act = nn.GELU()
+        self.pwconv2 = nn.Linear(4 * dim, dim)
+        self.gamma = nn.Parameter(1e-6 * torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.norm(self.dwconv(x)).permute(0, 2, 3, 1)
+        y = self.gamma * self.pwconv2(self.act(self.pwconv1(y)))
+        return x + y.permute(0, 3, 1, 2)
+
+
+class Fuser(nn.Module):
+    def __init__(self, dim: int, num_layers: int = 2) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(CXBlock(dim) for _ in range(num_layers))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+class MemoryEncoder(nn.Module):
+    def __init__(self, out_dim: int, in_dim: int = 256) -> None:
+        super().__init__()
+        self.mask_downsampler = MaskDownSampler(in_dim)
+        self.pix_feat_proj = nn.Conv2d(in_dim, in_dim, kernel_size=1)
+        self.fuser = Fuser(in_dim)
+        self.position_encoding = PositionEmbeddingSine(out_dim)
+        self.out_proj = nn.Conv2d(in_dim, out_dim, kernel_size=1)
+
+    def forward(
+        self, pix_feat: torch.Tensor, masks: torch.Tensor, skip_mask_sigmoid: bool = False
+    ) -> dict[str, torch.Tensor | list[torch.Tensor]]:
+        """pix_feat (B, 256, 64, 64), mask logits (B, 1, 1024, 1024) -> sam2's dict of the memory and its encoding."""
+        if not skip_mask_sigmoid:
+            masks = torch.sigmoid(masks)
+        masks = self.mask_downsampler(masks)
+        x = self.pix_feat_proj(pix_feat.to(masks.device)) + masks
+        x = self.out_proj(self.fuser(x))
+        return {"vision_features": x, "vision_pos_enc": [self.position_encoding(x).to(x.dtype)]}

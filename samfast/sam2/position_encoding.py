@@ -1,0 +1,45 @@
+"""The sine positional encoding of SAM 2's feature maps (sam2.modeling.position_encoding.PositionEmbeddingSine).
+
+Normalized (positions 1..H divided by H + 1e-6, times 2 pi), half the channels for y then half for x,
+interleaved sin/cos. It depends only on the map's size, so each size is computed once and cached:
+the neck asks for the same three or four sizes on every image.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+
+class PositionEmbeddingSine(nn.Module):
+    def __init__(self, num_pos_feats: int, temperature: int = 10000) -> None:
+        super().__init__()
+        self.num_pos_feats = num_pos_feats // 2
+        self.temperature = temperature
+        self.scale = 2 * math.pi
+        self._cache: dict[tuple[int, int, torch.device], torch.Tensor] = {}
+
+    def _encode(self, h: int, w: int, device: torch.device) -> torch.Tensor:
+        """(C, H, W), with the reference's operation order so it equals it bit for bit."""
+        y_embed = torch.arange(1, h + 1, dtype=torch.float32, device=device).view(-1, 1).repeat(1, w)
+        x_embed = torch.arange(1, w + 1, dtype=torch.float32, device=device).view(1, -1).repeat(h, 1)
+        eps = 1e-6
+        y_embed = y_embed / (y_embed[-1:, :] + eps) * self.scale
+        x_embed = x_embed / (x_embed[:, -1:] + eps) * self.scale
+        dim_t = torch.arange(self.num_pos_feats, dtype=torch.float32, device=device)
+        dim_t = self.temperature ** (2 * (dim_t // 2) / self.num_pos_feats)
+        pos_x = x_embed[:, :, None] / dim_t
+        pos_y = y_embed[:, :, None] / dim_t
+        pos_x = torch.stack((pos_x[:, :, 0::2].sin(), pos_x[:, :, 1::2].cos()), dim=3).flatten(2)
+        pos_y = torch.stack((pos_y[:, :, 0::2].sin(), pos_y[:, :, 1::2].cos()), dim=3).flatten(2)
+        return torch.cat((pos_y, pos_x), dim=2).permute(2, 0, 1)
+
+    @torch.no_grad()
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, C, H, W) encoding for a (B, *, H, W) map, in fp32."""
+        key = (x.shape[-2], x.shape[-1], x.device)
+        if key not in self._cache:
+            self._cache[key] = self._encode(*key)
+        return self._cache[key][None].expand(x.shape[0], -1, -1, -1)

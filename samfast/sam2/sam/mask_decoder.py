@@ -1,0 +1,151 @@
+"""SAM 2's mask decoder (sam2.modeling.sam.mask_decoder.MaskDecoder) as every SAM 2 config builds it.
+
+Over SAM 1's decoder it adds: an object-score token and a 3-layer MLP head that says whether the
+object is in the image; the high-resolution backbone levels (strides 4 and 8, projected by
+conv_s0 / conv_s1) added into the two upscaling steps; IoU predictions through a sigmoid; the
+multimask tokens as the object pointer tokens when three masks are asked for; and (build_sam2's
+apply_postprocessing) a single mask that falls back to the best of the three when it is
+unstable. Every config (2.0 and 2.1) turns all of these on, so they are not options here.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from samfast.modeling.common import LayerNorm2d
+from samfast.sam2.config import (
+    DYNAMIC_MULTIMASK_STABILITY_DELTA,
+    DYNAMIC_MULTIMASK_STABILITY_THRESH,
+)
+from samfast.sam2.mlp import MLP
+from samfast.sam2.sam.transformer import Sam2TwoWayTransformer
+
+
+class Sam2MaskDecoder(nn.Module):
+    def __init__(
+        self,
+        *,
+        transformer_dim: int,
+        transformer: Sam2TwoWayTransformer,
+        num_multimask_outputs: int = 3,
+        iou_head_depth: int = 3,
+        iou_head_hidden_dim: int = 256,
+        dynamic_multimask_via_stability: bool = True,
+    ) -> None:
+        super().__init__()
+        self.transformer_dim = transformer_dim
+        self.transformer = transformer
+        self.num_multimask_outputs = num_multimask_outputs
+        self.iou_token = nn.Embedding(1, transformer_dim)
+        self.num_mask_tokens = num_multimask_outputs + 1
+        self.mask_tokens = nn.Embedding(self.num_mask_tokens, transformer_dim)
+        self.obj_score_token = nn.Embedding(1, transformer_dim)
+        self.output_upscaling = nn.Sequential(
+            nn.ConvTranspose2d(transformer_dim, transformer_dim // 4, kernel_size=2, stride=2),
+            LayerNorm2d(transformer_dim // 4),
+            nn.GELU(),
+            nn.ConvTranspose2d(transformer_dim // 4, transformer_dim // 8, kernel_size=2, stride=2),
+            nn.GELU(),
+        )
+        self.conv_s0 = nn.Conv2d(transformer_dim, transformer_dim // 8, kernel_size=1)
+        self.conv_s1 = nn.Conv2d(transformer_dim, transformer_dim // 4, kernel_size=1)
+        self.output_hypernetworks_mlps = nn.ModuleList(
+            MLP(transformer_dim, transformer_dim, transformer_dim // 8, 3) for _ in range(self.num_mask_tokens)
+        )
+        self.iou_prediction_head = MLP(transformer_dim, iou_head_hidden_dim, self.num_mask_tokens, iou_head_depth)
+        self.pred_obj_score_head = MLP(transformer_dim, transformer_dim, 1, 3)
+        self.dynamic_multimask_via_stability = dynamic_multimask_via_stability
+        self.dynamic_multimask_stability_delta = DYNAMIC_MULTIMASK_STABILITY_DELTA
+        self.dynamic_multimask_stability_thresh = DYNAMIC_MULTIMASK_STABILITY_THRESH
+
+    def forward(
+        self,
+        image_embeddings: torch.Tensor,
+        image_pe: torch.Tensor,
+        sparse_prompt_embeddings: torch.Tensor,
+        dense_prompt_embeddings: torch.Tensor,
+        multimask_output: bool,
+        repeat_image: bool,
+        high_res_features: list[torch.Tensor],
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(mask logits (B, M, 256, 256), IoU predictions (B, M), SAM output tokens (B, M or 1, C),
+        object score logits (B, 1)); M is 3 with multimask_output, else 1. repeat_image: one
+        image embedding for all B prompts (else one per prompt)."""
+        masks, iou_pred, mask_tokens_out, object_score_logits = self.predict_masks(
+            image_embeddings, image_pe, sparse_prompt_embeddings, dense_prompt_embeddings, repeat_image, high_res_features
+        )
+        if multimask_output:
+            masks, iou_pred = masks[:, 1:], iou_pred[:, 1:]
+            sam_tokens_out = mask_tokens_out[:, 1:]
+        else:
+            if self.dynamic_multimask_via_stability and not self.training:
+                masks, iou_pred = self._dynamic_multimask_via_stability(masks, iou_pred)
+            else:
+                masks, iou_pred = masks[:, 0:1], iou_pred[:, 0:1]
+            # the single-mask token is the one tracking is trained on
+            sam_tokens_out = mask_tokens_out[:, 0:1]
+        return masks, iou_pred, sam_tokens_out, object_score_logits
+
+    def predict_masks(
+        self,
+        image_embeddings: torch.Tensor,
+        image_pe: torch.Tensor,
+        sparse_prompt_embeddings: torch.Tensor,
+        dense_prompt_embeddings: torch.Tensor,
+        repeat_image: bool,
+        high_res_features: list[torch.Tensor],
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """All four masks and IoUs, the mask tokens and the object score logits."""
+        num_prompts = sparse_prompt_embeddings.shape[0]
+        output_tokens = torch.cat([self.obj_score_token.weight, self.iou_token.weight, self.mask_tokens.weight])
+        output_tokens = output_tokens.unsqueeze(0).expand(num_prompts, -1, -1)
+        tokens = torch.cat((output_tokens, sparse_prompt_embeddings), dim=1)
+
+        src = torch.repeat_interleave(image_embeddings, num_prompts, dim=0) if repeat_image else image_embeddings
+        src = src + dense_prompt_embeddings
+        pos_src = torch.repeat_interleave(image_pe, num_prompts, dim=0)
+        b, c, h, w = src.shape
+
+        hs, src = self.transformer(src, pos_src, tokens)
+        iou_token_out = hs[:, 1, :]
+        mask_tokens_out = hs[:, 2 : 2 + self.num_mask_tokens, :]
+
+        src = src.transpose(1, 2).view(b, c, h, w)
+        dc1, ln1, act1, dc2, act2 = self.output_upscaling
+        feat_s0, feat_s1 = high_res_features
+        upscaled = act1(ln1(dc1(src) + feat_s1))
+        upscaled = act2(dc2(upscaled) + feat_s0)
+
+        hyper_in = torch.stack(
+            [mlp(mask_tokens_out[:, i, :]) for i, mlp in enumerate(self.output_hypernetworks_mlps)], dim=1
+        )
+        b, c, h, w = upscaled.shape
+        masks = (hyper_in @ upscaled.view(b, c, h * w)).view(b, -1, h, w)
+        iou_pred = torch.sigmoid(self.iou_prediction_head(iou_token_out))
+        object_score_logits = self.pred_obj_score_head(hs[:, 0, :])
+        return masks, iou_pred, mask_tokens_out, object_score_logits
+
+    def _get_stability_scores(self, mask_logits: torch.Tensor) -> torch.Tensor:
+        """IoU of the mask thresholded at +delta and at -delta."""
+        mask_logits = mask_logits.flatten(-2)
+        delta = self.dynamic_multimask_stability_delta
+        area_i = torch.sum(mask_logits > delta, dim=-1).float()
+        area_u = torch.sum(mask_logits > -delta, dim=-1).float()
+        return torch.where(area_u > 0, area_i / area_u, 1.0)
+
+    def _dynamic_multimask_via_stability(
+        self, all_mask_logits: torch.Tensor, all_iou_scores: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The single-mask output where it is stable, else the multimask output with the highest IoU."""
+        multimask_logits, multimask_iou = all_mask_logits[:, 1:], all_iou_scores[:, 1:]
+        best = torch.argmax(multimask_iou, dim=-1)
+        rows = torch.arange(multimask_iou.shape[0], device=all_iou_scores.device)
+        best_logits = multimask_logits[rows, best].unsqueeze(1)
+        best_iou = multimask_iou[rows, best].unsqueeze(1)
+
+        single_logits, single_iou = all_mask_logits[:, 0:1], all_iou_scores[:, 0:1]
+        is_stable = self._get_stability_scores(single_logits) >= self.dynamic_multimask_stability_thresh
+        logits = torch.where(is_stable[..., None, None].expand_as(single_logits), single_logits, best_logits)
+        iou = torch.where(is_stable.expand_as(single_iou), single_iou, best_iou)
+        return logits, iou

@@ -1,0 +1,22 @@
+"""SAM 2's two-way transformer: SAM 1's, with sam2's MLP keys and attention through SDPA.
+
+The architecture is SAM 1's; two things differ. sam2 names each block's MLP `mlp.layers.{0,1}`
+(SAM 1: `mlp.lin1`, `mlp.lin2`), so the blocks get sam2's MLP (the same ReLU MLP). And sam2's
+Attention calls F.scaled_dot_product_attention where segment_anything writes the softmax out:
+SAM 1's Attention has both, and "sdpa" is the one that equals sam2 to the last bit.
+"""
+
+from __future__ import annotations
+
+from samfast.modeling.transformer import Attention, TwoWayTransformer
+from samfast.sam2.mlp import MLP
+
+
+class Sam2TwoWayTransformer(TwoWayTransformer):
+    def __init__(self, depth: int, embedding_dim: int, num_heads: int, mlp_dim: int) -> None:
+        super().__init__(depth=depth, embedding_dim=embedding_dim, num_heads=num_heads, mlp_dim=mlp_dim)
+        for layer in self.layers:
+            layer.mlp = MLP(embedding_dim, mlp_dim, embedding_dim, num_layers=2)
+        for module in self.modules():
+            if isinstance(module, Attention):
+                module.attn_impl = "sdpa"

@@ -1,0 +1,135 @@
+"""SAM2Base: the modules of a SAM 2 checkpoint, with sam2's names, and its image path.
+
+Holds everything an official checkpoint holds, so it loads strictly: the image encoder, the SAM
+heads, and the video parts (memory encoder and attention, memory and object-pointer embeddings)
+that the image path does not use. The image path is sam2's forward_image and
+_prepare_backbone_features, plus `image_features`, what SAM2ImagePredictor.set_image keeps.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from samfast.sam2.backbones.hiera import Hiera
+from samfast.sam2.backbones.image_encoder import ImageEncoder
+from samfast.sam2.backbones.neck import FpnNeck
+from samfast.sam2.config import (
+    BACKBONE_STRIDE,
+    D_MODEL,
+    IMAGE_SIZE,
+    MEM_DIM,
+    MEMORY_ATTENTION_LAYERS,
+    NUM_MASKMEM,
+    Sam2Config,
+)
+from samfast.sam2.memory.attention import MemoryAttention
+from samfast.sam2.memory.encoder import MemoryEncoder
+from samfast.sam2.mlp import MLP
+from samfast.sam2.sam.mask_decoder import Sam2MaskDecoder
+from samfast.sam2.sam.prompt_encoder import Sam2PromptEncoder
+from samfast.sam2.sam.transformer import Sam2TwoWayTransformer
+
+
+class SAM2Base(nn.Module):
+    image_size = IMAGE_SIZE
+    # Every config: the first frame (and so a single image) gets no_mem_embed added to its
+    # lowest-resolution features instead of memory attention, and the decoder reads the two
+    # higher-resolution levels too.
+    directly_add_no_mem_embed = True
+    use_high_res_features_in_sam = True
+    num_feature_levels = 3
+
+    def __init__(
+        self,
+        config: Sam2Config,
+        image_encoder: ImageEncoder,
+        memory_attention: MemoryAttention,
+        memory_encoder: MemoryEncoder,
+        sam_prompt_encoder: Sam2PromptEncoder,
+        sam_mask_decoder: Sam2MaskDecoder,
+    ) -> None:
+        super().__init__()
+        self.config = config
+        self.image_encoder = image_encoder
+        self.hidden_dim = image_encoder.neck.d_model
+        self.mem_dim = MEM_DIM
+        self.num_maskmem = NUM_MASKMEM
+        self.memory_attention = memory_attention
+        self.memory_encoder = memory_encoder
+        # the video parts' parameters, under sam2's names (zeros here: weights come from a checkpoint)
+        self.mask_downsample = nn.Conv2d(1, 1, kernel_size=4, stride=4)
+        self.maskmem_tpos_enc = nn.Parameter(torch.zeros(NUM_MASKMEM, 1, 1, MEM_DIM))
+        self.no_mem_embed = nn.Parameter(torch.zeros(1, 1, self.hidden_dim))
+        self.no_mem_pos_enc = nn.Parameter(torch.zeros(1, 1, self.hidden_dim))
+        self.no_obj_ptr = nn.Parameter(torch.zeros(1, self.hidden_dim))
+        # SAM 2.1 only: an embedding for frames without the object, and projected temporal encodings
+        self.no_obj_embed_spatial = nn.Parameter(torch.zeros(1, MEM_DIM)) if config.sam2_1 else None
+        self.sam_prompt_encoder = sam_prompt_encoder
+        self.sam_mask_decoder = sam_mask_decoder
+        self.obj_ptr_proj = MLP(self.hidden_dim, self.hidden_dim, self.hidden_dim, 3)
+        self.obj_ptr_tpos_proj = nn.Linear(self.hidden_dim, MEM_DIM) if config.sam2_1 else nn.Identity()
+
+    @property
+    def device(self) -> torch.device:
+        return self.no_mem_embed.device
+
+    def forward_image(self, img_batch: torch.Tensor) -> dict[str, torch.Tensor | list[torch.Tensor]]:
+        """The image encoder's outputs, with the two high-resolution levels already projected by
+        the decoder's conv_s0 / conv_s1 (once per image instead of once per prompt)."""
+        backbone_out = self.image_encoder(img_batch)
+        fpn = backbone_out["backbone_fpn"]
+        fpn[0] = self.sam_mask_decoder.conv_s0(fpn[0])
+        fpn[1] = self.sam_mask_decoder.conv_s1(fpn[1])
+        return backbone_out
+
+    def _prepare_backbone_features(self, backbone_out: dict) -> tuple[dict, list, list, list]:
+        """sam2's flattened view of the last num_feature_levels levels: (HW, B, C) features and
+        positional encodings, with their sizes."""
+        backbone_out = backbone_out.copy()
+        feature_maps = backbone_out["backbone_fpn"][-self.num_feature_levels :]
+        vision_pos_embeds = backbone_out["vision_pos_enc"][-self.num_feature_levels :]
+        feat_sizes = [(x.shape[-2], x.shape[-1]) for x in vision_pos_embeds]
+        vision_feats = [x.flatten(2).permute(2, 0, 1) for x in feature_maps]
+        vision_pos_embeds = [x.flatten(2).permute(2, 0, 1) for x in vision_pos_embeds]
+        return backbone_out, vision_feats, vision_pos_embeds, feat_sizes
+
+    def image_features(self, img_batch: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """(image embedding (B, 256, 64, 64) with no_mem_embed added, [stride-4, stride-8 features]):
+        what the image predictor decodes prompts against."""
+        backbone_out = self.forward_image(img_batch)
+        _, vision_feats, _, feat_sizes = self._prepare_backbone_features(backbone_out)
+        vision_feats[-1] = vision_feats[-1] + self.no_mem_embed
+        batch = img_batch.shape[0]
+        feats = [feat.permute(1, 2, 0).view(batch, -1, *size) for feat, size in zip(vision_feats, feat_sizes)]
+        return feats[-1], feats[:-1]
+
+
+def build_sam2_modules(config: Sam2Config, dynamic_multimask_via_stability: bool = True) -> SAM2Base:
+    """An uninitialised SAM2Base of the given shape (weights come from a checkpoint)."""
+    grid = IMAGE_SIZE // BACKBONE_STRIDE
+    trunk = Hiera(
+        embed_dim=config.embed_dim,
+        num_heads=config.num_heads,
+        stages=config.stages,
+        global_att_blocks=config.global_att_blocks,
+        window_pos_embed_bkg_spatial_size=config.window_pos_embed_bkg_spatial_size,
+        window_spec=config.window_spec,
+    )
+    return SAM2Base(
+        config,
+        image_encoder=ImageEncoder(trunk, FpnNeck(D_MODEL, list(config.backbone_channel_list)), scalp=1),
+        memory_attention=MemoryAttention(D_MODEL, MEMORY_ATTENTION_LAYERS, MEM_DIM),
+        memory_encoder=MemoryEncoder(MEM_DIM, D_MODEL),
+        sam_prompt_encoder=Sam2PromptEncoder(
+            embed_dim=D_MODEL,
+            image_embedding_size=(grid, grid),
+            input_image_size=(IMAGE_SIZE, IMAGE_SIZE),
+            mask_in_chans=16,
+        ),
+        sam_mask_decoder=Sam2MaskDecoder(
+            transformer_dim=D_MODEL,
+            transformer=Sam2TwoWayTransformer(depth=2, embedding_dim=D_MODEL, num_heads=8, mlp_dim=2048),
+            dynamic_multimask_via_stability=dynamic_multimask_via_stability,
+        ),
+    )

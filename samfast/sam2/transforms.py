@@ -1,0 +1,81 @@
+"""SAM 2's input and output transforms (sam2.utils.transforms.SAM2Transforms), without torchvision.
+
+Unlike SAM 1 (longest side to 1024, then padding), SAM 2 stretches every image to 1024 x 1024:
+to_tensor ([0, 1] floats), a bilinear resize with antialiasing (what torchvision's Resize does to a
+float tensor), ImageNet normalization. Prompts are scaled by 1024 / width and 1024 / height.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+from samfast.sam2.config import PIXEL_MEAN, PIXEL_STD
+
+
+def to_tensor(image: np.ndarray | Image.Image) -> torch.Tensor:
+    """(3, H, W) float of an HxWx3 RGB array or a PIL image: uint8 scaled to [0, 1], other dtypes
+    kept as they are (torchvision's ToTensor). PIL images of other modes are converted to RGB."""
+    if isinstance(image, Image.Image):
+        image = np.array(image.convert("RGB"))
+    tensor = torch.from_numpy(np.ascontiguousarray(image.transpose(2, 0, 1)))
+    return tensor.float().div(255) if tensor.dtype == torch.uint8 else tensor
+
+
+class SAM2Transforms:
+    def __init__(self, resolution: int, mask_threshold: float, max_hole_area: float = 0.0, max_sprinkle_area: float = 0.0):
+        self.resolution = resolution
+        self.mask_threshold = mask_threshold
+        self.max_hole_area = max_hole_area
+        self.max_sprinkle_area = max_sprinkle_area
+        self.mean = torch.tensor(PIXEL_MEAN).view(-1, 1, 1)
+        self.std = torch.tensor(PIXEL_STD).view(-1, 1, 1)
+
+    def __call__(self, image: np.ndarray | Image.Image) -> torch.Tensor:
+        """(3, 1024, 1024) model input of one image."""
+        x = to_tensor(image)
+        size = (self.resolution, self.resolution)
+        x = F.interpolate(x[None], size=size, mode="bilinear", align_corners=False, antialias=True)[0]
+        return (x - self.mean) / self.std
+
+    def forward_batch(self, img_list: list[np.ndarray]) -> torch.Tensor:
+        return torch.stack([self(img) for img in img_list])
+
+    def transform_coords(
+        self, coords: torch.Tensor, normalize: bool = False, orig_hw: tuple[int, int] | None = None
+    ) -> torch.Tensor:
+        """(..., 2) x, y to the 1024 x 1024 input frame; normalize: they are in pixels of an orig_hw image
+        (else already in [0, 1])."""
+        if normalize:
+            h, w = orig_hw
+            coords = torch.stack([coords[..., 0] / w, coords[..., 1] / h], dim=-1)
+        return coords * self.resolution
+
+    def transform_boxes(
+        self, boxes: torch.Tensor, normalize: bool = False, orig_hw: tuple[int, int] | None = None
+    ) -> torch.Tensor:
+        """(B, 4) x0 y0 x1 y1 boxes to (B, 2, 2) corners in the input frame."""
+        return self.transform_coords(boxes.reshape(-1, 2, 2), normalize, orig_hw)
+
+    def postprocess_masks(self, masks: torch.Tensor, orig_hw: tuple[int, int]) -> torch.Tensor:
+        """Low-res logits (B, M, 256, 256) bilinearly upsampled to the image size, in fp32.
+
+        With max_hole_area or max_sprinkle_area > 0, sam2 fills small holes and removes small
+        sprinkles with the connected components of its CUDA extension; when that extension is
+        missing (pip installs without it unless built with CUDA) it warns and skips the step.
+        samfast has no such extension yet, so it always does what sam2 does without it: it warns
+        and returns the masks unfilled.
+        """
+        masks = masks.float()
+        if self.max_hole_area > 0 or self.max_sprinkle_area > 0:
+            warnings.warn(
+                "max_hole_area / max_sprinkle_area need connected components, which samfast does not "
+                "have yet: skipping the hole and sprinkle removal, as sam2 does without its CUDA extension.",
+                category=UserWarning,
+                stacklevel=2,
+            )
+        return F.interpolate(masks, orig_hw, mode="bilinear", align_corners=False)
