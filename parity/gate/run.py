@@ -14,7 +14,7 @@
      and `python -m parity check --task amg` (segment everything, parity.tasks.amg) on its embedded
      default, every default GPU stage when there is a GPU (the pytest test that runs the same is
      then left to this step). Not inside pytest: their models (the trained vit_tiny) are not the
-     GPU layers' (vit_b and vit_h, seeded), so they would share no build, and their exit codes keep
+     GPU layers' (the two-block vit_b_2block and, in perf, vit_b and vit_h, seeded), so they would share no build, and their exit codes keep
      their meaning (2 = bad input);
    the background steps' output goes to reports/<step>.log, its tail printed when the step fails;
 3. `pytest tests/perf` alone on one GPU and an otherwise idle machine (pytest-benchmark times

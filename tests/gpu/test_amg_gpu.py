@@ -15,6 +15,8 @@ from tests.planted import item_sync_in_decoder
 
 pytestmark = pytest.mark.gpu
 
+MODEL = "vit_b_2block"  # the sync counts need every code path, not vit_b's depth (samfast/config.py)
+
 # Stages whose masks must stay near fp32's (int8 and 2:4 trade accuracy, judged by the gate's own thresholds)
 LOSSLESS = ["bf16", "compile", "sdpa", "triton", "nt"]
 MIN_MATCHED_IOU = 0.95  # mean, over fp32's masks, of the best IoU with a mask of the stage
@@ -39,7 +41,7 @@ def _sync_count(generator, image, path) -> int:
 
 @pytest.mark.parametrize("stage", ["fp32", "nt"])
 def test_sync_count_does_not_grow_with_the_number_of_decoder_batches(stage, scene, tmp_path):
-    model = samfast.build_sam("vit_b", device="cuda", stages=stage, batch_size=1)
+    model = samfast.build_sam(MODEL, device="cuda", stages=stage, batch_size=1)
     settings = dict(points_per_side=16, pred_iou_thresh=0.0, stability_score_thresh=0.0)  # every mask reaches NMS and RLE
     few = _sync_count(samfast.SamAutomaticMaskGenerator(model, points_per_batch=256, **settings), scene, tmp_path / "few.json.gz")
     many = _sync_count(samfast.SamAutomaticMaskGenerator(model, points_per_batch=16, **settings), scene, tmp_path / "many.json.gz")
@@ -48,7 +50,7 @@ def test_sync_count_does_not_grow_with_the_number_of_decoder_batches(stage, scen
 
 def test_planted_per_batch_sync_is_counted(scene, tmp_path):
     """Planted defect: an .item() per decoder call makes the count grow with the batches, and the check sees it."""
-    model = item_sync_in_decoder(samfast.build_sam("vit_b", device="cuda", stages="bf16"))
+    model = item_sync_in_decoder(samfast.build_sam(MODEL, device="cuda", stages="bf16"))
     settings = dict(points_per_side=16)
     few = _sync_count(samfast.SamAutomaticMaskGenerator(model, points_per_batch=256, **settings), scene, tmp_path / "few.json.gz")
     many = _sync_count(samfast.SamAutomaticMaskGenerator(model, points_per_batch=16, **settings), scene, tmp_path / "many.json.gz")

@@ -1,4 +1,9 @@
-"""Every ladder stage of vit_b on the GPU against true fp32 (TF32 off), on seeded synthetic weights.
+"""Every ladder stage on the GPU against true fp32 (TF32 off), on seeded synthetic weights.
+
+The model is vit_b_2block (samfast/config.py): vit_b's widths, one windowed and one global block.
+The tests need each switch's code paths, not the depth; the perf layer and the parity checks keep
+the full-depth models. test_planted_global_block_defect_fails_the_stage_check shows a defect of the
+global block alone still fails here.
 
 For each stage: image embeddings and low-res logits within the stage's max_logits_rel_l2 and
 predicted IoUs within its max_score_abs_err (parity/budgets.toml, [accuracy.<stage>]); a stage
@@ -20,13 +25,16 @@ import numpy as np
 import pytest
 import torch
 
+import samfast
 from parity.checks.compile import watch
-from parity.compare.gates import load_thresholds, thresholds_for
 from parity.gate.models import xdist_group
 from samfast import Prompts, SamPredictor
 from samfast.stages import FP8, LADDER, SPARSE_WITHOUT_INT8, StageError, parse_stages
+from tests.planted import relpos_bias_scaled_in_global_blocks
+from tests.stage_accuracy import assert_close_to_fp32
+from tests.stage_accuracy import rel_l2 as _rel_l2
 
-MODEL = "vit_b"
+MODEL = "vit_b_2block"  # correctness, not depth: tests/gpu/test_syncs_gpu.py's SHARED names the same model
 STATIC_BATCH = 2
 SIZES = [(480, 640), (1024, 768), (300, 500)]  # 3 images: one full batch of 2, then 1 padded
 PROMPTS_PER_IMAGE = [3, 7, 1]
@@ -72,19 +80,19 @@ def _shared(model_cache, stages: str):
     return model_cache.entry(MODEL, stages, batch=STATIC_BATCH, compile_mode=COMPILE_MODE, device="cuda")
 
 
-def _rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
-
-
-@pytest.fixture(scope="module")
-def fp32_outputs(scene, model_cache):
+def _run_fp32(model, scene) -> dict[str, torch.Tensor]:
     """True fp32: TF32 off for matmul and cuDNN, as the golden is made."""
     saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     try:
-        return _run(_shared(model_cache, "fp32").model, scene)
+        return _run(model, scene)
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+@pytest.fixture(scope="module")
+def fp32_outputs(scene, model_cache):
+    return _run_fp32(_shared(model_cache, "fp32").model, scene)
 
 
 def assert_compiled_cleanly(entry) -> None:
@@ -108,18 +116,19 @@ def test_stage_close_to_fp32(stages, scene, fp32_outputs, model_cache):
         assert_compiled_cleanly(entry)
         seen.assert_clean()  # batches of 1, 2 and 3 images, 3, 7 and 1 prompts: nothing new compiled
 
-    limits = thresholds_for(stages, load_thresholds())
-    errors = {k: _rel_l2(outputs[k], fp32_outputs[k]) for k in ("embeddings", "low_res_logits")}
-    score_err = (outputs["iou"] - fp32_outputs["iou"]).abs().max().item()
-    assert all(np.isfinite(list(errors.values())))
-    assert max(errors.values()) <= limits["max_logits_rel_l2"], (
-        f"{stages}: relative L2 error vs fp32 {errors} exceeds max_logits_rel_l2 {limits['max_logits_rel_l2']}"
-    )
-    assert score_err <= limits["max_score_abs_err"], (
-        f"{stages}: predicted IoU off by {score_err:.4g} > max_score_abs_err {limits['max_score_abs_err']}"
-    )
+    assert_close_to_fp32(stages, outputs, fp32_outputs)
     if "sparse" in parse_stages(stages) and "int8" not in parse_stages(stages):
         assert model.image_encoder.sparse_backend in ("cusparselt", "cutlass")
+
+
+@shared("fp32")
+def test_planted_global_block_defect_fails_the_stage_check(scene, fp32_outputs):
+    """Planted defect: the global block forgets its rel-pos bias (windowed block untouched). The reduced
+    model has one global block of two; the stage check must still fail on it (its CPU twin:
+    tests/unit/test_reduced_model.py)."""
+    model = relpos_bias_scaled_in_global_blocks(samfast.build_sam(MODEL, device="cuda", stages="fp32"), 0.0)
+    with pytest.raises(AssertionError, match="exceeds max_logits_rel_l2"):
+        assert_close_to_fp32("fp32", _run_fp32(model, scene), fp32_outputs)
 
 
 @shared("nt")

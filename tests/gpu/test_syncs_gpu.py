@@ -1,9 +1,11 @@
-"""Every ladder stage of vit_b runs its timed region (encoder + prompts + decoder) without a host-device sync.
+"""Every ladder stage runs its timed region (encoder + prompts + decoder) without a host-device sync.
 
 The stages come from the session's model cache, shared with tests/gpu/test_stages_gpu.py (same
-key: vit_b, batch 2, compile mode `default`): a sync is a property of the graph and its host code,
-which max-autotune does not change, and the cache's warm-up has compiled the model before the
-profiled region, as a real timed region is reached. The planted defect builds its own model.
+key: vit_b_2block, batch 2, compile mode `default`): a sync is a property of the graph and its host
+code, which max-autotune does not change, and the cache's warm-up has compiled the model before the
+profiled region, as a real timed region is reached. vit_b_2block (samfast/config.py) has vit_b's
+widths and one windowed and one global block: every code path, not the depth. The planted defects
+build their own model; one sits in the global block alone.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from parity.checks.syncs import assert_no_syncs, find_syncs, profile_region
 from parity.gate.models import xdist_group
 from samfast import Prompts
 from samfast.stages import FP8, LADDER, SPARSE_WITHOUT_INT8
-from tests.planted import item_sync_in_decoder
+from tests.planted import item_sync_in_decoder, item_sync_in_global_attention
 
 pytestmark = pytest.mark.gpu
 
@@ -31,13 +33,14 @@ def _batch(n_images: int = 2):
     return images, prompts
 
 
-SHARED = {"batch": 2, "compile_mode": "default"}  # test_stages_gpu's key: one build serves both files
+# test_stages_gpu's key (its MODEL, STATIC_BATCH, COMPILE_MODE): one build serves both files
+SHARED = {"model": "vit_b_2block", "batch": 2, "compile_mode": "default"}
 
 
-@pytest.mark.parametrize("stage", [pytest.param(s, marks=pytest.mark.xdist_group(xdist_group("vit_b", s, **SHARED)))
+@pytest.mark.parametrize("stage", [pytest.param(s, marks=pytest.mark.xdist_group(xdist_group(stages=s, **SHARED)))
                                    for s in STAGES])
 def test_stage_is_sync_free(stage, tmp_path, model_cache):
-    model = model_cache.get("vit_b", stage, device="cuda", **SHARED)
+    model = model_cache.get(stages=stage, device="cuda", **SHARED)
     predictor = samfast.SamPredictor(model)
     images, prompts = _batch()
     trace = profile_region(lambda: predictor.predict_batch(images, prompts), trace_path=tmp_path / f"{stage}.json.gz")
@@ -46,11 +49,24 @@ def test_stage_is_sync_free(stage, tmp_path, model_cache):
 
 def test_planted_item_sync_is_found(tmp_path):
     """Planted defect: an .item() inside the decoder's forward must show up with its frame."""
-    model = item_sync_in_decoder(samfast.build_sam("vit_b", device="cuda", stages="bf16"))
+    model = item_sync_in_decoder(samfast.build_sam(SHARED["model"], device="cuda", stages="bf16"))
     predictor = samfast.SamPredictor(model)
     images, prompts = _batch()
     trace = profile_region(lambda: predictor.predict_batch(images, prompts), trace_path=tmp_path / "planted.json.gz")
     syncs = find_syncs(trace)
     assert syncs and any("forward_with_item" in (s["python_frame"] or "") for s in syncs)
+    with pytest.raises(AssertionError, match="cudaStreamSynchronize"):
+        assert_no_syncs(trace)
+
+
+def test_planted_item_sync_in_the_global_block_is_found(tmp_path):
+    """Planted defect in the reduced model's one global block alone (the windowed block is clean): an .item()
+    in its attention's forward must show up with its frame (its CPU twin: tests/unit/test_reduced_model.py)."""
+    model = item_sync_in_global_attention(samfast.build_sam(SHARED["model"], device="cuda", stages="bf16"))
+    predictor = samfast.SamPredictor(model)
+    images, prompts = _batch()
+    trace = profile_region(lambda: predictor.predict_batch(images, prompts), trace_path=tmp_path / "global.json.gz")
+    syncs = find_syncs(trace)
+    assert syncs and any("global_attention_with_item" in (s["python_frame"] or "") for s in syncs), syncs
     with pytest.raises(AssertionError, match="cudaStreamSynchronize"):
         assert_no_syncs(trace)

@@ -3,7 +3,7 @@
 The end-to-end tests run both generators on the same weights and compare record by record: the
 same count in the same order, the same prompt point and crop, scores to fp32 rounding and masks
 pixel-equal up to a documented tolerance. The two models' logits differ by reordered fp32
-additions (LOGITS_ATOL in test_reference_parity.py), so a pixel whose full-size logit sits within
+additions (LOGITS_ATOL in tests/reference.py), so a pixel whose full-size logit sits within
 that of the threshold may flip; MAX_FLIPPED_PIXELS bounds those per mask, and boxes and areas may
 move by as much. The small helpers are checked against the reference's own on synthetic masks.
 """
