@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from samfast.families import ServesFamilies
 from samfast.resize import pil_bilinear_resize, same_as_pil
 from samfast.transfer import to_device
 from samfast.transforms import (
@@ -46,7 +47,9 @@ class Prediction:
     low_res_logits: torch.Tensor  # (N, C, 256, 256)
 
 
-class SamPredictor:
+class SamPredictor(ServesFamilies):
+    """Given a SAM 2 model it is samfast.sam2.predictor.SamPredictorForSAM2 (set_image and predict as here)."""
+
     def __init__(self, sam_model) -> None:
         self.model = sam_model
         self.long_side = sam_model.image_encoder.img_size

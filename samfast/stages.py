@@ -88,8 +88,11 @@ def apply_stages(model, switches: frozenset[str]) -> None:
         for mlp in model.encoder_mlps():
             mlp.gelu_impl = "quantized_kernel"
     if "compile" in switches:
-        model.patch_embedding().as_gemm = True  # see PatchEmbed: cuDNN's conv for it is slow
-        if "triton" not in switches:  # likewise the decoder's transposed convs: kernels.upscaled_masks_reference
+        if (patch := model.patch_embedding()) is not None:  # None: the family's patch conv has no GEMM form
+            patch.as_gemm = True  # see PatchEmbed: cuDNN's conv for it is slow
+        # likewise the decoder's transposed convs (kernels.upscaled_masks_reference), where the decoder
+        # offers that path: SAM 2's adds high-resolution features between the two convs
+        if "triton" not in switches and hasattr(decoder, "upscale_impl"):
             decoder.upscale_impl = "gemm"
         if "bf16" in switches and not switches & {"int8", "sparse", FP8}:
             # see MLPBlock: lin1 + GELU as one GEMM; the tanh GELU is within bf16's rounding, not fp32's,

@@ -31,6 +31,7 @@ from samfast.amg import rle as rle_utils
 from samfast.amg.grids import crop_boxes, layer_point_grids
 from samfast.amg.masks import mask_boxes, near_crop_edge, stability_score
 from samfast.amg.small_regions import postprocess_small_regions
+from samfast.families import ServesFamilies
 from samfast.predictor import SamPredictor
 from samfast.transforms import InputError, preprocess_shape, scale_coords, to_rgb_uint8
 from samfast.transfer import to_device
@@ -65,18 +66,24 @@ class _Kept:
     """A crop's masks after its own filters and NMS, on the device, in the reference's order."""
 
     crop: int
-    index: torch.Tensor  # (k,) into the crop's flattened outputs: point * MASKS_PER_POINT + output
+    index: torch.Tensor  # (k,) into the crop's flattened outputs: point * masks_per_point + output
     boxes: torch.Tensor  # (k, 4) int64 x0, y0, x1, y1 in the image
     iou: torch.Tensor  # (k,) float32
     stability: torch.Tensor  # (k,) float32
 
 
-class SamAutomaticMaskGenerator:
+class SamAutomaticMaskGenerator(ServesFamilies):
     """Masks for a whole image from a grid of point prompts: segment_anything's API and records.
 
     points_per_batch: points per mask-decoder call; None decodes as many as fit in memory (all of
     them, usually). generate_batch(images) runs several images through the encoder together.
+    Given a SAM 2 model it is samfast.sam2.SAM2AutomaticMaskGenerator, with sam2's parameters.
     """
+
+    # What a family's subclass may change (samfast.sam2's does):
+    masks_per_point = MASKS_PER_POINT
+    point_dtype = np.float64  # the grid points in crop pixels, as the reference keeps them
+    removes_small_regions = True  # min_mask_region_area cleans the surviving masks after NMS
 
     def __init__(
         self,
@@ -115,7 +122,6 @@ class SamAutomaticMaskGenerator:
         if points_per_side is not None:
             point_grids = layer_point_grids(points_per_side, crop_n_layers, crop_n_points_downscale_factor)
         self.point_grids = [np.asarray(g, dtype=np.float64) for g in point_grids]
-        self.predictor = SamPredictor(model)
         self.points_per_batch = points_per_batch
         self.pred_iou_thresh = pred_iou_thresh
         self.stability_score_thresh = stability_score_thresh
@@ -127,10 +133,19 @@ class SamAutomaticMaskGenerator:
         self.crop_n_points_downscale_factor = crop_n_points_downscale_factor
         self.min_mask_region_area = min_mask_region_area
         self.output_mode = output_mode
+        self.predictor = self._new_predictor(model)
+
+    def _new_predictor(self, model):
+        return SamPredictor(model)
 
     @property
     def model(self):
         return self.predictor.model
+
+    @property
+    def mask_threshold(self) -> float:
+        """The logit above which a pixel is in a mask: the model's here, a parameter in sam2's generator."""
+        return self.model.mask_threshold
 
     @torch.no_grad()
     def generate(self, image: np.ndarray) -> list[dict]:
@@ -142,7 +157,7 @@ class SamAutomaticMaskGenerator:
         """generate for several images, their crops encoded and decoded together."""
         images = [to_rgb_uint8(im) for im in images]
         crops = [
-            _Crop(i, box, self.point_grids[layer] * np.array([box[2] - box[0], box[3] - box[1]], dtype=np.float64))
+            _Crop(i, box, (self.point_grids[layer] * np.array([box[2] - box[0], box[3] - box[1]], dtype=np.float64)).astype(self.point_dtype))
             for i, im in enumerate(images)
             for box, layer in crop_boxes(im.shape[:2], self.crop_n_layers, self.crop_overlap_ratio)
         ]
@@ -192,7 +207,7 @@ class SamAutomaticMaskGenerator:
             )
             logits.append(batch_logits)
             iou.append(batch_iou)
-        per_crop = [MASKS_PER_POINT * len(c.points) for c in crops]
+        per_crop = [self.masks_per_point * len(c.points) for c in crops]
         logits = torch.cat(logits).flatten(0, 1).split(per_crop)
         iou = torch.cat(iou).flatten(0, 1).float().split(per_crop)
         return list(logits), list(iou)
@@ -219,7 +234,7 @@ class SamAutomaticMaskGenerator:
     # --- filters -------------------------------------------------------------------------------
     def _filter_crop(self, c: int, crop: _Crop, logits: torch.Tensor, iou: torch.Tensor, image_size) -> _Kept:
         """The reference's _process_batch filters then its per-crop NMS, over all the crop's masks at once."""
-        threshold = self.model.mask_threshold
+        threshold = self.mask_threshold
         if self.pred_iou_thresh > 0.0:
             index = torch.nonzero(iou > self.pred_iou_thresh)[:, 0]  # sync: the survivors' count
         else:
@@ -258,7 +273,7 @@ class SamAutomaticMaskGenerator:
         masks = []
         for k in kept:
             x0, y0, x1, y1 = crops[k.crop].box
-            crop_masks = self._upsample(logits[k.crop][k.index], crops[k.crop]) > self.model.mask_threshold
+            crop_masks = self._upsample(logits[k.crop][k.index], crops[k.crop]) > self.mask_threshold
             masks.append(F.pad(crop_masks, (x0, image_size[1] - x1, y0, image_size[0] - y1), value=False))
         masks = torch.cat(masks)[order]
         crop_of = torch.cat([torch.full_like(k.index, i) for i, k in enumerate(kept)])[order]
@@ -266,7 +281,7 @@ class SamAutomaticMaskGenerator:
         boxes = torch.cat([k.boxes for k in kept])[order]
         iou = torch.cat([k.iou for k in kept])[order]
         stability = torch.cat([k.stability for k in kept])[order]
-        if self.min_mask_region_area > 0 and len(masks):
+        if self.removes_small_regions and self.min_mask_region_area > 0 and len(masks):
             # one more device-to-host copy (a sync) of the surviving masks, as in the reference
             keep, masks, boxes = postprocess_small_regions(
                 masks, self.min_mask_region_area, max(self.box_nms_thresh, self.crop_nms_thresh))
@@ -280,7 +295,7 @@ class SamAutomaticMaskGenerator:
         for i, rle in enumerate(rles):
             crop = crops[kept[crop_of[i]].crop]
             x0, y0, x1, y1 = crop.box
-            px, py = crop.points[index[i] // MASKS_PER_POINT]
+            px, py = crop.points[index[i] // self.masks_per_point]
             bx0, by0, bx1, by1 = boxes[i].tolist()
             records.append({
                 "segmentation": self._segmentation(rle),

@@ -33,7 +33,13 @@ def attention_with_relpos(
 
         return relpos_attention(qkv, rel_h, rel_w, scale=scale)
     q, k, v = qkv.unbind(0)
-    bias = None if rel_h is None else decomposed_bias(rel_h, rel_w)
+    return attention(q, k, v, scale, impl, None if rel_h is None else decomposed_bias(rel_h, rel_w))
+
+
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, impl: str, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """softmax(q k^T * scale + bias) v for (B, H, L, D) q, k, v, written out ("math") or through SDPA."""
     if impl == "math":
         # Same operation order as segment_anything, so the fp32 stage equals it to rounding.
         attn = (q * scale) @ k.transpose(-2, -1)

@@ -2,16 +2,18 @@
 
 Code written for the `sam2` package runs by changing the import:
 
-    from samfast.sam2 import build_sam2, SAM2ImagePredictor
+    from samfast.sam2 import build_sam2, SAM2ImagePredictor, SAM2AutomaticMaskGenerator
     model = build_sam2("configs/sam2.1/sam2.1_hiera_t.yaml", "sam2.1_hiera_tiny.pt", device="cuda")
 
 samfast.build_sam("sam2.1_hiera_t", ...) builds the same model. Laid out like sam2: backbones/
 (Hiera trunk, FPN neck), sam/ (prompt encoder, mask decoder), memory/ (the video memory).
 """
 
+from samfast.sam2.automatic_mask_generator import SAM2AutomaticMaskGenerator
 from samfast.sam2.build import build_sam2
 from samfast.sam2.config import SAM2_MODEL_TYPES
 from samfast.sam2.image_predictor import SAM2ImagePredictor
+from samfast.sam2.predictor import SamPredictorForSAM2
 from samfast.sam2.sam2_base import SAM2Base
 
-__all__ = ["SAM2_MODEL_TYPES", "SAM2Base", "SAM2ImagePredictor", "build_sam2"]
+__all__ = ["SAM2_MODEL_TYPES", "SAM2AutomaticMaskGenerator", "SAM2Base", "SAM2ImagePredictor", "SamPredictorForSAM2", "build_sam2"]

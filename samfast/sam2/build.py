@@ -16,7 +16,10 @@ from samfast.sam2.checkpoint import (
 )
 from samfast.sam2.config import model_type_of_config_file, sam2_config
 from samfast.sam2.sam2_base import SAM2Base, build_sam2_modules
-from samfast.stages import parse_stages
+from samfast.stages import SWITCHES, apply_stages, parse_stages
+
+# the lossless switches built for SAM 2 so far; triton (no rel-pos in Hiera), nt, int8, fp8 and sparse are not
+SAM2_SWITCHES = frozenset({"bf16", "compile", "sdpa"})
 
 
 def build_sam2_model(
@@ -32,13 +35,15 @@ def build_sam2_model(
 
     checkpoint: the path of an official file ({"model": state_dict}, e.g. sam2.1_hiera_tiny.pt),
     such a dict or a bare state dict, or None for `synthetic_state_dict(model_type, seed)`.
-    Only the fp32 stage exists for SAM 2 so far.
+    stages: SAM 1's grammar (samfast.stages); SAM 2 takes the switches in SAM2_SWITCHES so far.
     """
     config = sam2_config(model_type)
-    if parse_stages(stages):
+    switches = parse_stages(stages)
+    if unbuilt := sorted(switches - SAM2_SWITCHES, key=SWITCHES.index):
         raise StageError(
-            f"stages={stages!r}: the SAM 2 optimization switches are not built yet; "
-            f"{model_type} runs at stages='fp32' only (issue 36, item 2)"
+            f"stages={stages!r}: the {', '.join(unbuilt)} switch(es) are not built for SAM 2 yet (issue 36, item 2); "
+            f"{model_type} takes fp32 and any combination of {', '.join(sorted(SAM2_SWITCHES, key=SWITCHES.index))}, "
+            "e.g. 'bf16+compile+sdpa'"
         )
     model = build_sam2_modules(config, dynamic_multimask_via_stability)
     if checkpoint is None:
@@ -50,7 +55,9 @@ def build_sam2_model(
     check_sam2_state_dict(state, config, {k: v.shape for k, v in model.state_dict().items()})
     model.load_state_dict(state)
     model.eval().requires_grad_(False)
-    return model.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    model.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    apply_stages(model, switches)
+    return model
 
 
 def build_sam2(

@@ -16,6 +16,7 @@ from PIL import Image
 
 from samfast.sam2.sam2_base import SAM2Base
 from samfast.sam2.transforms import SAM2Transforms
+from samfast.transfer import to_device
 
 
 class SAM2ImagePredictor:
@@ -127,16 +128,16 @@ class SAM2ImagePredictor:
         if point_coords is not None:
             if point_labels is None:
                 raise ValueError("point_labels must be supplied if point_coords is supplied.")
-            coords = torch.as_tensor(point_coords, dtype=torch.float, device=self.device)
+            coords = to_device(point_coords, torch.float, self.device)
             unnorm_coords = self._transforms.transform_coords(coords, normalize=normalize_coords, orig_hw=orig_hw)
-            labels = torch.as_tensor(point_labels, dtype=torch.int, device=self.device)
+            labels = to_device(point_labels, torch.int, self.device)
             if unnorm_coords.ndim == 2:
                 unnorm_coords, labels = unnorm_coords[None], labels[None]
         if box is not None:
-            box = torch.as_tensor(box, dtype=torch.float, device=self.device)
+            box = to_device(box, torch.float, self.device)
             unnorm_box = self._transforms.transform_boxes(box, normalize=normalize_coords, orig_hw=orig_hw)
         if mask_logits is not None:
-            mask_input = torch.as_tensor(mask_logits, dtype=torch.float, device=self.device)
+            mask_input = to_device(mask_logits, torch.float, self.device)
             if mask_input.ndim == 3:
                 mask_input = mask_input[None]
         return mask_input, unnorm_coords, labels, unnorm_box
@@ -153,11 +154,35 @@ class SAM2ImagePredictor:
         img_idx: int = -1,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Masks (B, C, H, W), IoUs (B, C), low-res logits (B, C, 256, 256) of prompts already in the input frame."""
+        image_embed = self._features["image_embed"][img_idx].unsqueeze(0)
+        high_res_features = [level[img_idx].unsqueeze(0) for level in self._features["high_res_feats"]]
+        low_res_masks, iou_predictions = self._decode(
+            point_coords, point_labels, boxes, mask_input, multimask_output, image_embed, high_res_features
+        )
+        masks = self._transforms.postprocess_masks(low_res_masks, self._orig_hw[img_idx])
+        low_res_masks = torch.clamp(low_res_masks, -32.0, 32.0)
+        if not return_logits:
+            masks = masks > self.mask_threshold
+        return masks, iou_predictions, low_res_masks
+
+    def _decode(
+        self,
+        point_coords: torch.Tensor | None,
+        point_labels: torch.Tensor | None,
+        boxes: torch.Tensor | None,
+        mask_input: torch.Tensor | None,
+        multimask_output: bool,
+        image_embed: torch.Tensor,
+        high_res_features: list[torch.Tensor],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Unclamped low-res logits (B, C, 256, 256) and IoUs (B, C) against one image's features
+        ((1, 256, 64, 64) and its two high-resolution levels): _predict before the upsampling,
+        which the automatic mask generator does only for the masks that pass its filters."""
         points = None if point_coords is None else (point_coords, point_labels)
         if boxes is not None:
             # a box is its two corners, labelled 2 and 3, in front of the points
             box_coords = boxes.reshape(-1, 2, 2)
-            box_labels = torch.tensor([[2, 3]], dtype=torch.int, device=boxes.device).repeat(boxes.shape[0], 1)
+            box_labels = torch.arange(2, 4, dtype=torch.int, device=boxes.device).repeat(boxes.shape[0], 1)  # corner labels 2, 3
             if points is None:
                 points = (box_coords, box_labels)
             else:
@@ -166,9 +191,8 @@ class SAM2ImagePredictor:
         prompt_encoder = self.model.sam_prompt_encoder
         sparse, dense = prompt_encoder(points=points, boxes=None, masks=mask_input)
         several_prompts = points is not None and points[0].shape[0] > 1
-        high_res_features = [level[img_idx].unsqueeze(0) for level in self._features["high_res_feats"]]
         low_res_masks, iou_predictions, _, _ = self.model.sam_mask_decoder(
-            image_embeddings=self._features["image_embed"][img_idx].unsqueeze(0),
+            image_embeddings=image_embed,
             image_pe=prompt_encoder.get_dense_pe(),
             sparse_prompt_embeddings=sparse,
             dense_prompt_embeddings=dense,
@@ -176,11 +200,7 @@ class SAM2ImagePredictor:
             repeat_image=several_prompts,
             high_res_features=high_res_features,
         )
-        masks = self._transforms.postprocess_masks(low_res_masks, self._orig_hw[img_idx])
-        low_res_masks = torch.clamp(low_res_masks, -32.0, 32.0)
-        if not return_logits:
-            masks = masks > self.mask_threshold
-        return masks, iou_predictions, low_res_masks
+        return low_res_masks, iou_predictions
 
 
 def _numpy(x: torch.Tensor) -> np.ndarray:

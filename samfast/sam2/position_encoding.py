@@ -40,6 +40,9 @@ class PositionEmbeddingSine(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(B, C, H, W) encoding for a (B, *, H, W) map, in fp32."""
         key = (x.shape[-2], x.shape[-1], x.device)
+        if torch.compiler.is_compiling():
+            # a constant of the graph: a cache filled while tracing fails dynamo's guard on it next call
+            return self._encode(*key)[None].expand(x.shape[0], -1, -1, -1)
         if key not in self._cache:
             self._cache[key] = self._encode(*key)
         return self._cache[key][None].expand(x.shape[0], -1, -1, -1)

@@ -74,10 +74,43 @@ class SAM2Base(nn.Module):
     def device(self) -> torch.device:
         return self.no_mem_embed.device
 
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.no_mem_embed.dtype
+
+    # --- what the stage switches act on: the questions samfast.modeling.sam.Sam answers, for SAM 2's
+    # image path (the memory attention is video's and has no switch yet)
+    def attention_modules(self) -> dict[str, nn.Module]:
+        """Every attention module with an `attn_impl` (the sdpa switch's): Hiera's, then the decoder's."""
+        return {name: m for name, m in self.named_modules() if hasattr(m, "attn_impl")}
+
+    def relpos_attention_modules(self) -> dict[str, nn.Module]:
+        """None: Hiera has no decomposed rel-pos bias (absolute windowed positional embeddings instead)."""
+        return {}
+
+    def encoder_blocks(self) -> dict[str, nn.Module]:
+        return {f"image_encoder.trunk.blocks.{i}": block for i, block in enumerate(self.image_encoder.trunk.blocks)}
+
+    def encoder_linears(self) -> dict[str, nn.Linear]:
+        """The linears inside Hiera's blocks (attention, MLP, and the width-doubling residual projections)."""
+        return {f"{name}.{sub}": m for name, block in self.encoder_blocks().items()
+                for sub, m in block.named_modules() if isinstance(m, nn.Linear)}
+
+    def encoder_mlps(self) -> list[nn.Module]:
+        """None with a switchable GELU path: sam2's MLP is not SAM 1's MLPBlock (no `gelu_impl`)."""
+        return []
+
+    def patch_embedding(self) -> None:
+        """None to rewrite: Hiera's 7x7 stride-4 patch conv overlaps, so it has no single-GEMM form."""
+        return None
+
+    def prompt_decoder(self) -> Sam2MaskDecoder:
+        return self.sam_mask_decoder
+
     def forward_image(self, img_batch: torch.Tensor) -> dict[str, torch.Tensor | list[torch.Tensor]]:
         """The image encoder's outputs, with the two high-resolution levels already projected by
         the decoder's conv_s0 / conv_s1 (once per image instead of once per prompt)."""
-        backbone_out = self.image_encoder(img_batch)
+        backbone_out = self.image_encoder(img_batch.to(self.dtype))
         fpn = backbone_out["backbone_fpn"]
         fpn[0] = self.sam_mask_decoder.conv_s0(fpn[0])
         fpn[1] = self.sam_mask_decoder.conv_s1(fpn[1])

@@ -49,7 +49,9 @@ def generated_image() -> np.ndarray:
 def models():
     from sam2.build_sam import build_sam2
 
-    ours = build_sam2_model("sam2.1_hiera_t", device="cpu")
+    # sam2's own attention path, so the same bits; the fp32 stage writes the softmax out, SAM 1's
+    # reference order, within fp32 rounding of it (tests/unit/test_sam2_stages.py)
+    ours = build_sam2_model("sam2.1_hiera_t", device="cpu", stages="fp32+sdpa")
     ref = build_sam2("configs/sam2.1/sam2.1_hiera_t.yaml", ckpt_path=None, device="cpu")
     ref.load_state_dict(ours.state_dict(), strict=True)
     return ours, ref
@@ -181,3 +183,25 @@ def test_reset_and_errors(models):
         predictor.predict_batch()
     predictor.reset_predictor()
     assert predictor._features is None and not predictor._is_image_set
+
+
+def test_the_shared_predictor_serves_a_sam2_model(predictors, models):
+    """samfast.SamPredictor(sam2 model): set_image (BGR too) and predict with the keyword arguments both
+    references share give sam2's masks (as bool, SamPredictor's convention), scores and low-res logits."""
+    import samfast
+    from samfast.sam2 import SamPredictorForSAM2
+
+    image, _, ref = predictors
+    shared = samfast.SamPredictor(models[0])
+    assert type(shared) is SamPredictorForSAM2 and isinstance(shared, samfast.SamPredictor)
+    shared.set_image(np.ascontiguousarray(image[..., ::-1]), image_format="BGR")
+    for name in ("1 point, 3 masks", "2 points + box", "box, logits"):
+        kwargs = _prompts(image)[name]
+        masks, iou, low_res = shared.predict(**kwargs)
+        ref_masks, ref_iou, ref_low_res = ref.predict(**kwargs)
+        assert masks.dtype == (np.float32 if kwargs.get("return_logits") else bool)
+        np.testing.assert_array_equal(masks, ref_masks)
+        np.testing.assert_array_equal(iou, ref_iou)
+        np.testing.assert_array_equal(low_res, ref_low_res)
+    with pytest.raises(NotImplementedError, match="set_image_batch"):
+        shared.predict_batch([image], [samfast.Prompts(boxes=np.array([[0, 0, 10, 10]]))])

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from samfast.modeling.attention import attention
 from samfast.sam2.backbones.windows import window_partition, window_unpartition
 from samfast.sam2.mlp import MLP
 
@@ -45,6 +46,10 @@ class MultiScaleAttention(nn.Module):
         self.q_pool = q_pool
         self.qkv = nn.Linear(dim, dim_out * 3)
         self.proj = nn.Linear(dim_out, dim_out)
+        self.scale = (dim_out // num_heads) ** -0.5
+        # "sdpa" is sam2's own path (its outputs to the bit); the stages set "math" for fp32, SAM 1's
+        # reference order, which equals it to fp32 rounding (tests/unit/test_sam2_stages.py)
+        self.attn_impl = "sdpa"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, h, w, _ = x.shape
@@ -53,7 +58,7 @@ class MultiScaleAttention(nn.Module):
             q = pool_hw(q.reshape(b, h, w, -1), self.q_pool)
             h, w = q.shape[1:3]
             q = q.reshape(b, h * w, self.num_heads, -1)
-        x = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        x = attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), self.scale, self.attn_impl)
         return self.proj(x.transpose(1, 2).reshape(b, h, w, -1))
 
 

@@ -42,7 +42,8 @@ class FpnNeck(nn.Module):
         for i in range(n, -1, -1):  # lowest resolution first, so the top-down sum can flow up
             lateral = self.convs[n - i](xs[i])
             if i in self.fpn_top_down_levels and prev is not None:
-                top_down = F.interpolate(prev.to(torch.float32), scale_factor=2.0, mode="nearest")
+                # sam2 upsamples in fp32; back in the lateral's dtype so bf16 stays bf16 (a no-op in fp32)
+                top_down = F.interpolate(prev.to(torch.float32), scale_factor=2.0, mode="nearest").to(lateral.dtype)
                 prev = lateral + top_down
             else:
                 prev = lateral

@@ -58,6 +58,17 @@ class Sam2MaskDecoder(nn.Module):
         self.dynamic_multimask_via_stability = dynamic_multimask_via_stability
         self.dynamic_multimask_stability_delta = DYNAMIC_MULTIMASK_STABILITY_DELTA
         self.dynamic_multimask_stability_thresh = DYNAMIC_MULTIMASK_STABILITY_THRESH
+        self.compiled_predict_masks = None  # set by compile_for_any_prompt_count (the compile switch)
+
+    def compile_for_any_prompt_count(self) -> None:
+        """torch.compile predict_masks into one graph for every prompt count and points per prompt.
+
+        Both vary from call to call, so they are marked dynamic, not padded: padding points with
+        label -1 would change the answer (a -1 point is still a token every other token attends to).
+        Dynamo specializes sizes 0 and 1, so `_predict_masks_compiled` pads the prompt count to at
+        least 2; the tokens per prompt are at least 2 already (a point and sam2's padding point, or a box).
+        """
+        self.compiled_predict_masks = torch.compile(self.predict_masks, fullgraph=True)
 
     def forward(
         self,
@@ -72,7 +83,8 @@ class Sam2MaskDecoder(nn.Module):
         """(mask logits (B, M, 256, 256), IoU predictions (B, M), SAM output tokens (B, M or 1, C),
         object score logits (B, 1)); M is 3 with multimask_output, else 1. repeat_image: one
         image embedding for all B prompts (else one per prompt)."""
-        masks, iou_pred, mask_tokens_out, object_score_logits = self.predict_masks(
+        predict = self.predict_masks if self.compiled_predict_masks is None else self._predict_masks_compiled
+        masks, iou_pred, mask_tokens_out, object_score_logits = predict(
             image_embeddings, image_pe, sparse_prompt_embeddings, dense_prompt_embeddings, repeat_image, high_res_features
         )
         if multimask_output:
@@ -86,6 +98,23 @@ class Sam2MaskDecoder(nn.Module):
             # the single-mask token is the one tracking is trained on
             sam_tokens_out = mask_tokens_out[:, 0:1]
         return masks, iou_pred, sam_tokens_out, object_score_logits
+
+    def _predict_masks_compiled(self, image_embeddings, image_pe, sparse, dense, repeat_image, high_res_features):
+        """The compiled predict_masks on a prompt count padded to >= 2, counts marked dynamic; outputs cut back."""
+        num_prompts = sparse.shape[0]
+        if num_prompts < 2:  # a copy of the prompt, decoded and dropped
+            sparse = torch.cat([sparse, sparse])
+            # expand, not cat: the usual dense embedding (no mask input) is a broadcast with batch stride 0
+            dense = dense.expand(2, -1, -1, -1)
+            if not repeat_image:
+                image_embeddings = torch.cat([image_embeddings, image_embeddings])
+        torch._dynamo.mark_dynamic(sparse, 0)
+        torch._dynamo.mark_dynamic(sparse, 1)
+        torch._dynamo.mark_dynamic(dense, 0)
+        if not repeat_image:
+            torch._dynamo.mark_dynamic(image_embeddings, 0)
+        outputs = self.compiled_predict_masks(image_embeddings, image_pe, sparse, dense, repeat_image, high_res_features)
+        return tuple(out[:num_prompts] for out in outputs)
 
     def predict_masks(
         self,

@@ -3,7 +3,8 @@
 The architecture is SAM 1's; two things differ. sam2 names each block's MLP `mlp.layers.{0,1}`
 (SAM 1: `mlp.lin1`, `mlp.lin2`), so the blocks get sam2's MLP (the same ReLU MLP). And sam2's
 Attention calls F.scaled_dot_product_attention where segment_anything writes the softmax out:
-SAM 1's Attention has both, and "sdpa" is the one that equals sam2 to the last bit.
+SAM 1's Attention has both, and "sdpa" is the one that equals sam2 to the last bit (the built model's
+attention path is the stages' choice: samfast.stages.apply_stages).
 """
 
 from __future__ import annotations

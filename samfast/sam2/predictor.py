@@ -1,0 +1,83 @@
+"""SamPredictor's API for a SAM 2 model: what samfast.SamPredictor(sam2_model) builds.
+
+set_image and predict take the keyword arguments segment_anything's and sam2's predictors share
+(point_coords, point_labels, box, mask_input, multimask_output, return_logits) and give
+SAM2ImagePredictor's masks, scores and low-res logits, masks as bool as SamPredictor returns them.
+SAM 1's predict_batch(images, prompts) is not served for SAM 2 yet: it raises, pointing to
+SAM2ImagePredictor's set_image_batch / predict_batch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from samfast.predictor import SamPredictor
+from samfast.sam2.image_predictor import SAM2ImagePredictor
+from samfast.sam2.sam2_base import SAM2Base
+from samfast.transforms import InputError, to_rgb_uint8
+
+
+class SamPredictorForSAM2(SamPredictor, serves=SAM2Base):
+    def __init__(self, sam_model: SAM2Base) -> None:
+        self.model = sam_model
+        self.image_predictor = SAM2ImagePredictor(sam_model)  # sam2's steps, so its outputs
+        self.reset_image()
+
+    def set_image(self, image: np.ndarray, image_format: str = "RGB") -> None:
+        """Embed an HxWxC uint8 image (grayscale and RGBA are converted) for later predict calls."""
+        if image_format not in ("RGB", "BGR"):
+            raise InputError(f"image_format must be 'RGB' or 'BGR', got {image_format!r}")
+        image = to_rgb_uint8(image)
+        if image_format == "BGR":
+            image = image[..., ::-1]
+        self.reset_image()
+        self.image_predictor.set_image(np.ascontiguousarray(image))
+        self.original_size = image.shape[:2]
+        self.is_image_set = True
+
+    def set_torch_image(self, transformed_image: torch.Tensor, original_image_size: tuple[int, ...]) -> None:
+        raise InputError("set_torch_image takes SAM 1's resized frame; SAM 2 stretches images to 1024 x 1024: use set_image")
+
+    def predict(
+        self,
+        point_coords: np.ndarray | None = None,
+        point_labels: np.ndarray | None = None,
+        box: np.ndarray | None = None,
+        mask_input: np.ndarray | None = None,
+        multimask_output: bool = True,
+        return_logits: bool = False,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Masks (C, H, W), IoU predictions (C,) and low-res logits (C, 256, 256) for one prompt."""
+        self._require_image()
+        masks, iou, low_res = self.image_predictor.predict(
+            point_coords, point_labels, box, mask_input, multimask_output, return_logits
+        )
+        return (masks if return_logits else masks.astype(bool)), iou, low_res
+
+    def predict_torch(
+        self,
+        point_coords: torch.Tensor | None,
+        point_labels: torch.Tensor | None,
+        boxes: torch.Tensor | None = None,
+        mask_input: torch.Tensor | None = None,
+        multimask_output: bool = True,
+        return_logits: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Prompts already in SAM 2's 1024 x 1024 input frame, as torch tensors (BxNx2, BxN, Bx4, Bx1x256x256)."""
+        self._require_image()
+        return self.image_predictor._predict(point_coords, point_labels, boxes, mask_input, multimask_output, return_logits)
+
+    def get_image_embedding(self) -> torch.Tensor:
+        self._require_image()
+        return self.image_predictor.get_image_embedding()
+
+    def reset_image(self) -> None:
+        super().reset_image()
+        self.image_predictor.reset_predictor()
+
+    def predict_batch(self, images, prompts, multimask_output: bool = True):
+        raise NotImplementedError(
+            "predict_batch(images, prompts) serves SAM 1 models only so far; for several images with a SAM 2 "
+            "model use samfast.sam2.SAM2ImagePredictor: set_image_batch(images), then predict_batch(...)"
+        )

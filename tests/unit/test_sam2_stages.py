@@ -1,0 +1,152 @@
+"""SAM 2's lossless switches (sdpa, bf16; compile in tests/system/test_sam2_compile.py) against its fp32 stage,
+and each switch's proof (parity.checks.switch_proofs) on a SAM 2 model, with a planted do-nothing defect.
+
+Same seeded sam2.1_hiera_t weights for every stage. The encoder runs on a 256 x 256 input (every Hiera
+stage still pads its windows, as in test_sam2_modules) at 1/16 of 1024's CPU time (bf16 matmuls are slow
+on the CPU); the decoder on seeded features of the real 64 x 64 shape, three points, three masks.
+
+Tolerances, relative L2 (||x - fp32|| / ||fp32||), measured here and at 1024 x 1024 (/tmp measurement,
+the full image path):
+- fp32+sdpa: SDPA vs the written-out softmax, both fp32: measured <= 9.5e-7 here (scores 0; at 1024:
+  7.4e-7 embeddings, 5.8e-7 logits); asserted 1e-5, fp32 rounding and nothing more.
+- bf16: 8 mantissa bits (2^-9 relative per rounding) through 12 Hiera blocks and the decoder: measured
+  here 1.2e-2 embedding, 6.1e-3 / 9.2e-3 high-res features, 1.5e-2 mask logits, 4.1e-3 scores (at 1024:
+  1.2e-2, 1.0e-2 logits, 2.1e-3 scores). Asserted 2.5e-2, ~1.7x the largest: a real error (a wrong
+  scale, a dropped residual, fp16 overflow) gives O(1).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import samfast
+from parity.checks.exercised import watch_switches
+from samfast.errors import StageError
+from samfast.sam2 import build as sam2_build
+from samfast.sam2.sam.mask_decoder import Sam2MaskDecoder
+from samfast.stages import parse_stages
+
+MODEL_TYPE = "sam2.1_hiera_t"
+SIZE = 256
+HIERA_T_ATTENTIONS = 12 + 7  # 12 Hiera blocks; the decoder's 2 x 3 two-way attentions and its final one
+SDPA_TOL = 1e-5
+BF16_TOL = 2.5e-2
+
+
+def _features(seed: int = 0) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(1, 256, 64, 64, generator=g) * 3,
+            [torch.randn(1, 32, 256, 256, generator=g), torch.randn(1, 64, 128, 128, generator=g)])
+
+
+def _run(model, encoder: bool = True) -> dict[str, torch.Tensor]:
+    """The encoder's outputs at SIZE (if asked) and the decoder's masks and scores on seeded features, as fp32."""
+    out = {}
+    with torch.no_grad():
+        if encoder:
+            image = torch.randn(1, 3, SIZE, SIZE, generator=torch.Generator().manual_seed(1))
+            embedding, (s0, s1) = model.image_features(image)
+            out.update(embedding=embedding, feat_s0=s0, feat_s1=s1)
+        embedding, high_res = _features()
+        points = torch.tensor([[[300.0, 400.0], [600.0, 500.0], [100.0, 900.0]]])
+        sparse, dense = model.sam_prompt_encoder(points=(points, torch.tensor([[1, 0, 1]])), boxes=None, masks=None)
+        dtype = model.dtype
+        masks, scores, _, _ = model.sam_mask_decoder(
+            embedding.to(dtype), model.sam_prompt_encoder.get_dense_pe(), sparse, dense, True, True,
+            [f.to(dtype) for f in high_res])
+    return {**out, "masks": masks, "scores": scores}
+
+
+def _rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def _build(stage: str):
+    return samfast.build_sam(MODEL_TYPE, device="cpu", stages=stage)
+
+
+@pytest.fixture(scope="module")
+def fp32():
+    return _run(_build("fp32"))
+
+
+@pytest.fixture(scope="module")
+def bf16_run():
+    """bf16 built and run inside the switch watcher: (outputs, what the proofs found)."""
+    with watch_switches(parse_stages("bf16")) as used:
+        outputs = _run(used.watch(_build("bf16")))
+    return outputs, used
+
+
+@pytest.mark.parametrize("stage,unbuilt", [("triton", "triton"), ("fp32+int8", "int8"), ("nt", "triton, nt"),
+                                           ("fp8", "triton, nt, fp8"), ("bf16+sparse", "sparse")])
+def test_unbuilt_switches_are_refused_by_name(stage, unbuilt):
+    with pytest.raises(StageError, match=f"the {unbuilt} switch\\(es\\) are not built for SAM 2 yet"):
+        _build(stage)
+
+
+@pytest.mark.parametrize("stage", ["fp32", "fp32+sdpa", "bf16", "compile", "sdpa", "bf16+sdpa", "fp32+compile"])
+def test_lossless_stages_build(stage):
+    assert _build(stage).switches == parse_stages(stage)
+
+
+def test_sdpa_equals_fp32_to_fp32_rounding(fp32):
+    got = _run(_build("fp32+sdpa"))
+    for name, ref in fp32.items():
+        assert got[name].dtype == torch.float32 and _rel_l2(got[name], ref) < SDPA_TOL, name
+
+
+def test_bf16_is_within_bf16_rounding_of_fp32(fp32, bf16_run):
+    got, _ = bf16_run
+    for name, ref in fp32.items():
+        assert got[name].dtype == torch.bfloat16 and _rel_l2(got[name], ref) < BF16_TOL, name
+
+
+# --- each switch proven on the SAM 2 model, and a planted do-nothing switch caught ---------------------
+def _undo_after_build(monkeypatch, undo) -> None:
+    """The switch patched to leave something behind on the SAM 2 model: apply_stages, then `undo(model)`."""
+    apply = sam2_build.apply_stages
+
+    def careless(model, switches):
+        apply(model, switches)
+        undo(model)
+
+    monkeypatch.setattr(sam2_build, "apply_stages", careless)
+
+
+def _watched(stage: str, encoder: bool = False):
+    with watch_switches(parse_stages(stage)) as used:
+        _run(used.watch(_build(stage)), encoder=encoder)
+    return used
+
+
+def test_sdpa_is_exercised_on_sam2():
+    assert _watched("fp32+sdpa").exercised == [
+        f"sdpa: {HIERA_T_ATTENTIONS} attention modules on the SDPA path; F.scaled_dot_product_attention ran"]
+
+
+def test_sdpa_left_on_the_math_path_is_not_exercised(monkeypatch):
+    _undo_after_build(monkeypatch, lambda model: [setattr(m, "attn_impl", "math") for m in model.attention_modules().values()])
+    (sentence,) = _watched("fp32+sdpa").not_exercised
+    assert sentence.startswith(f"sdpa: {HIERA_T_ATTENTIONS} of {HIERA_T_ATTENTIONS} attention modules stayed on the "
+                               "math path: image_encoder.trunk.blocks.0.attn, ")
+
+
+def test_bf16_is_exercised_on_sam2(bf16_run):
+    _, used = bf16_run
+    assert used.not_exercised == [] and used.exercised[0].endswith("the activations leaving 12 encoder blocks in bf16")
+
+
+def test_bf16_leaving_a_hiera_block_in_fp32_names_it(monkeypatch):
+    _undo_after_build(monkeypatch, lambda model: model.image_encoder.trunk.blocks[3].float())
+    (sentence,) = _watched("bf16").not_exercised
+    assert sentence.startswith("bf16: 14 of 470 parameters stayed torch.float32: image_encoder.trunk.blocks.3.norm1.weight, ")
+
+
+def test_compile_that_compiled_nothing_is_not_exercised(monkeypatch):
+    """The switch patched to compile nothing: the run is eager (the compiled run: tests/system/test_sam2_compile.py)."""
+    monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **kwargs: None)
+    monkeypatch.setattr(Sam2MaskDecoder, "compile_for_any_prompt_count", lambda self: None)
+    (sentence,) = _watched("fp32+compile").not_exercised
+    assert sentence.startswith("torch.compile compiled no graph")
