@@ -57,8 +57,8 @@ COMPILE_SETTINGS = ("SAMFAST_COMPILE_MODE", "SPARSE_BACKEND")
 
 
 def cache_root(env: os._Environ | dict = os.environ) -> Path:
-    if env.get("SAMFAST_CACHE_DIR"):
-        return Path(env["SAMFAST_CACHE_DIR"]).expanduser()
+    if env.get("SAMFAST_CACHE_DIR"):  # absolute: inductor hands these paths to processes in other folders
+        return Path(env["SAMFAST_CACHE_DIR"]).expanduser().absolute()
     base = Path(env["XDG_CACHE_HOME"]).expanduser() if env.get("XDG_CACHE_HOME") else Path.home() / ".cache"
     return base / "samfast"
 

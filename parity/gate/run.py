@@ -45,7 +45,7 @@ from parity.checks.budgets import BudgetError
 from parity.gate import compile_cache, run_order, time_budget, vec_isa
 from parity.gate import timing as gate_time
 from parity.gate import verdict as final_verdict
-from parity.gate.devices import WORKERS_PER_GPU_ENV, visible_gpus
+from parity.gate.devices import WORKERS_PER_GPU_ENV, gpu_names, visible_gpus
 from parity.report.verdicts import REPORT_FILES
 from parity.tasks.amg.embedded import EMBEDDED as EMBEDDED_AMG
 from parity.tasks.amg.embedded import EMBEDDED_GOLDEN as EMBEDDED_AMG_ALL_STAGES
@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         cores = len(other_cores or available)
         spare = spare_cores(cores, other_processes=workers + len(checks))
         cpu_workers = choose_cpu_workers(args.cpu_workers, spare, have_xdist)
-        runner = time_budget.runner_class(gpus)
+        runner = time_budget.runner_class(gpu_names() if gpus else [])  # visible_gpus gives indices
         if args.strict_time and time_budget.load(runner, "cold") is None:
             raise GateUsageError("--strict-time: " + time_budget.missing_row(runner, "cold"))
     except (GateUsageError, BudgetError) as error:

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from parity.golden import manifest as golden_io
+from parity.golden import store
 from parity.golden.data import load_dataset
 from parity.tasks.point import golden as point_golden
 from parity.tasks.point.runner import make_golden, run_check
@@ -130,7 +131,7 @@ def test_failed_regeneration_keeps_the_old_golden(synthetic_golden, scenes, monk
     def broken(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(golden_io.store._fs, "write", broken)
+    monkeypatch.setattr(store._fs, "write", broken)
     with pytest.raises(OSError, match="disk full"):
         make_golden(ModelSource("vit_tiny"), scenes, device="cpu", root=synthetic_golden.parent)
     assert (synthetic_golden / "predictions.json.gz").read_bytes() == before
