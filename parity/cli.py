@@ -258,7 +258,7 @@ def final_line(results, paths: dict[str, Path]) -> str:
     failed = [r.stage for r in results if r.blocks]
     return (f"Verdict: {overall_verdict(results)}, {sum(r.passed for r in results)} of {len(results)} stages pass"
             + (f" (failed: {', '.join(failed)})" if failed else "")
-            + f"; report: {paths.get('report.html', paths['report.md'])} (the other report files beside it)")
+            + f"; report: {paths.get('report.html') or paths['report.md']} (the other report files beside it)")
 
 
 def _run(task, args, source, ranks, device) -> int:

@@ -21,6 +21,7 @@ import torch
 from samfast.amg.generator import ENCODER_BATCH, SamAutomaticMaskGenerator, _Crop
 from samfast.sam2.image_predictor import SAM2ImagePredictor
 from samfast.sam2.sam2_base import SAM2Base
+from samfast.transfer import to_device
 
 # sam2 clamps the low-res logits it returns, and so the mask prompts of the m2m pass, to this
 LOW_RES_CLAMP = 32.0
@@ -91,7 +92,7 @@ class SAM2AutomaticMaskGenerator(SamAutomaticMaskGenerator, serves=SAM2Base):
         logits, ious = [], []
         for c, crop in enumerate(crops):
             own = (embeds[c : c + 1], [level[c : c + 1] for level in high_res])
-            points = torch.as_tensor(crop.points, device=self.predictor.device)
+            points = to_device(crop.points, torch.float32, self.predictor.device)  # point_dtype: float32
             step = self.points_per_batch or len(points)
             batches = [self._decode_points(batch, crop, own, step) for batch in points.split(step)]
             logits.append(torch.cat([b[0] for b in batches]))

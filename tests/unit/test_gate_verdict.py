@@ -70,7 +70,8 @@ def test_strict_time_without_a_budget_row_is_refused_before_anything_runs(tmp_pa
     import parity.gate.run as gate
 
     stand_in_steps(monkeypatch, tmp_path)
-    monkeypatch.setattr(gate, "visible_gpus", lambda: ["NVIDIA B200"])
+    monkeypatch.setattr(gate, "visible_gpus", lambda: ["0"])  # CUDA_VISIBLE_DEVICES gives indices
+    monkeypatch.setattr(gate, "gpu_names", lambda: ["NVIDIA B200"])  # the runner class comes from the name
     with pytest.raises(SystemExit) as exit_:
         gate.main(["--report-dir", str(tmp_path / "reports"), "--strict-time", "--workers", "1"])
     assert exit_.value.code == 2
