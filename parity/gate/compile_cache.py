@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from parity.gate.devices import gpu_names
+from parity.golden.manifest import file_sha256
 
 STAMP = "stamp.json"
 IN_USE = "in-use.json"  # a run uses (or used and died using) the folder; removed by seal()
@@ -90,17 +91,9 @@ def key_folder_name(key: dict[str, str]) -> str:
 
 
 # --- what is on disk ---------------------------------------------------------------------------
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def list_files(folder: Path) -> dict[str, list]:
     """{relative path: [size, sha256]} of every file but the bookkeeping (the stamp's own format)."""
-    return {path.relative_to(folder).as_posix(): [path.stat().st_size, sha256_of(path)]
+    return {path.relative_to(folder).as_posix(): [path.stat().st_size, file_sha256(path)]
             for path in sorted(folder.rglob("*")) if path.is_file() and path.name not in BOOKKEEPING}
 
 
