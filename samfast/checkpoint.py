@@ -138,6 +138,12 @@ def check_state_dict(state_dict: dict[str, torch.Tensor], config: ModelConfig, e
             f"this checkpoint is {what}; you asked for {config.name}. "
             f"Call build_sam({(found or '<model type>')!r}, checkpoint=...) or pass a {config.name} checkpoint."
         )
+    refuse_layout_mismatch(state_dict, expected, config.name)
+
+
+def refuse_layout_mismatch(state_dict, expected, model_name: str) -> None:
+    """Refuse (CheckpointError) a state dict whose keys or shapes differ from the model's, naming up to
+    ten of each kind: the last check of every family, once the model type is known to match."""
     missing = sorted(set(expected) - set(state_dict))
     unexpected = sorted(set(state_dict) - set(expected))
     misshapen = sorted(
@@ -155,4 +161,4 @@ def check_state_dict(state_dict: dict[str, torch.Tensor], config: ModelConfig, e
     if misshapen:
         problems.append(f"shape mismatches: {'; '.join(misshapen[:10])}")
     if problems:
-        raise CheckpointError(f"checkpoint does not fit {config.name}: " + " | ".join(problems))
+        raise CheckpointError(f"checkpoint does not fit {model_name}: " + " | ".join(problems))

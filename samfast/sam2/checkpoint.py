@@ -7,7 +7,7 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-from samfast.checkpoint import CheckpointError, _key_generator, infer_model_type
+from samfast.checkpoint import CheckpointError, _key_generator, infer_model_type, refuse_layout_mismatch
 from samfast.modeling.common import LayerNorm2d
 from samfast.sam2.config import (
     SIZE_NAMES,
@@ -87,17 +87,4 @@ def check_sam2_state_dict(
         what = found or f"an unknown SAM 2 model (trunk embed dim {embed_dim}, {depth} blocks)"
         fix = f"Call build_sam({found!r}, checkpoint=...) or {want}." if found else f"{want[0].upper()}{want[1:]}."
         raise CheckpointError(f"this checkpoint is {what}; you asked for {config.name}. {fix}")
-    missing = sorted(set(expected) - set(state_dict))
-    unexpected = sorted(set(state_dict) - set(expected))
-    misshapen = sorted(
-        f"{k}: checkpoint {tuple(state_dict[k].shape)} vs model {tuple(expected[k])}"
-        for k in set(expected) & set(state_dict)
-        if state_dict[k].shape != expected[k]
-    )
-    problems = [
-        f"{label} ({len(keys)}): {', '.join(keys[:10])}{' ...' if len(keys) > 10 else ''}"
-        for label, keys in (("missing keys", missing), ("unexpected keys", unexpected), ("shape mismatches", misshapen))
-        if keys
-    ]
-    if problems:
-        raise CheckpointError(f"checkpoint does not fit {config.name}: " + " | ".join(problems))
+    refuse_layout_mismatch(state_dict, expected, config.name)
