@@ -26,6 +26,7 @@ from parity.golden.settings import DataNotFoundError
 from parity.golden.store import GoldenError
 from parity.report.verdicts import overall_verdict
 from parity.tasks.registry import DEFAULT_TASK, TASKS
+from parity.tasks.source import ModelSource
 from parity.tasks.task import positive_int
 from samfast import CheckpointError, InputError, StageError
 from samfast.checkpoint import resolve_checkpoint
@@ -221,8 +222,6 @@ def main(argv: list[str] | None = None) -> int:
 def _model_source(args, parser: argparse.ArgumentParser):
     """The weights asked for: a checkpoint, seeded weights (--seed), or by default what the gate checks,
     the trained vit_tiny; a published model type has no default weights here (none can be downloaded)."""
-    from parity.tasks.source import ModelSource
-
     if args.checkpoint and args.seed is not None:
         parser.error("--checkpoint and --seed exclude each other: weights come from a file or from a seed")
     if args.checkpoint or args.seed is None:
