@@ -64,9 +64,10 @@ def unwrap_state_dict(checkpoint: Mapping) -> Mapping[str, torch.Tensor]:
 
 
 def _official_name(model_type: str) -> str:
-    """sam2.1_hiera_b+ -> sam2.1_hiera_base_plus.pt, the name of the official file."""
+    """sam2.1_hiera_b+ -> sam2.1_hiera_base_plus.pt, the name of the official file (the project's own
+    sizes have none: their checkpoint is the one samfast/weights ships or one trained by tinysam)."""
     family, size = model_type.rsplit("_", 1)
-    return f"{family}_{SIZE_NAMES[size]}.pt"
+    return f"{family}_{SIZE_NAMES[size]}.pt" if size in SIZE_NAMES else f"a {model_type} checkpoint"
 
 
 def check_sam2_state_dict(

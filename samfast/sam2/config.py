@@ -65,6 +65,11 @@ SAM2_CONFIGS: dict[str, Sam2Config] = {
     **_both_versions("b+", embed_dim=112, num_heads=2, stages=(2, 3, 16, 3), global_att_blocks=(12, 16, 20)),
     **_both_versions("l", embed_dim=144, num_heads=2, stages=(2, 6, 36, 4), global_att_blocks=(23, 33, 43),
                      window_pos_embed_bkg_spatial_size=(7, 7), window_spec=(8, 4, 16, 8)),
+    # The project's own small SAM 2 (no official checkpoint): one block per Hiera stage plus a
+    # global one in stage 3, the pooled stages included, at a third of hiera_t's width. The CPU
+    # gate's embedded SAM 2 (trained on generated scenes as vit_tiny is) and the video work's start.
+    "sam2.1_hiera_nano": Sam2Config("sam2.1_hiera_nano", embed_dim=32, num_heads=1, stages=(1, 1, 2, 1),
+                                    global_att_blocks=(3,), window_pos_embed_bkg_spatial_size=(7, 7)),
 }
 SAM2_MODEL_TYPES = tuple(SAM2_CONFIGS)
 # Official checkpoint names per size, for error messages that say what a file looks like
