@@ -29,8 +29,10 @@ from parity.tasks.registry import DEFAULT_TASK, TASKS
 from parity.tasks.source import ModelSource
 from parity.tasks.task import positive_int
 from samfast import CheckpointError, InputError, StageError
+from samfast.build import built_switches, check_stages
 from samfast.checkpoint import resolve_checkpoint
 from samfast.config import MODEL_TYPES
+from samfast.sam2.config import SAM2_MODEL_TYPES, is_sam2_type
 from samfast.stages import LADDER, parse_stages
 
 # bf16 matmuls and convolutions crawl on CPUs without bf16 units (~60 s per vit_tiny image on
@@ -110,7 +112,8 @@ def _stages(text: str) -> str:
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="vit_tiny", choices=MODEL_TYPES, help="model type (default vit_tiny)")
+    parser.add_argument("--model", default="vit_tiny", choices=MODEL_TYPES + SAM2_MODEL_TYPES,
+                        help="model type, SAM 1 or SAM 2 (default vit_tiny)")
     parser.add_argument("--checkpoint", help="official sam_vit_*.pth, a state dict in that layout, or 'trained' "
                         "(the default for vit_tiny: the small SAM this project trained)")
     parser.add_argument("--seed", type=_seed, help="seeded synthetic weights instead of a checkpoint (their masks "
@@ -195,6 +198,9 @@ def main(argv: list[str] | None = None) -> int:
 
     try:  # bad input found before any process group, model or data exists
         source = _model_source(args, command_parser)
+        if args.command == "check":
+            for stage in args.stages or []:
+                check_stages(args.model, stage)
         if args.command == "golden":
             check_writable(args.golden_root or golden_io.GOLDEN_ROOT, "--golden-root")
         else:
@@ -226,7 +232,8 @@ def _model_source(args, parser: argparse.ArgumentParser):
         parser.error("--checkpoint and --seed exclude each other: weights come from a file or from a seed")
     if args.checkpoint or args.seed is None:
         if not args.checkpoint and args.model != "vit_tiny":
-            parser.error(f"--model {args.model} needs weights: --checkpoint sam_{args.model}_*.pth (the official "
+            official = f"{args.model}_*.pt" if is_sam2_type(args.model) else f"sam_{args.model}_*.pth"
+            parser.error(f"--model {args.model} needs weights: --checkpoint {official} (the official "
                          "file), or --seed N for seeded synthetic weights (their masks mean nothing)")
         return ModelSource(args.model, resolve_checkpoint(args.checkpoint or "trained"))
     return ModelSource(args.model, None, args.seed)
@@ -252,6 +259,13 @@ def _under_torchrun(nproc: int, argv: list[str]) -> int:
     return subprocess.call(command)
 
 
+def default_stages(model_type: str, device: torch.device) -> list[str]:
+    """The stages a check runs unless told: the device's default list, less those the model's family
+    has no switch built for (SAM 2 so far: fp32, bf16, compile, sdpa)."""
+    stages = DEFAULT_GPU_STAGES if device.type == "cuda" else DEFAULT_CPU_STAGES
+    return [stage for stage in stages if parse_stages(stage) <= built_switches(model_type)]
+
+
 def final_line(results, paths: dict[str, Path]) -> str:
     """The check's last line: its verdict, and the one file to open (the others lie beside it)."""
     failed = [r.stage for r in results if r.blocks]
@@ -267,7 +281,7 @@ def _run(task, args, source, ranks, device) -> int:
         if written:
             print(written)
         return 0
-    stages = args.stages or (DEFAULT_GPU_STAGES if device.type == "cuda" else DEFAULT_CPU_STAGES)
+    stages = args.stages or default_stages(args.model, device)
     outcome = task.run_check(args, source, dataset, data_args, stages, device, ranks)
     verdict = None
     if outcome:

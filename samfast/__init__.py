@@ -3,14 +3,16 @@
 __version__ = "0.1.0"
 
 from samfast.amg import SamAutomaticMaskGenerator
-from samfast.build import build_sam
-from samfast.checkpoint import CheckpointError, synthetic_state_dict
+from samfast.build import build_sam, synthetic_state_dict
+from samfast.checkpoint import CheckpointError
 from samfast.config import MODEL_TYPES
 from samfast.predictor import Prediction, Prompts, SamPredictor
 from samfast.sam2.config import SAM2_MODEL_TYPES
 from samfast.errors import StageError
 from samfast.stages import LADDER
 from samfast.transforms import InputError
+from samfast.video import VideoPredictor
+from samfast.video.build import build_sam_video
 
 __all__ = [
     "LADDER",
@@ -23,6 +25,8 @@ __all__ = [
     "SamAutomaticMaskGenerator",
     "SamPredictor",
     "StageError",
+    "VideoPredictor",
     "build_sam",
+    "build_sam_video",
     "synthetic_state_dict",
 ]

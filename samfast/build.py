@@ -6,13 +6,15 @@ from pathlib import Path
 
 import torch
 
-from samfast.checkpoint import check_state_dict, read_checkpoint, synthetic_state_dict
+from samfast.checkpoint import check_state_dict, read_checkpoint
+from samfast.checkpoint import synthetic_state_dict as sam1_synthetic_state_dict
 from samfast.config import model_config
 from samfast.modeling.sam import Sam, build_sam_modules
-from samfast.sam2.build import build_sam2_model
+from samfast.sam2.build import SAM2_SWITCHES, build_sam2_model, refuse_unbuilt_switches
+from samfast.sam2.checkpoint import synthetic_state_dict as sam2_synthetic_state_dict
 from samfast.sam2.config import is_sam2_type
 from samfast.sam2.sam2_base import SAM2Base
-from samfast.stages import apply_stages, parse_stages
+from samfast.stages import SWITCHES, apply_stages, parse_stages
 
 
 def build_sam(
@@ -45,3 +47,20 @@ def build_sam(
     model.static_batch = batch_size if "compile" in switches else None
     apply_stages(model, switches)
     return model
+
+
+def synthetic_state_dict(model_type: str, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Seeded synthetic weights for any model type, SAM 1 or SAM 2, in its official state-dict layout."""
+    return (sam2_synthetic_state_dict if is_sam2_type(model_type) else sam1_synthetic_state_dict)(model_type, seed)
+
+
+def built_switches(model_type: str) -> frozenset[str]:
+    """The switches `build_sam(model_type, stages=...)` takes: all of them for SAM 1, fewer for SAM 2 so far."""
+    return SAM2_SWITCHES if is_sam2_type(model_type) else frozenset(SWITCHES)
+
+
+def check_stages(model_type: str, stages: str) -> None:
+    """StageError, before any model is built, for a stage `build_sam(model_type, stages=...)` would refuse."""
+    parse_stages(stages)
+    if is_sam2_type(model_type):
+        refuse_unbuilt_switches(model_type, stages)

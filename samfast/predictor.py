@@ -115,7 +115,7 @@ class SamPredictor(ServesFamilies):
             box_t = self._boxes_to_torch(box.reshape(1, 4), self.original_size, "box")
         if mask_input is not None:
             mask = as_numbers(mask_input, "mask_input")
-            expected = (1, *self.model.prompt_encoder.mask_input_size)
+            expected = (1, *self._prompt_encoder().mask_input_size)
             if mask.shape != expected:
                 raise InputError(
                     f"mask_input must be {expected}, e.g. low_res_logits[i][None] of an earlier predict, got {mask.shape}"
@@ -195,7 +195,7 @@ class SamPredictor(ServesFamilies):
         return Prediction(
             masks=torch.zeros((0, outputs, *size), dtype=torch.bool, device=self.device),
             iou_predictions=torch.zeros((0, outputs), **empty),
-            low_res_logits=torch.zeros((0, outputs, *self.model.prompt_encoder.mask_input_size), **empty),
+            low_res_logits=torch.zeros((0, outputs, *self._prompt_encoder().mask_input_size), **empty),
         )
 
     def _decode_nested(self, features, torch_prompts, multimask_output):
@@ -259,7 +259,7 @@ class SamPredictor(ServesFamilies):
             raise InputError(f"{what} prompts hold no point (shape {coords.shape}); each prompt needs at least one")
         check_labels(labels, what)
         check_inside(coords, original_size, what)
-        coords = scale_coords(coords, original_size, self.long_side)
+        coords = self._to_model_frame(coords, original_size)
         return to_device(coords, torch.float, self.device), to_device(labels, torch.int, self.device)
 
     def _boxes_to_torch(self, boxes: np.ndarray, original_size, what: str):
@@ -272,8 +272,13 @@ class SamPredictor(ServesFamilies):
                 f"{what} {boxes[np.argmax(inverted)].tolist()} is inverted: boxes are x0, y0, x1, y1 "
                 "with x1 >= x0 and y1 >= y0"
             )
-        scaled = scale_coords(corners, original_size, self.long_side).reshape(-1, 4)
+        scaled = self._to_model_frame(corners, original_size).reshape(-1, 4)
         return to_device(scaled, torch.float, self.device)
+
+    def _to_model_frame(self, coords: np.ndarray, original_size) -> np.ndarray:
+        """(..., 2) pixel coordinates of the original image -> the frame the prompt encoder reads
+        (SAM 1: the image resized so that its longest side is the encoder's)."""
+        return scale_coords(coords, original_size, self.long_side)
 
     def _prompts_to_torch(self, prompts: Prompts, original_size, where: str):
         """(coords, labels, boxes) device tensors of one image's checked prompts; None when it has none."""
@@ -300,6 +305,9 @@ class SamPredictor(ServesFamilies):
         if boxes is not None:
             boxes = self._boxes_to_torch(boxes, original_size, f"{where} box")
         return coords, labels, boxes
+
+    def _prompt_encoder(self):
+        return self.model.prompt_encoder
 
     def _require_image(self) -> None:
         if not self.is_image_set:

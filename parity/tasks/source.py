@@ -12,7 +12,7 @@ import torch
 
 import samfast
 from parity.golden import manifest as golden_io
-from samfast.checkpoint import synthetic_state_dict
+from samfast.build import synthetic_state_dict
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,16 @@ from samfast.stages import SWITCHES, apply_stages, parse_stages
 SAM2_SWITCHES = frozenset({"bf16", "compile", "sdpa"})
 
 
+def refuse_unbuilt_switches(model_type: str, stages: str) -> None:
+    """StageError naming the switches of `stages` not built for SAM 2 and what it takes instead."""
+    if unbuilt := sorted(parse_stages(stages) - SAM2_SWITCHES, key=SWITCHES.index):
+        raise StageError(
+            f"stages={stages!r}: the {', '.join(unbuilt)} switch(es) are not built for SAM 2 yet (issue 36, item 2); "
+            f"{model_type} takes fp32 and any combination of {', '.join(sorted(SAM2_SWITCHES, key=SWITCHES.index))}, "
+            "e.g. 'bf16+compile+sdpa'"
+        )
+
+
 def build_sam2_model(
     model_type: str,
     checkpoint: str | Path | Mapping | None = None,
@@ -39,12 +49,7 @@ def build_sam2_model(
     """
     config = sam2_config(model_type)
     switches = parse_stages(stages)
-    if unbuilt := sorted(switches - SAM2_SWITCHES, key=SWITCHES.index):
-        raise StageError(
-            f"stages={stages!r}: the {', '.join(unbuilt)} switch(es) are not built for SAM 2 yet (issue 36, item 2); "
-            f"{model_type} takes fp32 and any combination of {', '.join(sorted(SAM2_SWITCHES, key=SWITCHES.index))}, "
-            "e.g. 'bf16+compile+sdpa'"
-        )
+    refuse_unbuilt_switches(model_type, stages)
     model = build_sam2_modules(config, dynamic_multimask_via_stability)
     if checkpoint is None:
         state = synthetic_state_dict(model_type, seed)

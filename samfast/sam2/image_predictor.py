@@ -159,7 +159,12 @@ class SAM2ImagePredictor:
         low_res_masks, iou_predictions = self._decode(
             point_coords, point_labels, boxes, mask_input, multimask_output, image_embed, high_res_features
         )
-        masks = self._transforms.postprocess_masks(low_res_masks, self._orig_hw[img_idx])
+        return self._finish(low_res_masks, iou_predictions, self._orig_hw[img_idx], return_logits)
+
+    def _finish(self, low_res_masks: torch.Tensor, iou_predictions: torch.Tensor, orig_hw: tuple[int, int],
+                return_logits: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Decoder outputs -> (masks at the image size, IoUs, low-res logits clamped as sam2 does)."""
+        masks = self._transforms.postprocess_masks(low_res_masks, orig_hw)
         low_res_masks = torch.clamp(low_res_masks, -32.0, 32.0)
         if not return_logits:
             masks = masks > self.mask_threshold

@@ -3,8 +3,8 @@
 set_image and predict take the keyword arguments segment_anything's and sam2's predictors share
 (point_coords, point_labels, box, mask_input, multimask_output, return_logits) and give
 SAM2ImagePredictor's masks, scores and low-res logits, masks as bool as SamPredictor returns them.
-SAM 1's predict_batch(images, prompts) is not served for SAM 2 yet: it raises, pointing to
-SAM2ImagePredictor's set_image_batch / predict_batch.
+SAM 1's predict_batch(images, prompts) serves SAM 2 too (the parity gate's point task runs through
+it); sam2's own batched calls are SAM2ImagePredictor's set_image_batch / predict_batch.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from samfast.predictor import SamPredictor
+from samfast.predictor import Prediction, Prompts, SamPredictor
 from samfast.sam2.image_predictor import SAM2ImagePredictor
 from samfast.sam2.sam2_base import SAM2Base
 from samfast.transforms import InputError, to_rgb_uint8
@@ -76,8 +76,37 @@ class SamPredictorForSAM2(SamPredictor, serves=SAM2Base):
         super().reset_image()
         self.image_predictor.reset_predictor()
 
-    def predict_batch(self, images, prompts, multimask_output: bool = True):
-        raise NotImplementedError(
-            "predict_batch(images, prompts) serves SAM 1 models only so far; for several images with a SAM 2 "
-            "model use samfast.sam2.SAM2ImagePredictor: set_image_batch(images), then predict_batch(...)"
-        )
+    @torch.no_grad()
+    def predict_batch(self, images: list[np.ndarray], prompts: list[Prompts], multimask_output: bool = True
+                      ) -> list[Prediction]:
+        """SAM 1's predict_batch for a SAM 2 model: the images through the encoder in one batch, then
+        each image's prompts in one decoder call; the same checks, Prompts and Predictions. The image
+        set with set_image stays set."""
+        if len(images) != len(prompts):
+            raise InputError(f"{len(images)} images but {len(prompts)} prompt sets: give one Prompts per image")
+        rgb = [to_rgb_uint8(im, f"images[{i}]") for i, im in enumerate(images)]
+        sizes = [im.shape[:2] for im in rgb]
+        torch_prompts = [self._prompts_to_torch(p, size, f"prompts[{i}]") for i, (p, size) in enumerate(zip(prompts, sizes))]
+        results = [self._empty_prediction(size, multimask_output) for size in sizes]
+        active = [i for i, tp in enumerate(torch_prompts) if tp is not None]
+        if not active:
+            return results
+        predictor = self.image_predictor
+        batch = predictor._transforms.forward_batch([np.ascontiguousarray(rgb[i]) for i in active])
+        image_embed, high_res = self.model.image_features(batch.to(self.device))
+        for j, i in enumerate(active):
+            coords, labels, boxes = torch_prompts[i]
+            low_res, iou = predictor._decode(coords, labels, boxes, None, multimask_output, image_embed[j : j + 1],
+                                             [level[j : j + 1] for level in high_res])
+            results[i] = Prediction(*predictor._finish(low_res, iou, sizes[i], return_logits=False))
+        return results
+
+    def _to_model_frame(self, coords: np.ndarray, original_size) -> np.ndarray:
+        """SAM 2's frame: the image stretched to 1024 x 1024, in float32 as sam2's predictor computes it
+        (so predict and predict_batch give a prompt the same coordinates)."""
+        frame = self.image_predictor._transforms.transform_coords(
+            torch.as_tensor(coords, dtype=torch.float), normalize=True, orig_hw=original_size)
+        return frame.numpy()
+
+    def _prompt_encoder(self):
+        return self.model.sam_prompt_encoder

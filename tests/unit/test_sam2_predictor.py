@@ -203,5 +203,32 @@ def test_the_shared_predictor_serves_a_sam2_model(predictors, models):
         np.testing.assert_array_equal(masks, ref_masks)
         np.testing.assert_array_equal(iou, ref_iou)
         np.testing.assert_array_equal(low_res, ref_low_res)
-    with pytest.raises(NotImplementedError, match="set_image_batch"):
-        shared.predict_batch([image], [samfast.Prompts(boxes=np.array([[0, 0, 10, 10]]))])
+
+
+def test_the_shared_predict_batch_serves_a_sam2_model(predictors, models):
+    """SAM 1's predict_batch(images, prompts), which the parity gate's point task runs, given a SAM 2
+    model: each image's point prompts and boxes give sam2's predict outputs for the same prompts
+    (masks as bool), an image without prompts an empty Prediction, and the image set before stays set."""
+    import samfast
+
+    image, _, ref = predictors
+    h, w = image.shape[:2]
+    shared = samfast.SamPredictor(models[0])
+    shared.set_image(image)
+    points = np.array([[[w * 0.4, h * 0.5]], [[w * 0.7, h * 0.3]]])
+    boxes = np.array([[10, 10, w / 2, h / 2], [w / 3, h / 3, w - 5, h - 5]])
+    with_points, empty, with_boxes = shared.predict_batch(
+        [image, image[:50], image],
+        [samfast.Prompts(point_coords=points, point_labels=np.ones((2, 1))), samfast.Prompts(),
+         samfast.Prompts(boxes=boxes)])
+    for got, kwargs in ((with_points, dict(point_coords=points, point_labels=np.ones((2, 1)))), (with_boxes, dict(box=boxes))):
+        ref_masks, ref_iou, ref_low_res = ref.predict(**kwargs)
+        assert got.masks.dtype == torch.bool
+        np.testing.assert_array_equal(got.masks.numpy(), ref_masks.astype(bool))
+        np.testing.assert_array_equal(got.iou_predictions.numpy(), ref_iou)
+        np.testing.assert_array_equal(got.low_res_logits.numpy(), ref_low_res)
+    assert empty.masks.shape == (0, 3, 50, w) and empty.low_res_logits.shape == (0, 3, 256, 256)
+    masks, _, _ = shared.predict(point_coords=points[0], point_labels=np.ones(1))
+    np.testing.assert_array_equal(masks, ref.predict(point_coords=points[0], point_labels=np.ones(1))[0].astype(bool))
+    with pytest.raises(samfast.InputError, match="inverted"):
+        shared.predict_batch([image], [samfast.Prompts(boxes=np.array([[50, 50, 10, 10]]))])

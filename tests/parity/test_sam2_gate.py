@@ -1,0 +1,83 @@
+"""The point task's gate for a SAM 2 model: golden, check, a planted defect, and the CLI's refusals.
+
+sam2.1_hiera_nano (the project's own small SAM 2) with seeded weights on two generated scenes: a
+golden and a check cost seconds on the CPU. Seeded weights make meaningless masks, so the logits
+gate (as for SAM 1's seeded goldens).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from parity import cli
+from parity.golden import manifest as golden_io
+from parity.golden.data import load_dataset
+from parity.tasks.point.runner import make_golden, run_check
+from parity.tasks.source import ModelSource
+
+MODEL = "sam2.1_hiera_nano"
+
+
+@pytest.fixture(scope="module")
+def scenes():
+    return load_dataset("scenes", limit=2)
+
+
+@pytest.fixture(scope="module")
+def sam2_golden(scenes, tmp_path_factory):
+    return make_golden(ModelSource(MODEL), scenes, device="cpu", root=tmp_path_factory.mktemp("golden"))
+
+
+def test_sam2_stages_pass_against_their_golden(sam2_golden, scenes, tmp_path):
+    results, paths = run_check(ModelSource(MODEL), scenes, ["fp32", "fp32+sdpa"], data_args="--data scenes",
+                               device="cpu", golden=sam2_golden, report_dir=tmp_path)
+    assert [r.passed for r in results] == [True, True]
+    assert {g.metric: g.value for g in results[0].gates}["logits_rel_l2"] == 0.0  # fp32 reruns the golden's computation
+    report = paths["report.md"].read_text()
+    assert f"# parity report: {MODEL} (synthetic seed 0)" in report
+    assert "sdpa: 12 attention modules on the SDPA path" in report  # the switch proved it ran on Hiera and the decoder
+
+
+def test_planted_defect_in_the_high_resolution_path_fails(sam2_golden, scenes, tmp_path):
+    """A defect in what only SAM 2 has (the decoder's projection of the stride-4 features) fails on the logits."""
+    source = ModelSource(MODEL)
+
+    def build(stages: str):
+        model = source.build(stages, torch.device("cpu"), 8)
+        with torch.no_grad():
+            model.sam_mask_decoder.conv_s0.weight.mul_(1.5)
+        return model
+
+    results, _ = run_check(source, scenes, ["fp32"], data_args="--data scenes", device="cpu", golden=sam2_golden,
+                           report_dir=tmp_path, build=build)
+    assert not results[0].passed
+    assert "logits_rel_l2" in [g.metric for g in results[0].failures]
+
+
+def test_a_sam1_golden_is_refused_for_a_sam2_model(scenes, tmp_path):
+    sam1 = make_golden(ModelSource("vit_tiny"), scenes, device="cpu", root=tmp_path / "golden")
+    with pytest.raises(golden_io.GoldenMismatch, match=rf"python -m parity golden --model {MODEL} --seed 0"):
+        run_check(ModelSource(MODEL), scenes, ["fp32"], data_args="--data scenes", device="cpu", golden=sam1,
+                  report_dir=tmp_path / "reports")
+
+
+def test_default_stages_are_those_built_for_the_family():
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    assert cli.default_stages(MODEL, cpu) == ["fp32", "fp32+sdpa"]
+    assert cli.default_stages(MODEL, gpu) == ["fp32", "bf16", "compile", "sdpa"]
+    assert cli.default_stages("vit_tiny", cpu) == cli.DEFAULT_CPU_STAGES
+
+
+def test_a_switch_not_built_for_sam2_is_refused_before_anything_runs(capsys, tmp_path):
+    code = cli.main(["check", "--model", MODEL, "--seed", "0", "--stages", "fp32+nt", "--report-dir", str(tmp_path)])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "nt switch(es) are not built for SAM 2" in err and "bf16+compile+sdpa" in err
+
+
+def test_a_sam2_model_without_weights_names_its_official_file(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["check", "--model", "sam2.1_hiera_l"])
+    assert exit_info.value.code == 2
+    assert "--checkpoint sam2.1_hiera_l_*.pt" in capsys.readouterr().err
