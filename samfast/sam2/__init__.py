@@ -1,4 +1,4 @@
-"""The SAM 2 family (SAM 2.1 and 2.0 image models), under sam2's own names and signatures.
+"""The SAM 2 family (SAM 2.1 and 2.0 image and video models), under sam2's own names and signatures.
 
 Code written for the `sam2` package runs by changing the import:
 
@@ -6,7 +6,9 @@ Code written for the `sam2` package runs by changing the import:
     model = build_sam2("configs/sam2.1/sam2.1_hiera_t.yaml", "sam2.1_hiera_tiny.pt", device="cuda")
 
 samfast.build_sam("sam2.1_hiera_t", ...) builds the same model. Laid out like sam2: backbones/
-(Hiera trunk, FPN neck), sam/ (prompt encoder, mask decoder), memory/ (the video memory).
+(Hiera trunk, FPN neck), sam/ (prompt encoder, mask decoder), memory/ (the video memory),
+tracker.py (the tracking step). build_sam2_video_predictor gives samfast.VideoPredictor
+(samfast/video/) with sam2's video settings, as SAM2VideoPredictor.
 """
 
 from samfast.sam2.automatic_mask_generator import SAM2AutomaticMaskGenerator
@@ -15,5 +17,15 @@ from samfast.sam2.config import SAM2_MODEL_TYPES
 from samfast.sam2.image_predictor import SAM2ImagePredictor
 from samfast.sam2.predictor import SamPredictorForSAM2
 from samfast.sam2.sam2_base import SAM2Base
+from samfast.sam2.video_predictor import SAM2VideoPredictor, build_sam2_video_predictor
 
-__all__ = ["SAM2_MODEL_TYPES", "SAM2AutomaticMaskGenerator", "SAM2Base", "SAM2ImagePredictor", "SamPredictorForSAM2", "build_sam2"]
+__all__ = [
+    "SAM2_MODEL_TYPES",
+    "SAM2AutomaticMaskGenerator",
+    "SAM2Base",
+    "SAM2ImagePredictor",
+    "SAM2VideoPredictor",
+    "SamPredictorForSAM2",
+    "build_sam2",
+    "build_sam2_video_predictor",
+]

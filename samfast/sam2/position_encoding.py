@@ -46,3 +46,13 @@ class PositionEmbeddingSine(nn.Module):
         if key not in self._cache:
             self._cache[key] = self._encode(*key)
         return self._cache[key][None].expand(x.shape[0], -1, -1, -1)
+
+
+def get_1d_sine_pe(pos_inds: torch.Tensor, dim: int, temperature: int = 10000) -> torch.Tensor:
+    """(..., dim) sine / cosine encoding of (fractional) positions, sam2's order (the object
+    pointers' temporal encoding)."""
+    pe_dim = dim // 2
+    dim_t = torch.arange(pe_dim, dtype=torch.float32, device=pos_inds.device)
+    dim_t = temperature ** (2 * (dim_t // 2) / pe_dim)
+    pos_embed = pos_inds.unsqueeze(-1) / dim_t
+    return torch.cat([pos_embed.sin(), pos_embed.cos()], dim=-1)

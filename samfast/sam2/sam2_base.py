@@ -1,9 +1,10 @@
-"""SAM2Base: the modules of a SAM 2 checkpoint, with sam2's names, and its image path.
+"""SAM2Base: the modules of a SAM 2 checkpoint, with sam2's names, its image path and its tracking step.
 
 Holds everything an official checkpoint holds, so it loads strictly: the image encoder, the SAM
-heads, and the video parts (memory encoder and attention, memory and object-pointer embeddings)
-that the image path does not use. The image path is sam2's forward_image and
-_prepare_backbone_features, plus `image_features`, what SAM2ImagePredictor.set_image keeps.
+heads, and the video parts (memory encoder and attention, memory and object-pointer embeddings).
+The image path is sam2's forward_image and _prepare_backbone_features, plus `image_features`,
+what SAM2ImagePredictor.set_image keeps. The tracking step (track_step and what it calls) is
+mixed in from samfast.sam2.tracker; samfast.VideoPredictor drives it over a video.
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ from samfast.sam2.mlp import MLP
 from samfast.sam2.sam.mask_decoder import Sam2MaskDecoder
 from samfast.sam2.sam.prompt_encoder import Sam2PromptEncoder
 from samfast.sam2.sam.transformer import Sam2TwoWayTransformer
+from samfast.sam2.tracker import SAM2Tracking, TrackingSettings
 
 
-class SAM2Base(nn.Module):
+class SAM2Base(SAM2Tracking, nn.Module):
     image_size = IMAGE_SIZE
     # Every config: the first frame (and so a single image) gets no_mem_embed added to its
     # lowest-resolution features instead of memory attention, and the decoder reads the two
@@ -69,6 +71,8 @@ class SAM2Base(nn.Module):
         self.sam_mask_decoder = sam_mask_decoder
         self.obj_ptr_proj = MLP(self.hidden_dim, self.hidden_dim, self.hidden_dim, 3)
         self.obj_ptr_tpos_proj = nn.Linear(self.hidden_dim, MEM_DIM) if config.sam2_1 else nn.Identity()
+        # what sam2's yaml configs set for the tracking step (samfast.sam2.tracker)
+        self.tracking = TrackingSettings.for_version(config.sam2_1)
 
     @property
     def device(self) -> torch.device:

@@ -1,0 +1,142 @@
+"""One object's memory over a video: its outputs per frame, and which of them the next frame attends to.
+
+sam2 keeps, per object, two dicts of frame outputs: "cond_frame_outputs" (frames given prompts:
+always in memory) and "non_cond_frame_outputs" (frames tracked from memory). MemoryBank is those
+two dicts under the same names, plus the selection rules sam2's _prepare_memory_conditioned_features
+applies to them (which conditioning frames, which recent memories, which object pointers). The
+tracker reads memory only through select_cond_frames, recent_memories and recent_pointers.
+
+Like sam2's, the bank grows by one entry per tracked frame and never evicts: the predictor also
+looks up a frame's earlier output in it (correction clicks, consolidating objects). The place to
+make it fixed-capacity (the conditioning frames plus a ring of the num_maskmem - 1 latest memories
+and max_obj_ptrs_in_encoder - 1 latest pointers, in preallocated tensors that a compiled step can
+read without recompiling) is this class: the three readers above keep their meaning, the
+per-frame outputs that only the predictor needs move beside it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+# the mask logit of an absent object, and of an object with no output on a frame yet (sam2's NO_OBJ_SCORE)
+NO_OBJ_SCORE = -1024.0
+
+
+@dataclass
+class FrameOutput:
+    """One object's result on one frame (sam2's current_out dict, as attributes).
+
+    The bank keeps the compact form (pred_masks, obj_ptr, object_score_logits and the memory);
+    the full-resolution logits and the prompts are only in what track_step returns.
+    """
+
+    pred_masks: torch.Tensor  # (B, 1, 256, 256) low-resolution mask logits
+    obj_ptr: torch.Tensor  # (B, C) object pointer
+    object_score_logits: torch.Tensor  # (B, 1), > 0: the object is in the frame
+    maskmem_features: torch.Tensor | None = None  # (B, 64, 64, 64) the frame's memory; None: not encoded yet
+    maskmem_pos_enc: list[torch.Tensor] | None = None
+    pred_masks_high_res: torch.Tensor | None = None  # (B, 1, 1024, 1024)
+    point_inputs: dict | None = None
+    mask_inputs: torch.Tensor | None = None
+
+
+class MemoryBank:
+    def __init__(self) -> None:
+        self.cond_frame_outputs: dict[int, FrameOutput] = {}  # frames with prompts
+        self.non_cond_frame_outputs: dict[int, FrameOutput] = {}  # frames tracked from memory
+
+    def storage(self, is_cond: bool) -> dict[int, FrameOutput]:
+        return self.cond_frame_outputs if is_cond else self.non_cond_frame_outputs
+
+    def get(self, frame_idx: int) -> FrameOutput | None:
+        """The frame's output, a conditioning one first."""
+        out = self.cond_frame_outputs.get(frame_idx)
+        return out if out is not None else self.non_cond_frame_outputs.get(frame_idx)
+
+    def clear(self) -> None:
+        self.cond_frame_outputs.clear()
+        self.non_cond_frame_outputs.clear()
+
+    def __iter__(self) -> Iterator[tuple[bool, dict[int, FrameOutput]]]:
+        """(is_cond, outputs): the non-conditioning outputs first, as sam2 walks them."""
+        yield False, self.non_cond_frame_outputs
+        yield True, self.cond_frame_outputs
+
+    # --- what the tracker reads
+
+    def select_cond_frames(
+        self, frame_idx: int, max_cond_frame_num: int
+    ) -> tuple[dict[int, FrameOutput], dict[int, FrameOutput]]:
+        """(selected, unselected) conditioning frames: all of them when max_cond_frame_num is -1
+        or not exceeded; else the closest before frame_idx, the closest at or after it, then the
+        closest others (sam2's select_closest_cond_frames)."""
+        cond = self.cond_frame_outputs
+        if max_cond_frame_num == -1 or len(cond) <= max_cond_frame_num:
+            return cond, {}
+        if max_cond_frame_num < 2:
+            raise ValueError("max_cond_frames_in_attn must allow 2 or more conditioning frames (or be -1)")
+        selected = {}
+        idx_before = max((t for t in cond if t < frame_idx), default=None)
+        if idx_before is not None:
+            selected[idx_before] = cond[idx_before]
+        idx_after = min((t for t in cond if t >= frame_idx), default=None)
+        if idx_after is not None:
+            selected[idx_after] = cond[idx_after]
+        num_remain = max_cond_frame_num - len(selected)
+        inds_remain = sorted((t for t in cond if t not in selected), key=lambda x: abs(x - frame_idx))[:num_remain]
+        selected.update((t, cond[t]) for t in inds_remain)
+        return selected, {t: v for t, v in cond.items() if t not in selected}
+
+    def recent_memories(
+        self,
+        frame_idx: int,
+        num_maskmem: int,
+        stride: int,
+        track_in_reverse: bool,
+        unselected_cond: dict[int, FrameOutput],
+    ) -> list[tuple[int, FrameOutput]]:
+        """(temporal position, output) of the num_maskmem - 1 memories before frame_idx (after it
+        when tracking in reverse): position num_maskmem - 1 is the previous frame, the others every
+        stride-th frame further away. A conditioning frame left out of the selection counts here
+        as a tracked one; frames without an output are skipped."""
+        memories = []
+        for t_pos in range(1, num_maskmem):
+            t_rel = num_maskmem - t_pos  # frames away from frame_idx
+            if t_rel == 1:  # always the adjacent frame, whatever the stride
+                prev_frame_idx = frame_idx + t_rel if track_in_reverse else frame_idx - t_rel
+            elif not track_in_reverse:
+                # the nearest stride-th frame before frame_idx - 1, then further stride-th frames
+                prev_frame_idx = ((frame_idx - 2) // stride) * stride
+                prev_frame_idx = prev_frame_idx - (t_rel - 2) * stride
+            else:
+                prev_frame_idx = -(-(frame_idx + 2) // stride) * stride
+                prev_frame_idx = prev_frame_idx + (t_rel - 2) * stride
+            out = self.non_cond_frame_outputs.get(prev_frame_idx)
+            if out is None:
+                out = unselected_cond.get(prev_frame_idx)
+            if out is not None:
+                memories.append((t_pos, out))
+        return memories
+
+    def recent_pointers(
+        self,
+        frame_idx: int,
+        max_obj_ptrs: int,
+        num_frames: int,
+        track_in_reverse: bool,
+        unselected_cond: dict[int, FrameOutput],
+    ) -> list[tuple[int, FrameOutput]]:
+        """(distance, output) of the tracked frames among the max_obj_ptrs - 1 before frame_idx
+        (after it in reverse), nearest first, stopping at the video's ends."""
+        pointers = []
+        for t_diff in range(1, max_obj_ptrs):
+            t = frame_idx + t_diff if track_in_reverse else frame_idx - t_diff
+            if t < 0 or (num_frames is not None and t >= num_frames):
+                break
+            out = self.non_cond_frame_outputs.get(t, unselected_cond.get(t))
+            if out is not None:
+                pointers.append((t_diff, out))
+        return pointers

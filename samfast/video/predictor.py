@@ -1,0 +1,662 @@
+"""VideoPredictor: prompts on some frames of a video, masks of every object on every frame.
+
+sam2's SAM2VideoPredictor (sam2_video_predictor.py) with its methods, arguments and outputs:
+init_state, add_new_points_or_box, add_new_mask, propagate_in_video, clear_all_prompts_in_frame,
+remove_object, reset_state. It runs sam2's steps in sam2's order, so with the same weights its
+fp32 masks are sam2's. Unlike sam2's (a subclass of the model), it holds the model: any tracker
+of SAM 2's design serves it (SAM 2's SAM2Base; SAM 3's tracker, whose step is the same), through
+what the tracker mixin (samfast.sam2.tracker) offers:
+
+    image_size, device, num_maskmem, tracking (its memory_temporal_stride_for_eval),
+    forward_image(images) -> backbone_out, _prepare_backbone_features(backbone_out),
+    track_step(...) -> FrameOutput, _encode_new_memory(...), _apply_non_overlapping_constraints(masks)
+
+How it runs, as in sam2: a prompt runs the tracking step on its frame for its object only, without
+encoding the frame's memory, and keeps the result as pending; propagate_in_video first encodes the
+pending results into memory, then tracks each object frame by frame from its memory bank. Objects
+are tracked one at a time (a batch of one), each frame's image features computed once for all.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Hashable, Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from samfast.video.frames import VideoSource, load_video_frames
+from samfast.video.memory_bank import NO_OBJ_SCORE, FrameOutput, MemoryBank
+
+
+@dataclass
+class ObjectTrack:
+    """One object's prompts and results (sam2 keeps them in per-object dicts keyed by the object's index)."""
+
+    obj_id: Hashable
+    point_inputs_per_frame: dict[int, dict] = field(default_factory=dict)
+    mask_inputs_per_frame: dict[int, torch.Tensor] = field(default_factory=dict)
+    memory: MemoryBank = field(default_factory=MemoryBank)  # sam2's output_dict_per_obj[obj_idx]
+    # results of prompts given since the last propagation, their memory not encoded yet
+    # (sam2's temp_output_dict_per_obj[obj_idx])
+    pending: MemoryBank = field(default_factory=MemoryBank)
+    frames_tracked: dict[int, dict] = field(default_factory=dict)  # frame -> {"reverse": direction it was tracked in}
+
+    def clear(self) -> None:
+        self.point_inputs_per_frame.clear()
+        self.mask_inputs_per_frame.clear()
+        self.memory.clear()
+        self.pending.clear()
+        self.frames_tracked.clear()
+
+
+@dataclass
+class InferenceState:
+    """One video's frames and tracking state (sam2's inference_state dict; `state["num_frames"]`
+    and the other keys sam2 users read work too)."""
+
+    images: torch.Tensor  # (T, 3, S, S) normalized frames
+    video_height: int
+    video_width: int
+    device: torch.device
+    storage_device: torch.device  # where results and memories are kept (the CPU with offload_state_to_cpu)
+    offload_video_to_cpu: bool = False
+    offload_state_to_cpu: bool = False
+    objects: list[ObjectTrack] = field(default_factory=list)  # in the order they were added: obj_idx
+    # the latest frame's image features {frame_idx: (image, backbone_out)}, for repeated prompts on it
+    cached_features: dict = field(default_factory=dict)
+    # the memories' positional encoding, the same for every frame and object: one copy
+    maskmem_pos_enc: list[torch.Tensor] | None = None
+
+    @property
+    def num_frames(self) -> int:
+        return len(self.images)
+
+    @property
+    def obj_ids(self) -> list:
+        return [obj.obj_id for obj in self.objects]
+
+    def obj_idx(self, obj_id: Hashable) -> int | None:
+        return next((i for i, obj in enumerate(self.objects) if obj.obj_id == obj_id), None)
+
+    def __getitem__(self, key: str):
+        return getattr(self, key)
+
+
+def fill_holes_in_mask_scores(mask: torch.Tensor, max_area: int) -> torch.Tensor:
+    """sam2's hole filling (background components of at most max_area pixels set to 0.1) needs
+    connected components from its CUDA extension; without it sam2 warns and returns the mask as
+    it is. samfast has no such kernel, so it always does what sam2 does without it."""
+    if max_area <= 0:
+        raise ValueError("max_area must be positive")
+    warnings.warn(
+        "fill_hole_area > 0 needs connected components, which samfast does not have: skipping the hole "
+        "filling, as sam2 does without its CUDA extension (the masks are otherwise unchanged).",
+        category=UserWarning,
+        stacklevel=2,
+    )
+    return mask
+
+
+class VideoPredictor:
+    def __init__(
+        self,
+        model,
+        fill_hole_area: int = 0,
+        non_overlap_masks: bool = False,
+        clear_non_cond_mem_around_input: bool = False,
+        add_all_frames_to_correct_as_cond: bool = False,
+    ) -> None:
+        """model: a tracker (samfast.sam2.SAM2Base). fill_hole_area: see fill_holes_in_mask_scores
+        (warned and skipped). non_overlap_masks: keep only the highest-scoring object per pixel in
+        the returned masks. clear_non_cond_mem_around_input: a correction click drops the object's
+        tracked memories within num_maskmem frames of it. add_all_frames_to_correct_as_cond: a
+        correction on a tracked frame makes it a conditioning frame too."""
+        self.model = model
+        self.fill_hole_area = fill_hole_area
+        self.non_overlap_masks = non_overlap_masks
+        self.clear_non_cond_mem_around_input = clear_non_cond_mem_around_input
+        self.add_all_frames_to_correct_as_cond = add_all_frames_to_correct_as_cond
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    @property
+    def image_size(self) -> int:
+        return self.model.image_size
+
+    # --- the video and its objects
+
+    @torch.inference_mode()
+    def init_state(
+        self,
+        video_path: VideoSource,
+        offload_video_to_cpu: bool = False,
+        offload_state_to_cpu: bool = False,
+        async_loading_frames: bool = False,
+    ) -> InferenceState:
+        """A fresh state for a video: a folder of JPEG frames named by index, an .mp4 (with decord),
+        a list of HxWx3 uint8 RGB frames or PIL images, or a (T, H, W, 3) uint8 array or tensor.
+
+        offload_video_to_cpu keeps the frames on the CPU, offload_state_to_cpu the results and
+        memories. async_loading_frames is accepted for sam2's signature; frames load up front
+        (the same frames, so the same results). Frame 0's features are computed here, as sam2 does.
+        """
+        del async_loading_frames
+        compute_device = self.device
+        images, video_height, video_width = load_video_frames(
+            video_path, self.image_size, offload_video_to_cpu, compute_device
+        )
+        state = InferenceState(
+            images=images,
+            video_height=video_height,
+            video_width=video_width,
+            device=compute_device,
+            storage_device=torch.device("cpu") if offload_state_to_cpu else compute_device,
+            offload_video_to_cpu=offload_video_to_cpu,
+            offload_state_to_cpu=offload_state_to_cpu,
+        )
+        self._get_image_feature(state, frame_idx=0, batch_size=1)
+        return state
+
+    def _obj_id_to_idx(self, inference_state: InferenceState, obj_id: Hashable) -> int:
+        """The object's index, a new object added (at any time, after tracking started too) for a new id."""
+        obj_idx = inference_state.obj_idx(obj_id)
+        if obj_idx is None:
+            inference_state.objects.append(ObjectTrack(obj_id))
+            obj_idx = len(inference_state.objects) - 1
+        return obj_idx
+
+    def _obj_idx_to_id(self, inference_state: InferenceState, obj_idx: int) -> Hashable:
+        return inference_state.objects[obj_idx].obj_id
+
+    def _get_obj_num(self, inference_state: InferenceState) -> int:
+        return len(inference_state.objects)
+
+    # --- prompts
+
+    @torch.inference_mode()
+    def add_new_points_or_box(
+        self,
+        inference_state: InferenceState,
+        frame_idx: int,
+        obj_id: Hashable,
+        points=None,
+        labels=None,
+        clear_old_points: bool = True,
+        normalize_coords: bool = True,
+        box=None,
+    ) -> tuple[int, list, torch.Tensor]:
+        """Clicks (points (N, 2) x, y and labels (N,): 1 foreground, 0 background) and/or a box
+        (x0, y0, x1, y1) for one object on one frame: (frame_idx, obj_ids, video_res_masks
+        (num objects, 1, H, W) logits of every object on that frame).
+
+        Coordinates are in pixels of the video (in [0, 1] with normalize_coords=False). With
+        clear_old_points=False the points add to the frame's earlier ones (a box cannot: it must
+        come first). On a frame the object was already tracked on, the clicks correct that result.
+        """
+        obj_idx = self._obj_id_to_idx(inference_state, obj_id)
+        obj = inference_state.objects[obj_idx]
+
+        if (points is not None) != (labels is not None):
+            raise ValueError("points and labels must be provided together")
+        if points is None and box is None:
+            raise ValueError("at least one of points or box must be provided as input")
+        if points is None:
+            points = torch.zeros(0, 2, dtype=torch.float32)
+        elif not isinstance(points, torch.Tensor):
+            points = torch.tensor(points, dtype=torch.float32)
+        if labels is None:
+            labels = torch.zeros(0, dtype=torch.int32)
+        elif not isinstance(labels, torch.Tensor):
+            labels = torch.tensor(labels, dtype=torch.int32)
+        if points.dim() == 2:
+            points = points.unsqueeze(0)  # the batch of one object
+        if labels.dim() == 1:
+            labels = labels.unsqueeze(0)
+
+        if box is not None:
+            # a box is its two corners, labelled 2 and 3, in front of the points (how SAM 2 is trained)
+            if not clear_old_points:
+                raise ValueError(
+                    "cannot add box without clearing old points, since box prompt must be provided before any "
+                    "point prompt (please use clear_old_points=True instead)"
+                )
+            if not isinstance(box, torch.Tensor):
+                box = torch.tensor(box, dtype=torch.float32, device=points.device)
+            box_coords = box.reshape(1, 2, 2)
+            box_labels = torch.tensor([2, 3], dtype=torch.int32, device=labels.device).reshape(1, 2)
+            points = torch.cat([box_coords, points], dim=1)
+            labels = torch.cat([box_labels, labels], dim=1)
+
+        if normalize_coords:
+            video_H, video_W = inference_state.video_height, inference_state.video_width
+            points = points / torch.tensor([video_W, video_H]).to(points.device)
+        points = points * self.image_size  # to the model's S x S input frame
+        points = points.to(inference_state.device)
+        labels = labels.to(inference_state.device)
+
+        point_inputs = obj.point_inputs_per_frame.get(frame_idx) if not clear_old_points else None
+        point_inputs = concat_points(point_inputs, points, labels)
+        obj.point_inputs_per_frame[frame_idx] = point_inputs
+        obj.mask_inputs_per_frame.pop(frame_idx, None)
+
+        is_init_cond_frame, reverse, is_cond = self._prompted_frame_role(obj, frame_idx)
+        # the frame's latest logits go to the decoder with the new clicks: the pending result
+        # first, else the tracked one
+        prev_sam_mask_logits = None
+        prev_out = obj.pending.storage(is_cond).get(frame_idx)
+        if prev_out is None:
+            prev_out = obj.memory.get(frame_idx)
+        if prev_out is not None and prev_out.pred_masks is not None:
+            prev_sam_mask_logits = prev_out.pred_masks.to(inference_state.device, non_blocking=True)
+            prev_sam_mask_logits = torch.clamp(prev_sam_mask_logits, -32.0, 32.0)  # avoids rare numerical issues
+        current_out, _ = self._run_single_frame_inference(
+            inference_state=inference_state,
+            output_dict=obj.memory,
+            frame_idx=frame_idx,
+            batch_size=1,
+            is_init_cond_frame=is_init_cond_frame,
+            point_inputs=point_inputs,
+            mask_inputs=None,
+            reverse=reverse,
+            # the memory is encoded when propagation starts, once every object's prompts are in
+            run_mem_encoder=False,
+            prev_sam_mask_logits=prev_sam_mask_logits,
+        )
+        obj.pending.storage(is_cond)[frame_idx] = current_out
+        return frame_idx, inference_state.obj_ids, self._frame_masks_at_video_res(inference_state, frame_idx, is_cond)
+
+    def add_new_points(self, *args, **kwargs):
+        """sam2's deprecated name of add_new_points_or_box."""
+        return self.add_new_points_or_box(*args, **kwargs)
+
+    @torch.inference_mode()
+    def add_new_mask(
+        self, inference_state: InferenceState, frame_idx: int, obj_id: Hashable, mask
+    ) -> tuple[int, list, torch.Tensor]:
+        """A (H, W) bool mask of one object on one frame, taken as that frame's result:
+        (frame_idx, obj_ids, video_res_masks) as add_new_points_or_box returns them."""
+        obj_idx = self._obj_id_to_idx(inference_state, obj_id)
+        obj = inference_state.objects[obj_idx]
+
+        if not isinstance(mask, torch.Tensor):
+            mask = torch.tensor(np.asarray(mask), dtype=torch.bool)
+        if mask.dim() != 2:
+            raise ValueError(f"add_new_mask takes one (H, W) mask, got shape {tuple(mask.shape)}")
+        mask_H, mask_W = mask.shape
+        mask_inputs_orig = mask[None, None].float().to(inference_state.device)
+        if mask_H != self.image_size or mask_W != self.image_size:
+            mask_inputs = F.interpolate(
+                mask_inputs_orig,
+                size=(self.image_size, self.image_size),
+                align_corners=False,
+                mode="bilinear",
+                antialias=True,  # downsampling
+            )
+            mask_inputs = (mask_inputs >= 0.5).float()
+        else:
+            mask_inputs = mask_inputs_orig
+
+        obj.mask_inputs_per_frame[frame_idx] = mask_inputs
+        obj.point_inputs_per_frame.pop(frame_idx, None)
+        is_init_cond_frame, reverse, is_cond = self._prompted_frame_role(obj, frame_idx)
+        current_out, _ = self._run_single_frame_inference(
+            inference_state=inference_state,
+            output_dict=obj.memory,
+            frame_idx=frame_idx,
+            batch_size=1,
+            is_init_cond_frame=is_init_cond_frame,
+            point_inputs=None,
+            mask_inputs=mask_inputs,
+            reverse=reverse,
+            run_mem_encoder=False,
+        )
+        obj.pending.storage(is_cond)[frame_idx] = current_out
+        return frame_idx, inference_state.obj_ids, self._frame_masks_at_video_res(inference_state, frame_idx, is_cond)
+
+    def _prompted_frame_role(self, obj: ObjectTrack, frame_idx: int) -> tuple[bool, bool, bool]:
+        """(is_init_cond_frame, reverse, is_cond) of a prompt on a frame.
+
+        A frame the object was not tracked on is an initial conditioning frame, segmented without
+        memory like an image; on a tracked frame the prompt corrects the result, read with the
+        memory of the direction it was tracked in, and stays a non-conditioning frame unless
+        add_all_frames_to_correct_as_cond.
+        """
+        is_init_cond_frame = frame_idx not in obj.frames_tracked
+        reverse = False if is_init_cond_frame else obj.frames_tracked[frame_idx]["reverse"]
+        is_cond = is_init_cond_frame or self.add_all_frames_to_correct_as_cond
+        return is_init_cond_frame, reverse, is_cond
+
+    # --- outputs across objects
+
+    def _frame_masks_at_video_res(self, inference_state: InferenceState, frame_idx: int, is_cond: bool) -> torch.Tensor:
+        """Every object's logits on a prompted frame, at the video's resolution."""
+        consolidated = self._consolidate_temp_output_across_obj(inference_state, frame_idx, is_cond)
+        return self._get_orig_video_res_output(inference_state, consolidated)
+
+    def _get_orig_video_res_output(self, inference_state: InferenceState, any_res_masks: torch.Tensor) -> torch.Tensor:
+        """Mask logits (num objects, 1, h, w) resized to the video's resolution (and made
+        non-overlapping with non_overlap_masks)."""
+        video_H, video_W = inference_state.video_height, inference_state.video_width
+        any_res_masks = any_res_masks.to(inference_state.device, non_blocking=True)
+        if any_res_masks.shape[-2:] == (video_H, video_W):
+            video_res_masks = any_res_masks
+        else:
+            video_res_masks = F.interpolate(any_res_masks, size=(video_H, video_W), mode="bilinear", align_corners=False)
+        if self.non_overlap_masks:
+            video_res_masks = self.model._apply_non_overlapping_constraints(video_res_masks)
+        return video_res_masks
+
+    def _consolidate_temp_output_across_obj(
+        self, inference_state: InferenceState, frame_idx: int, is_cond: bool
+    ) -> torch.Tensor:
+        """(num objects, 1, H, W) logits of every object on a frame at the video's resolution: its
+        pending result, else its tracked one, else NO_OBJ_SCORE (sam2's consolidate_at_video_res)."""
+        batch_size = self._get_obj_num(inference_state)
+        consolidated_pred_masks = torch.full(
+            size=(batch_size, 1, inference_state.video_height, inference_state.video_width),
+            fill_value=NO_OBJ_SCORE,
+            dtype=torch.float32,
+            device=inference_state.storage_device,
+        )
+        for obj_idx, obj in enumerate(inference_state.objects):
+            out = obj.pending.storage(is_cond).get(frame_idx)
+            if out is None:
+                out = obj.memory.get(frame_idx)
+            if out is None:
+                continue
+            obj_mask = out.pred_masks
+            if obj_mask.shape[-2:] == consolidated_pred_masks.shape[-2:]:
+                consolidated_pred_masks[obj_idx : obj_idx + 1] = obj_mask
+            else:
+                consolidated_pred_masks[obj_idx : obj_idx + 1] = F.interpolate(
+                    obj_mask, size=consolidated_pred_masks.shape[-2:], mode="bilinear", align_corners=False
+                )
+        return consolidated_pred_masks
+
+    # --- propagation
+
+    @torch.inference_mode()
+    def propagate_in_video_preflight(self, inference_state: InferenceState) -> None:
+        """Encode the memory of every pending prompt result and move it into the object's bank."""
+        if self._get_obj_num(inference_state) == 0:
+            raise RuntimeError("No input points or masks are provided for any object; please add inputs first.")
+        for obj_idx, obj in enumerate(inference_state.objects):
+            for is_cond, pending in obj.pending:
+                for frame_idx, out in pending.items():
+                    if out.maskmem_features is None:
+                        high_res_masks = F.interpolate(
+                            out.pred_masks.to(inference_state.device),
+                            size=(self.image_size, self.image_size),
+                            mode="bilinear",
+                            align_corners=False,
+                        )
+                        out.maskmem_features, out.maskmem_pos_enc = self._run_memory_encoder(
+                            inference_state=inference_state,
+                            frame_idx=frame_idx,
+                            batch_size=1,
+                            high_res_masks=high_res_masks,
+                            object_score_logits=out.object_score_logits,
+                            is_mask_from_pts=True,  # frames the user prompted
+                        )
+                    obj.memory.storage(is_cond)[frame_idx] = out
+                    if self.clear_non_cond_mem_around_input:
+                        self._clear_obj_non_cond_mem_around_input(inference_state, frame_idx, obj_idx)
+                pending.clear()
+            if len(obj.memory.cond_frame_outputs) == 0:
+                raise RuntimeError(
+                    f"No input points or masks are provided for object id {obj.obj_id}; please add inputs first."
+                )
+            # a frame that became a conditioning frame is no longer a tracked one
+            for frame_idx in obj.memory.cond_frame_outputs:
+                obj.memory.non_cond_frame_outputs.pop(frame_idx, None)
+
+    @torch.inference_mode()
+    def propagate_in_video(
+        self,
+        inference_state: InferenceState,
+        start_frame_idx: int | None = None,
+        max_frame_num_to_track: int | None = None,
+        reverse: bool = False,
+    ) -> Iterator[tuple[int, list, torch.Tensor]]:
+        """Track every object through the video: yields (frame_idx, obj_ids, video_res_masks
+        (num objects, 1, H, W) logits) frame by frame, from start_frame_idx (default: the first
+        prompted frame) for max_frame_num_to_track more frames (default: to the end), backwards
+        with reverse. Prompted frames give their prompt's result."""
+        self.propagate_in_video_preflight(inference_state)
+        obj_ids = inference_state.obj_ids
+        num_frames = inference_state.num_frames
+        if start_frame_idx is None:
+            start_frame_idx = min(t for obj in inference_state.objects for t in obj.memory.cond_frame_outputs)
+        if max_frame_num_to_track is None:
+            max_frame_num_to_track = num_frames
+        if reverse:
+            end_frame_idx = max(start_frame_idx - max_frame_num_to_track, 0)
+            # nothing to track backwards from frame 0
+            processing_order = range(start_frame_idx, end_frame_idx - 1, -1) if start_frame_idx > 0 else []
+        else:
+            end_frame_idx = min(start_frame_idx + max_frame_num_to_track, num_frames - 1)
+            processing_order = range(start_frame_idx, end_frame_idx + 1)
+
+        for frame_idx in processing_order:
+            pred_masks_per_obj = []
+            for obj_idx, obj in enumerate(inference_state.objects):
+                if frame_idx in obj.memory.cond_frame_outputs:
+                    # a prompted frame: its result is already there (prompts differ per object,
+                    # so these are not rerun)
+                    current_out = obj.memory.cond_frame_outputs[frame_idx]
+                    pred_masks = current_out.pred_masks.to(inference_state.device, non_blocking=True)
+                    if self.clear_non_cond_mem_around_input:
+                        self._clear_obj_non_cond_mem_around_input(inference_state, frame_idx, obj_idx)
+                else:
+                    current_out, pred_masks = self._run_single_frame_inference(
+                        inference_state=inference_state,
+                        output_dict=obj.memory,
+                        frame_idx=frame_idx,
+                        batch_size=1,
+                        is_init_cond_frame=False,
+                        point_inputs=None,
+                        mask_inputs=None,
+                        reverse=reverse,
+                        run_mem_encoder=True,
+                    )
+                    obj.memory.non_cond_frame_outputs[frame_idx] = current_out
+                obj.frames_tracked[frame_idx] = {"reverse": reverse}
+                pred_masks_per_obj.append(pred_masks)
+            all_pred_masks = torch.cat(pred_masks_per_obj, dim=0) if len(pred_masks_per_obj) > 1 else pred_masks_per_obj[0]
+            yield frame_idx, obj_ids, self._get_orig_video_res_output(inference_state, all_pred_masks)
+
+    # --- removing prompts and objects
+
+    @torch.inference_mode()
+    def clear_all_prompts_in_frame(
+        self, inference_state: InferenceState, frame_idx: int, obj_id: Hashable, need_output: bool = True
+    ) -> tuple[int, list, torch.Tensor] | None:
+        """Drop one object's prompts on one frame; its result there, if any, becomes a tracked
+        frame's. With need_output, every object's logits on that frame as add_new_points_or_box
+        returns them."""
+        obj_idx = self._obj_id_to_idx(inference_state, obj_id)
+        obj = inference_state.objects[obj_idx]
+        obj.point_inputs_per_frame.pop(frame_idx, None)
+        obj.mask_inputs_per_frame.pop(frame_idx, None)
+        obj.pending.cond_frame_outputs.pop(frame_idx, None)
+        obj.pending.non_cond_frame_outputs.pop(frame_idx, None)
+        out = obj.memory.cond_frame_outputs.pop(frame_idx, None)
+        if out is not None:
+            obj.memory.non_cond_frame_outputs[frame_idx] = out
+            obj.frames_tracked.pop(frame_idx, None)
+        if not need_output:
+            return None
+        is_cond = any(frame_idx in other.pending.cond_frame_outputs for other in inference_state.objects)
+        return frame_idx, inference_state.obj_ids, self._frame_masks_at_video_res(inference_state, frame_idx, is_cond)
+
+    @torch.inference_mode()
+    def reset_state(self, inference_state: InferenceState) -> None:
+        """Drop every object, prompt and result (the frames and their cached features stay)."""
+        self._reset_tracking_results(inference_state)
+        inference_state.objects.clear()
+
+    def _reset_tracking_results(self, inference_state: InferenceState) -> None:
+        for obj in inference_state.objects:
+            obj.clear()
+
+    @torch.inference_mode()
+    def remove_object(
+        self, inference_state: InferenceState, obj_id: Hashable, strict: bool = False, need_output: bool = True
+    ) -> tuple[list, list[tuple[int, torch.Tensor]]]:
+        """Drop one object: (remaining obj_ids, [(frame_idx, video_res_masks)] of the frames it had
+        prompts on, with need_output). An unknown id is ignored (strict: an error)."""
+        obj_idx_to_rm = inference_state.obj_idx(obj_id)
+        updated_frames = []
+        if obj_idx_to_rm is None:
+            if not strict:
+                return inference_state.obj_ids, updated_frames
+            raise RuntimeError(
+                f"Cannot remove object id {obj_id} as it doesn't exist. All existing object ids: {inference_state.obj_ids}."
+            )
+        if self._get_obj_num(inference_state) == 1:  # the last object: a reset
+            self.reset_state(inference_state)
+            return inference_state.obj_ids, updated_frames
+
+        removed = inference_state.objects[obj_idx_to_rm]
+        obj_input_frames_inds = set()
+        obj_input_frames_inds.update(removed.point_inputs_per_frame)
+        obj_input_frames_inds.update(removed.mask_inputs_per_frame)
+        for frame_idx in obj_input_frames_inds:
+            self.clear_all_prompts_in_frame(inference_state, frame_idx, obj_id, need_output=False)
+        # the objects after it move down one index, as sam2 remaps them
+        del inference_state.objects[obj_idx_to_rm]
+
+        if need_output:
+            # the other objects' masks on those frames (one may have been hidden under the removed one)
+            for frame_idx in obj_input_frames_inds:
+                is_cond = any(frame_idx in obj.pending.cond_frame_outputs for obj in inference_state.objects)
+                updated_frames.append((frame_idx, self._frame_masks_at_video_res(inference_state, frame_idx, is_cond)))
+        return inference_state.obj_ids, updated_frames
+
+    def _clear_obj_non_cond_mem_around_input(self, inference_state: InferenceState, frame_idx: int, obj_idx: int) -> None:
+        """Drop one object's tracked memories within num_maskmem (strided) frames of a prompted
+        frame: they may hold the appearance the prompt corrected. (sam2 1.1.0 calls this method
+        without defining it; this is sam2's later definition.)"""
+        r = self.model.tracking.memory_temporal_stride_for_eval
+        frame_idx_begin = frame_idx - r * self.model.num_maskmem
+        frame_idx_end = frame_idx + r * self.model.num_maskmem
+        non_cond_frame_outputs = inference_state.objects[obj_idx].memory.non_cond_frame_outputs
+        for t in range(frame_idx_begin, frame_idx_end + 1):
+            non_cond_frame_outputs.pop(t, None)
+
+    # --- one frame
+
+    def _get_image_feature(self, inference_state: InferenceState, frame_idx: int, batch_size: int) -> tuple:
+        """(image, backbone_out, vision_feats, vision_pos_embeds, feat_sizes) of a frame, for
+        batch_size objects; the latest frame's features are cached."""
+        image, backbone_out = inference_state.cached_features.get(frame_idx, (None, None))
+        if backbone_out is None:
+            device = inference_state.device
+            image = inference_state.images[frame_idx].to(device).float().unsqueeze(0)
+            backbone_out = self.model.forward_image(image)
+            inference_state.cached_features = {frame_idx: (image, backbone_out)}
+        expanded_image = image.expand(batch_size, -1, -1, -1)
+        expanded_backbone_out = {
+            "backbone_fpn": [feat.expand(batch_size, -1, -1, -1) for feat in backbone_out["backbone_fpn"]],
+            "vision_pos_enc": [pos.expand(batch_size, -1, -1, -1) for pos in backbone_out["vision_pos_enc"]],
+        }
+        return (expanded_image,) + self.model._prepare_backbone_features(expanded_backbone_out)
+
+    def _run_single_frame_inference(
+        self,
+        inference_state: InferenceState,
+        output_dict: MemoryBank,
+        frame_idx: int,
+        batch_size: int,
+        is_init_cond_frame: bool,
+        point_inputs: dict | None,
+        mask_inputs: torch.Tensor | None,
+        reverse: bool,
+        run_mem_encoder: bool,
+        prev_sam_mask_logits: torch.Tensor | None = None,
+    ) -> tuple[FrameOutput, torch.Tensor]:
+        """The tracking step on one frame: (the compact output the bank keeps, the low-res logits
+        on the compute device)."""
+        _, _, current_vision_feats, current_vision_pos_embeds, feat_sizes = self._get_image_feature(
+            inference_state, frame_idx, batch_size
+        )
+        if point_inputs is not None and mask_inputs is not None:
+            raise ValueError("a frame takes points or a mask, not both")
+        current_out = self.model.track_step(
+            frame_idx=frame_idx,
+            is_init_cond_frame=is_init_cond_frame,
+            current_vision_feats=current_vision_feats,
+            current_vision_pos_embeds=current_vision_pos_embeds,
+            feat_sizes=feat_sizes,
+            point_inputs=point_inputs,
+            mask_inputs=mask_inputs,
+            output_dict=output_dict,
+            num_frames=inference_state.num_frames,
+            track_in_reverse=reverse,
+            run_mem_encoder=run_mem_encoder,
+            prev_sam_mask_logits=prev_sam_mask_logits,
+        )
+        storage_device = inference_state.storage_device
+        maskmem_features = current_out.maskmem_features
+        if maskmem_features is not None:
+            # memories are kept in bf16 (half the memory), as sam2 keeps them; the attention reads them so
+            maskmem_features = maskmem_features.to(torch.bfloat16).to(storage_device, non_blocking=True)
+        pred_masks_gpu = current_out.pred_masks
+        if self.fill_hole_area > 0:
+            pred_masks_gpu = fill_holes_in_mask_scores(pred_masks_gpu, self.fill_hole_area)
+        compact_out = FrameOutput(
+            pred_masks=pred_masks_gpu.to(storage_device, non_blocking=True),
+            obj_ptr=current_out.obj_ptr,  # small: always on the compute device
+            object_score_logits=current_out.object_score_logits,
+            maskmem_features=maskmem_features,
+            maskmem_pos_enc=self._get_maskmem_pos_enc(inference_state, current_out.maskmem_pos_enc),
+        )
+        return compact_out, pred_masks_gpu
+
+    def _run_memory_encoder(
+        self,
+        inference_state: InferenceState,
+        frame_idx: int,
+        batch_size: int,
+        high_res_masks: torch.Tensor,
+        object_score_logits: torch.Tensor,
+        is_mask_from_pts: bool,
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """A frame's memory from (B, 1, S, S) logits: (bf16 features on the storage device, its encoding)."""
+        _, _, current_vision_feats, _, feat_sizes = self._get_image_feature(inference_state, frame_idx, batch_size)
+        maskmem_features, maskmem_pos_enc = self.model._encode_new_memory(
+            current_vision_feats=current_vision_feats,
+            feat_sizes=feat_sizes,
+            pred_masks_high_res=high_res_masks,
+            object_score_logits=object_score_logits,
+            is_mask_from_pts=is_mask_from_pts,
+        )
+        maskmem_features = maskmem_features.to(torch.bfloat16).to(inference_state.storage_device, non_blocking=True)
+        return maskmem_features, self._get_maskmem_pos_enc(inference_state, maskmem_pos_enc)
+
+    def _get_maskmem_pos_enc(
+        self, inference_state: InferenceState, out_maskmem_pos_enc: list[torch.Tensor] | None
+    ) -> list[torch.Tensor] | None:
+        """The memories' positional encoding, the same for every frame and object: one copy kept
+        in the state, expanded to the batch."""
+        if out_maskmem_pos_enc is None:
+            return None
+        if inference_state.maskmem_pos_enc is None:
+            inference_state.maskmem_pos_enc = [x[0:1].clone() for x in out_maskmem_pos_enc]
+        batch_size = out_maskmem_pos_enc[0].size(0)
+        return [x.expand(batch_size, -1, -1, -1) for x in inference_state.maskmem_pos_enc]
+
+
+def concat_points(old_point_inputs: dict | None, new_points: torch.Tensor, new_labels: torch.Tensor) -> dict:
+    """The frame's point prompt with new points appended."""
+    if old_point_inputs is None:
+        points, labels = new_points, new_labels
+    else:
+        points = torch.cat([old_point_inputs["point_coords"], new_points], dim=1)
+        labels = torch.cat([old_point_inputs["point_labels"], new_labels], dim=1)
+    return {"point_coords": points, "point_labels": labels}

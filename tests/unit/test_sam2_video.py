@@ -1,0 +1,399 @@
+"""samfast.VideoPredictor on a SAM 2 model equals sam2's SAM2VideoPredictor in fp32, frame by frame.
+
+Same weights: samfast's seeded sam2.1_hiera_nano loaded strictly into sam2's video model, built
+from the hiera_t config with hydra overrides of the trunk to nano's shape. Same video: a generated
+clip of 6 frames (240 x 320, two shapes moving) written as JPEG frames, the folder sam2 reads.
+Each test runs the same calls on both predictors (a click, two objects with a box, an object added
+after propagation started, correction clicks on a later frame, reverse propagation, remove_object,
+reset_state, add_new_mask, objects the model finds absent) and compares everything they return:
+frame indices, object ids and every object's video-resolution logits on every frame (max abs diff,
+and the masks logits > 0); then each object's memory bank (low-res logits, object pointers, object
+scores and bf16 memories of every frame).
+
+Input size: the scenario tests run both models on 256 x 256 inputs instead of 1024 (sam2's
+++model.image_size=256; samfast's prompt encoder given the same sizes). Every operation is the
+same, on a 16 x 16 feature map instead of 64 x 64, so memory attention costs 1/256 and a tracking
+step about 0.5 s on a 2-core CPU instead of 6 s. test_hiera_t_full_size runs hiera_t at 1024 on
+three frames.
+
+Measured (CPU, torch 2.14.1, sam2 1.1.0): max abs diff 0.0 in every comparison of every test
+(the predictor runs sam2's operations in sam2's order, the modules are sam2's bits already), so
+the asserts are exact; a change that reorders the arithmetic must loosen them with a measured
+tolerance. File runtime about 3 minutes on 2 shared cores.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+pytest.importorskip("sam2", reason="the SAM 2 reference package sam2==1.1.0 is not installed")
+
+import samfast
+from samfast.sam2 import SAM2VideoPredictor, build_sam2_video_predictor
+from samfast.sam2.build import build_sam2_model
+from samfast.sam2.video_predictor import apply_video_postprocessing
+from samfast.video import VideoPredictor
+
+NUM_FRAMES, HEIGHT, WIDTH = 6, 240, 320
+SMALL_INPUT = 256
+# sam2.1_hiera_nano (samfast/sam2/config.py) as overrides of sam2's hiera_t config
+NANO_OVERRIDES = [
+    "++model.image_encoder.trunk.embed_dim=32",
+    "++model.image_encoder.trunk.num_heads=1",
+    "++model.image_encoder.trunk.stages=[1,1,2,1]",
+    "++model.image_encoder.trunk.global_att_blocks=[3]",
+    "++model.image_encoder.trunk.window_pos_embed_bkg_spatial_size=[7,7]",
+    "++model.image_encoder.neck.backbone_channel_list=[256,128,64,32]",
+]
+HIERA_T_CONFIG = "configs/sam2.1/sam2.1_hiera_t.yaml"
+
+
+def clip_frames(num_frames: int = NUM_FRAMES) -> list[np.ndarray]:
+    """A red disc moving right and a green box moving left over a gradient."""
+    y, x = np.mgrid[:HEIGHT, :WIDTH]
+    frames = []
+    for t in range(num_frames):
+        frame = np.stack([x * 255 // WIDTH, y * 255 // HEIGHT, np.full_like(x, 90)], axis=-1).astype(np.uint8)
+        frame[(y - 100) ** 2 + (x - 80 - 15 * t) ** 2 < 40**2] = (230, 40, 40)
+        frame[150:210, 200 - 10 * t : 280 - 10 * t] = (30, 200, 60)
+        frames.append(frame)
+    return frames
+
+
+@pytest.fixture(scope="module")
+def clip_dir(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("clip")
+    for i, frame in enumerate(clip_frames()):
+        Image.fromarray(frame).save(folder / f"{i:05d}.jpg", quality=95)
+    return folder
+
+
+def at_input_size(model, size: int):
+    """samfast's model on size x size inputs (what sam2's ++model.image_size=size builds): only
+    the prompt encoder's sizes depend on it; positional embeddings and RoPE follow the feature map."""
+    model.image_size = size
+    encoder = model.sam_prompt_encoder
+    encoder.input_image_size = (size, size)
+    encoder.image_embedding_size = (size // 16, size // 16)
+    encoder.mask_input_size = (size // 4, size // 4)
+    return model
+
+
+def build_pair(config: str, model_type: str, overrides: list[str], input_size: int | None):
+    """(samfast VideoPredictor, sam2 SAM2VideoPredictor) with samfast's seeded weights in both,
+    sam2's video settings (build_sam2_video_predictor's apply_postprocessing) on both."""
+    from sam2.build_sam import build_sam2_video_predictor as build_ref
+
+    size_overrides = [f"++model.image_size={input_size}"] if input_size else []
+    # sam2's own attention path, so the same bits (the fp32 stage writes the softmax out)
+    model = build_sam2_model(model_type, device="cpu", stages="fp32+sdpa")
+    if input_size:
+        at_input_size(model, input_size)
+    apply_video_postprocessing(model)
+    ours = VideoPredictor(model, fill_hole_area=8)
+    ref = build_ref(config, None, device="cpu", hydra_overrides_extra=overrides + size_overrides)
+    ref.load_state_dict(model.state_dict(), strict=True)
+    return ours, ref
+
+
+@pytest.fixture(scope="module")
+def predictors():
+    return build_pair(HIERA_T_CONFIG, "sam2.1_hiera_nano", NANO_OVERRIDES, SMALL_INPUT)
+
+
+class Session:
+    """The same calls on samfast's and sam2's predictors, each with its own state of one video;
+    every output compared exactly."""
+
+    def __init__(self, predictors, video) -> None:
+        self.ours, self.ref = predictors
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # sam2's tqdm and fill-hole warnings
+            self.ours_state = self.ours.init_state(video)
+            self.ref_state = self.ref.init_state(str(video))
+        self.max_diff = 0.0
+        self.frames_compared = 0
+
+    def _call(self, method: str, *args, **kwargs):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ours = getattr(self.ours, method)(self.ours_state, *args, **kwargs)
+            ref = getattr(self.ref, method)(self.ref_state, *args, **kwargs)
+        return ours, ref
+
+    def prompt(self, method: str, *args, **kwargs) -> torch.Tensor:
+        """add_new_points_or_box / add_new_mask / clear_all_prompts_in_frame on both; its masks."""
+        ours, ref = self._call(method, *args, **kwargs)
+        self.assert_same_frame(ours, ref)
+        return ours[2]
+
+    def propagate(self, **kwargs) -> list[tuple[int, list, torch.Tensor]]:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ours = list(self.ours.propagate_in_video(self.ours_state, **kwargs))
+            ref = list(self.ref.propagate_in_video(self.ref_state, **kwargs))
+        assert [f for f, _, _ in ours] == [f for f, _, _ in ref]
+        for o, r in zip(ours, ref):
+            self.assert_same_frame(o, r)
+        self.assert_same_memory()
+        return ours
+
+    def assert_same_frame(self, ours: tuple, ref: tuple) -> None:
+        (frame_o, ids_o, masks_o), (frame_r, ids_r, masks_r) = ours, ref
+        assert frame_o == frame_r and list(ids_o) == list(ids_r)
+        assert masks_o.shape == masks_r.shape == (len(ids_r), 1, HEIGHT, WIDTH) and masks_o.dtype == masks_r.dtype
+        self.max_diff = max(self.max_diff, (masks_o - masks_r).abs().max().item())
+        assert torch.equal(masks_o > 0, masks_r > 0)
+        torch.testing.assert_close(masks_o, masks_r, rtol=0, atol=0)
+        self.frames_compared += 1
+
+    def assert_same_memory(self) -> None:
+        """Every object's stored outputs: the same frames, logits, pointers, scores and memories."""
+        assert self.ours_state.obj_ids == list(self.ref_state["obj_ids"])
+        for obj_idx, obj in enumerate(self.ours_state.objects):
+            ref_bank = self.ref_state["output_dict_per_obj"][obj_idx]
+            for is_cond, ours_outputs in obj.memory:
+                ref_outputs = ref_bank["cond_frame_outputs" if is_cond else "non_cond_frame_outputs"]
+                assert sorted(ours_outputs) == sorted(ref_outputs)
+                for t, out in ours_outputs.items():
+                    ref_out = ref_outputs[t]
+                    for key in ("pred_masks", "obj_ptr", "object_score_logits", "maskmem_features"):
+                        ours_value, ref_value = getattr(out, key), ref_out[key]
+                        assert ours_value.dtype == ref_value.dtype, key
+                        torch.testing.assert_close(ours_value, ref_value, rtol=0, atol=0, msg=f"{key} frame {t}")
+            assert obj.frames_tracked == self.ref_state["frames_tracked_per_obj"][obj_idx]
+
+    def object_scores(self) -> list[float]:
+        return [
+            out.object_score_logits.item()
+            for obj in self.ours_state.objects
+            for _, outputs in obj.memory
+            for out in outputs.values()
+        ]
+
+
+def test_nano_state_dict_loads_strictly_into_sam2(predictors):
+    ours, ref = predictors
+    ours_state = ours.model.state_dict()
+    ref_state = ref.state_dict()
+    assert ours_state.keys() == ref_state.keys()
+    assert all(ours_state[k].shape == ref_state[k].shape for k in ours_state)
+
+
+def test_frames_equal_sam2_loading(predictors, clip_dir):
+    """A JPEG folder gives sam2's frames; the decoded frames as a list or a (T, H, W, 3) tensor give the same."""
+    session = Session(predictors, clip_dir)
+    ref_images = session.ref_state["images"]
+    assert torch.equal(session.ours_state.images, ref_images)
+    decoded = [np.array(Image.open(clip_dir / f"{i:05d}.jpg").convert("RGB")) for i in range(NUM_FRAMES)]
+    ours = predictors[0]
+    for video in (decoded, torch.from_numpy(np.stack(decoded))):
+        state = ours.init_state(video)
+        assert torch.equal(state.images, ref_images)
+        assert (state.num_frames, state["video_height"], state["video_width"]) == (NUM_FRAMES, HEIGHT, WIDTH)
+
+
+def test_one_object_by_click(predictors, clip_dir):
+    session = Session(predictors, clip_dir)
+    session.prompt("add_new_points_or_box", frame_idx=0, obj_id=1, points=[[80, 100]], labels=[1])
+    outputs = session.propagate()
+    assert [f for f, _, _ in outputs] == list(range(NUM_FRAMES))
+    assert session.max_diff == 0.0
+
+
+def test_two_objects_click_and_box(predictors, clip_dir):
+    """Object 2 by a box plus a background click (box corners first, labels 2 and 3)."""
+    session = Session(predictors, clip_dir)
+    session.prompt("add_new_points_or_box", frame_idx=0, obj_id=1, points=[[80, 100], [90, 110]], labels=[1, 1])
+    masks = session.prompt(
+        "add_new_points_or_box", frame_idx=0, obj_id=2, box=[200, 150, 280, 210], points=[[100, 30]], labels=[0]
+    )
+    assert masks.shape[0] == 2
+    session.propagate()
+    assert session.max_diff == 0.0
+
+
+def test_box_prompt_normalized_coords(predictors, clip_dir):
+    session = Session(predictors, clip_dir)
+    session.prompt("add_new_points_or_box", frame_idx=1, obj_id="box", box=[0.55, 0.6, 0.9, 0.9], normalize_coords=False)
+    session.propagate(max_frame_num_to_track=2)
+    assert session.max_diff == 0.0
+
+
+def test_object_added_after_propagation_started(predictors, clip_dir):
+    """Object 5 first prompted on frame 2 after object 1 was tracked to frame 2; tracking resumes there."""
+    session = Session(predictors, clip_dir)
+    session.prompt("add_new_points_or_box", frame_idx=0, obj_id=1, points=[[80, 100]], labels=[1])
+    session.propagate(max_frame_num_to_track=2)
+    masks = session.prompt("add_new_points_or_box", frame_idx=2, obj_id=5, points=[[230, 180]], labels=[1])
+    assert masks.shape[0] == 2
+    session.propagate(start_frame_idx=2)
+    assert session.max_diff == 0.0
+
+
+@pytest.mark.parametrize("as_cond", [False, True], ids=["correction", "correction_as_cond"])
+def test_correction_clicks_on_a_later_frame(predictors, clip_dir, as_cond):
+    """Clicks on a tracked frame correct its result (with the frame's earlier logits as mask
+    input), a second one added to the first (clear_old_points=False); then tracking again. With
+    add_all_frames_to_correct_as_cond the corrected frame becomes a second conditioning frame."""
+    for predictor in predictors:
+        predictor.add_all_frames_to_correct_as_cond = as_cond
+    try:
+        session = Session(predictors, clip_dir)
+        session.prompt("add_new_points_or_box", frame_idx=0, obj_id=1, points=[[80, 100]], labels=[1])
+        session.propagate()
+        session.prompt("add_new_points_or_box", frame_idx=3, obj_id=1, points=[[40, 40]], labels=[0])
+        session.prompt(
+            "add_new_points_or_box", frame_idx=3, obj_id=1, points=[[125, 100]], labels=[1], clear_old_points=False
+        )
+        session.propagate(start_frame_idx=3)
+    finally:
+        for predictor in predictors:
+            predictor.add_all_frames_to_correct_as_cond = False
+    assert len(session.ours_state.objects[0].memory.cond_frame_outputs) == (2 if as_cond else 1)
+    assert session.max_diff == 0.0
+
+
+def test_reverse_propagation(predictors, clip_dir):
+    """Prompted on the last frame, tracked backwards (reverse memory order, negative pointer distances)."""
+    session = Session(predictors, clip_dir)
+    session.prompt("add_new_points_or_box", frame_idx=NUM_FRAMES - 1, obj_id=1, points=[[155, 100]], labels=[1])
+    outputs = session.propagate(reverse=True)
+    assert [f for f, _, _ in outputs] == list(reversed(range(NUM_FRAMES)))
+    assert session.max_diff == 0.0
+
+
+def test_remove_object(predictors, clip_dir):
+    session = Session(predictors, clip_dir)
+    session.prompt("add_new_points_or_box", frame_idx=0, obj_id=1, points=[[80, 100]], labels=[1])
+    session.prompt("add_new_points_or_box", frame_idx=0, obj_id=2, points=[[240, 180]], labels=[1])
+    session.prompt("add_new_points_or_box", frame_idx=0, obj_id=3, box=[150, 20, 310, 120])
+    session.propagate(max_frame_num_to_track=2)
+
+    (ours_ids, ours_frames), (ref_ids, ref_frames) = session._call("remove_object", 2)
+    assert ours_ids == ref_ids == [1, 3]
+    assert [f for f, _ in ours_frames] == [f for f, _ in ref_frames] == [0]
+    for (frame, ours_masks), (_, ref_masks) in zip(ours_frames, ref_frames):
+        session.assert_same_frame((frame, ours_ids, ours_masks), (frame, ref_ids, ref_masks))
+    session.assert_same_memory()
+    # an unknown id: ignored, or an error with strict
+    assert session._call("remove_object", 99) == ((ours_ids, []), (ref_ids, []))
+    with pytest.raises(RuntimeError, match="Cannot remove object id 99"):
+        session.ours.remove_object(session.ours_state, 99, strict=True)
+    session.propagate(start_frame_idx=2, max_frame_num_to_track=2)
+    assert session.max_diff == 0.0
+
+
+def test_reset_state(predictors, clip_dir):
+    session = Session(predictors, clip_dir)
+    session.prompt("add_new_points_or_box", frame_idx=0, obj_id=1, points=[[80, 100]], labels=[1])
+    session.propagate(max_frame_num_to_track=1)
+    session._call("reset_state")
+    assert session.ours_state.obj_ids == [] and session.ours_state.objects == []
+    session.prompt("add_new_points_or_box", frame_idx=3, obj_id=7, points=[[240, 180]], labels=[1])
+    session.propagate(max_frame_num_to_track=2)
+    assert session.max_diff == 0.0
+
+
+def test_add_new_mask(predictors, clip_dir):
+    """Masks as prompts: one at the video's size (resized to the input with antialiasing), one at
+    the model's input size (used as it is), one empty (an absent object); and a click beside them."""
+    session = Session(predictors, clip_dir)
+    y, x = np.mgrid[:HEIGHT, :WIDTH]
+    disc = (y - 100) ** 2 + (x - 80) ** 2 < 40**2
+    session.prompt("add_new_mask", frame_idx=0, obj_id=1, mask=disc)
+    square = torch.zeros(SMALL_INPUT, SMALL_INPUT, dtype=torch.bool)
+    square[160:224, 160:224] = True
+    session.prompt("add_new_mask", frame_idx=0, obj_id=2, mask=square)
+    session.prompt("add_new_mask", frame_idx=0, obj_id=3, mask=np.zeros((HEIGHT, WIDTH), dtype=bool))
+    session.prompt("add_new_points_or_box", frame_idx=0, obj_id=4, points=[[250, 180]], labels=[1])
+    session.propagate(max_frame_num_to_track=3)
+    assert session.max_diff == 0.0
+
+
+def test_objects_the_model_finds_absent(predictors, clip_dir):
+    """The object-score head's bias lowered in both models so that tracked frames score on
+    both sides of 0: absent objects get NO_OBJ_SCORE masks, no_obj_ptr pointers and the
+    no-object memory embedding, present ones the decoder's logits."""
+    head = predictors[0].model.sam_mask_decoder.pred_obj_score_head.layers[-1]
+    ref_head = predictors[1].sam_mask_decoder.pred_obj_score_head.layers[-1]
+    shift = -0.05
+    try:
+        for layer in (head, ref_head):
+            layer.bias.data += shift
+        session = Session(predictors, clip_dir)
+        session.prompt("add_new_points_or_box", frame_idx=0, obj_id=1, points=[[80, 100]], labels=[1])
+        session.prompt("add_new_points_or_box", frame_idx=0, obj_id=2, box=[200, 150, 280, 210])
+        session.propagate()
+        scores = session.object_scores()
+    finally:
+        for layer in (head, ref_head):
+            layer.bias.data -= shift
+    assert min(scores) <= 0 < max(scores), scores
+    assert session.max_diff == 0.0
+
+
+def test_object_tracked_before_its_first_prompt(predictors, clip_dir):
+    """An object prompted on frame 2 only, tracked from frame 0: on frame 0 its memory is frame 2's
+    spatial memory alone (no pointer in the past). fp32 sam2 1.1.0 fails there (its bf16-stored
+    memory reaches the attention's fp32 linears); samfast converts the memory first, the same
+    values otherwise (every other test compares them), and runs."""
+    session = Session(predictors, clip_dir)
+    session.prompt("add_new_points_or_box", frame_idx=2, obj_id=1, points=[[110, 100]], labels=[1])
+    with pytest.raises(RuntimeError, match="same dtype"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        list(session.ref.propagate_in_video(session.ref_state, start_frame_idx=0))
+    outputs = list(session.ours.propagate_in_video(session.ours_state, start_frame_idx=0))
+    assert [f for f, _, _ in outputs] == list(range(NUM_FRAMES))
+    assert all(torch.isfinite(masks).all() for _, _, masks in outputs)
+
+
+def test_fill_hole_area_warns_and_skips_as_sam2_does(predictors, clip_dir):
+    """fill_hole_area > 0 (the video builder's 8): sam2 without its CUDA extension warns and leaves
+    the masks as they are; samfast too (the other tests compare those masks with fill_hole_area=8)."""
+    ours = predictors[0]
+    state = ours.init_state(clip_frames(2))
+    with pytest.warns(UserWarning, match="skipping the hole filling"):
+        ours.add_new_points_or_box(state, 0, 1, points=[[80, 100]], labels=[1])
+
+
+def test_hiera_t_full_size(clip_dir):
+    """sam2.1_hiera_t at sam2's 1024 x 1024 input, three frames: a click, then tracking."""
+    ours, ref = build_pair(HIERA_T_CONFIG, "sam2.1_hiera_t", [], None)
+    session = Session((ours, ref), clip_dir)
+    session.ours_state.images = session.ours_state.images[:3]
+    session.ref_state["images"] = session.ref_state["images"][:3]
+    session.ref_state["num_frames"] = 3
+    session.prompt("add_new_points_or_box", frame_idx=0, obj_id=1, points=[[80, 100]], labels=[1])
+    session.propagate()
+    assert session.frames_compared == 4
+    assert session.max_diff == 0.0
+
+
+def test_builders_take_sam2_video_settings():
+    predictor = build_sam2_video_predictor("configs/sam2.1/sam2.1_hiera_nano.yaml", device="cpu")
+    assert isinstance(predictor, SAM2VideoPredictor) and isinstance(predictor, VideoPredictor)
+    assert predictor.fill_hole_area == 8 and predictor.model.tracking.binarize_mask_from_pts_for_mem_enc
+    plain = build_sam2_video_predictor("sam2.1_hiera_nano", device="cpu", apply_postprocessing=False, non_overlap_masks=True)
+    assert plain.fill_hole_area == 0 and not plain.model.tracking.binarize_mask_from_pts_for_mem_enc
+    assert plain.non_overlap_masks
+    # SAM 2.0: no temporal encoding on the object pointers
+    assert not build_sam2_video_predictor("sam2_hiera_t", device="cpu").model.tracking.add_tpos_enc_to_obj_ptrs
+    with pytest.raises(ValueError, match="overrides"):
+        build_sam2_video_predictor("sam2.1_hiera_nano", device="cpu", hydra_overrides_extra=["++model.x=1"])
+    with pytest.raises(NotImplementedError, match="vos_optimized"):
+        build_sam2_video_predictor("sam2.1_hiera_nano", device="cpu", vos_optimized=True)
+
+    video = samfast.build_sam_video("sam2.1_hiera_nano", device="cpu")
+    assert isinstance(video, samfast.VideoPredictor)
+    assert video.fill_hole_area == 8 and video.model.tracking.binarize_mask_from_pts_for_mem_enc
+    assert dataclasses.asdict(video.model.tracking) == dataclasses.asdict(predictor.model.tracking)
+    with pytest.raises(ValueError, match="no memory"):
+        samfast.build_sam_video("vit_b")
