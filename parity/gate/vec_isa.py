@@ -11,9 +11,11 @@ without moving the warm wall, which other load sets (docs/gpu-gate.md, the runs 
 `settle` probes once with torch's own check and keeps the verdict in the cache folder
 (vec-isa.json, sealed and validated with the rest). When every ISA the CPU reports passed the
 probe, it sets TORCHINDUCTOR_VEC_ISA_OK=1 for this process and its children: inductor then trusts
-the CPU's flags, which picks the very ISA the probe would have, without probing. When some ISA
-failed (a compiler without AVX-512 support, say), nothing is set and every process probes as
-before. The verdict is keyed by torch, the CPU's flags and the compiler, so a cache restored on
+the CPU's flags, which picks the very ISA the probe would have, without probing. When none passed
+(the H100 runner: its CPU reports AVX2, whose probe failed), it sets TORCHINDUCTOR_VEC_ISA_OK=0,
+which makes inductor take every ISA as unusable: the probe's verdict again, without probing. When
+only some failed (a compiler without AVX-512 support, say), nothing is set and every process probes
+as before. The verdict is keyed by torch, the CPU's flags and the compiler, so a cache restored on
 another machine is probed again. A TORCHINDUCTOR_VEC_ISA_OK the user set is left alone.
 """
 
@@ -85,6 +87,11 @@ def settle(folder: Path, may_write: bool, env: os._Environ | dict = os.environ,
     except Exception as err:  # an inductor without these helpers: leave the per-process probe as it is
         return f"CPU vector ISA: not settled ({type(err).__name__}: {err}); each process probes"
     best = record["probed"][0] if record["probed"] else "none"
+    if not record["probed"]:
+        # No ISA builds and loads (the H100 runner: AVX2 claimed, its probe failed): 0 makes inductor
+        # take every ISA as unusable, exactly the probe's verdict, without a process probing again.
+        env[ENV] = "0"
+        return f"CPU vector ISA: none usable (probed once for this cache: {record['claimed'] or 'none'} failed; {ENV}=0 for every step)"
     if record["probed"] != record["claimed"]:
         return (f"CPU vector ISA: {best}; the CPU also reports {sorted(set(record['claimed']) - set(record['probed']))}, "
                 "which failed the probe, so each process probes")

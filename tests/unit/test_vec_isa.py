@@ -44,6 +44,28 @@ def test_an_isa_that_fails_the_probe_leaves_every_process_probing(tmp_path):
     assert env == {} and probe.calls == 1
 
 
+def test_when_no_isa_passes_the_probe_every_process_is_told_so(tmp_path):
+    """The H100 runner's case: AVX2 claimed, its probe failed. 0 gives inductor the probe's answer
+    (no vector ISA) without probing again; the claimed ISA is never trusted."""
+    probe = Probe({"probed": [], "claimed": ["avx2"]})
+    env = {}
+    note = vec_isa.settle(tmp_path, may_write=True, env=env, run_probe=probe, fingerprint=lambda: "m")
+    assert env == {vec_isa.ENV: "0"} and "none usable" in note and "avx2" in note
+    later = {}
+    vec_isa.settle(tmp_path, may_write=True, env=later, run_probe=probe, fingerprint=lambda: "m")
+    assert later == {vec_isa.ENV: "0"} and probe.calls == 1
+
+
+def test_told_none_is_usable_inductor_picks_no_isa():
+    """What ENV=0 does in a fresh process with the installed inductor: no ISA valid, the invalid one picked."""
+    pytest.importorskip("torch")
+    code = ("from torch._inductor.cpu_vec_isa import valid_vec_isa_list, pick_vec_isa, invalid_vec_isa; "
+            "print(valid_vec_isa_list() == [] and pick_vec_isa() is invalid_vec_isa)")
+    out = subprocess.run([sys.executable, "-c", code], env=child_env(**{vec_isa.ENV: "0"}), capture_output=True,
+                         text=True, timeout=600, check=True).stdout
+    assert out.strip().splitlines()[-1] == "True"
+
+
 @pytest.mark.parametrize("record", ["another machine", "garbage", "missing keys"])
 def test_a_verdict_from_another_machine_or_unreadable_is_probed_again(tmp_path, record):
     text = {"another machine": json.dumps({"fingerprint": "other", **AGREE}),
