@@ -35,7 +35,7 @@ def build_sam(
     of exactly this size (smaller ones padded, larger ones split), so it never recompiles.
     """
     if is_sam2_type(model_type):  # the SAM 2 family lives in samfast.sam2
-        return build_sam2_model(model_type, checkpoint, seed=seed, device=device, stages=stages)
+        return build_sam2_model(model_type, checkpoint, seed=seed, device=device, stages=stages, batch_size=batch_size)
     config = model_config(model_type)
     switches = parse_stages(stages)
     model = build_sam_modules(config)

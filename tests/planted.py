@@ -6,15 +6,17 @@ import torch
 
 
 def item_sync_in_decoder(model):
-    """Make the mask decoder's forward call .item() (a host-device sync) on every call; returns the model."""
-    decoder_forward = model.mask_decoder.forward
+    """Make the mask decoder's forward (SAM 1's or SAM 2's) call .item() (a host-device sync) on every call;
+    returns the model."""
+    decoder = model.prompt_decoder()
+    decoder_forward = decoder.forward
 
     def forward_with_item(*args, **kwargs):
-        masks, iou = decoder_forward(*args, **kwargs)
-        iou.max().item()  # the defect
-        return masks, iou
+        outputs = decoder_forward(*args, **kwargs)  # (masks, iou, ...): the IoU predictions second in both
+        outputs[1].max().item()  # the defect
+        return outputs
 
-    model.mask_decoder.forward = forward_with_item
+    decoder.forward = forward_with_item
     return model
 
 

@@ -12,6 +12,7 @@ from samfast.quantize import encoder_linears
 from .image_encoder import ImageEncoderViT
 from .mask_decoder import MaskDecoder
 from .prompt_encoder import PromptEncoder
+from .static_batch import in_static_batches
 from .transformer import TwoWayTransformer
 
 
@@ -73,18 +74,7 @@ class Sam(nn.Module):
         With a static batch size, every encoder call gets exactly that many images (zero-padded,
         or split), so a compiled encoder sees one shape and never recompiles.
         """
-        if self.static_batch is None:
-            return self.image_encoder(images)
-        size = self.static_batch
-        chunks = []
-        for start in range(0, images.shape[0], size):
-            chunk = images[start : start + size]
-            real = chunk.shape[0]
-            if real < size:
-                chunk = torch.cat([chunk, chunk.new_zeros(size - real, *chunk.shape[1:])])
-            # clone: compiled with CUDA graphs, the output buffer is reused by the next call
-            chunks.append(self.image_encoder(chunk)[:real].clone())
-        return torch.cat(chunks)
+        return in_static_batches(self.image_encoder, images, self.static_batch)
 
     def preprocess(self, x: torch.Tensor) -> torch.Tensor:
         """Normalize (in fp32) and pad to a square input of the encoder's size, in the model's dtype."""

@@ -81,7 +81,8 @@ class SAM2AutomaticMaskGenerator(SamAutomaticMaskGenerator, serves=SAM2Base):
         inputs = torch.stack([
             self.predictor._transforms(np.ascontiguousarray(images[c.image][c.box[1] : c.box[3], c.box[0] : c.box[2]]))
             for c in crops
-        ]).to(self.predictor.device)
+        ])
+        inputs = to_device(inputs, torch.float, self.predictor.device)
         batches = [self.model.image_features(inputs[s : s + ENCODER_BATCH]) for s in range(0, len(inputs), ENCODER_BATCH)]
         embeds, high_res = zip(*batches)
         return torch.cat(embeds), [torch.cat(level) for level in zip(*high_res)]

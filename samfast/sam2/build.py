@@ -39,6 +39,7 @@ def build_sam2_model(
     seed: int = 0,
     device: str | torch.device | None = None,
     stages: str = "fp32",
+    batch_size: int = 8,
     dynamic_multimask_via_stability: bool = True,
 ) -> SAM2Base:
     """What samfast.build_sam does for a SAM 2 model type: a ready-to-run SAM2Base in eval mode.
@@ -46,6 +47,7 @@ def build_sam2_model(
     checkpoint: the path of an official file ({"model": state_dict}, e.g. sam2.1_hiera_tiny.pt),
     such a dict or a bare state dict, or None for `synthetic_state_dict(model_type, seed)`.
     stages: SAM 1's grammar (samfast.stages); SAM 2 takes the switches in SAM2_SWITCHES so far.
+    batch_size: with the compile switch the encoder always runs batches of exactly this size.
     """
     config = sam2_config(model_type)
     switches = parse_stages(stages)
@@ -61,6 +63,7 @@ def build_sam2_model(
     model.load_state_dict(state)
     model.eval().requires_grad_(False)
     model.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    model.static_batch = batch_size if "compile" in switches else None
     apply_stages(model, switches)
     return model
 

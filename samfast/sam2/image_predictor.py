@@ -62,7 +62,7 @@ class SAM2ImagePredictor:
         self._is_batch = True
 
     def _embed(self, img_batch: torch.Tensor) -> None:
-        image_embed, high_res_feats = self.model.image_features(img_batch.to(self.device))
+        image_embed, high_res_feats = self.model.image_features(to_device(img_batch, torch.float, self.device))
         self._features = {"image_embed": image_embed, "high_res_feats": high_res_feats}
         self._is_image_set = True
 

@@ -15,6 +15,7 @@ import torch
 from samfast.predictor import Prediction, Prompts, SamPredictor
 from samfast.sam2.image_predictor import SAM2ImagePredictor
 from samfast.sam2.sam2_base import SAM2Base
+from samfast.transfer import to_device
 from samfast.transforms import InputError, to_rgb_uint8
 
 
@@ -93,7 +94,7 @@ class SamPredictorForSAM2(SamPredictor, serves=SAM2Base):
             return results
         predictor = self.image_predictor
         batch = predictor._transforms.forward_batch([np.ascontiguousarray(rgb[i]) for i in active])
-        image_embed, high_res = self.model.image_features(batch.to(self.device))
+        image_embed, high_res = self.model.image_features(to_device(batch, torch.float, self.device))
         for j, i in enumerate(active):
             coords, labels, boxes = torch_prompts[i]
             low_res, iou = predictor._decode(coords, labels, boxes, None, multimask_output, image_embed[j : j + 1],

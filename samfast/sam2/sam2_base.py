@@ -14,6 +14,7 @@ from torch import nn
 
 from samfast.sam2.backbones.hiera import Hiera
 from samfast.sam2.backbones.image_encoder import ImageEncoder
+from samfast.modeling.static_batch import in_static_batches
 from samfast.sam2.backbones.neck import FpnNeck
 from samfast.sam2.config import (
     BACKBONE_STRIDE,
@@ -41,6 +42,8 @@ class SAM2Base(SAM2Tracking, nn.Module):
     directly_add_no_mem_embed = True
     use_high_res_features_in_sam = True
     num_feature_levels = 3
+    # with the compile switch: the encoder's one batch size (samfast.modeling.static_batch)
+    static_batch: int | None = None
 
     def __init__(
         self,
@@ -114,7 +117,7 @@ class SAM2Base(SAM2Tracking, nn.Module):
     def forward_image(self, img_batch: torch.Tensor) -> dict[str, torch.Tensor | list[torch.Tensor]]:
         """The image encoder's outputs, with the two high-resolution levels already projected by
         the decoder's conv_s0 / conv_s1 (once per image instead of once per prompt)."""
-        backbone_out = self.image_encoder(img_batch.to(self.dtype))
+        backbone_out = in_static_batches(self.image_encoder, img_batch.to(self.dtype), self.static_batch)
         fpn = backbone_out["backbone_fpn"]
         fpn[0] = self.sam_mask_decoder.conv_s0(fpn[0])
         fpn[1] = self.sam_mask_decoder.conv_s1(fpn[1])

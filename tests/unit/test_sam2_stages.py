@@ -150,3 +150,23 @@ def test_compile_that_compiled_nothing_is_not_exercised(monkeypatch):
     monkeypatch.setattr(Sam2MaskDecoder, "compile_for_any_prompt_count", lambda self: None)
     (sentence,) = _watched("fp32+compile").not_exercised
     assert sentence.startswith("torch.compile compiled no graph")
+
+
+def test_compile_gives_the_encoder_one_batch_size_padded_or_split():
+    """build_sam(..., batch_size=2) with compile: 3 images reach the encoder as 2 + 1 padded to 2 (what keeps a
+    compiled Hiera from recompiling per batch size), and each image's features are those of an unpadded call.
+    The encoder is left eager here (its compile is tests/system/test_sam2_compile.py's); the calls are counted."""
+    model = samfast.build_sam("sam2.1_hiera_nano", device="cpu", stages="fp32", batch_size=2)
+    assert model.static_batch is None  # no compile, no padding
+    images = torch.randn(3, 3, 1024, 1024, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        plain = model.image_features(images)
+        model.static_batch, seen = 2, []
+        encoder = model.image_encoder
+        hook = encoder.register_forward_pre_hook(lambda module, args: seen.append(args[0].shape[0]))
+        padded = model.image_features(images)
+        hook.remove()
+    assert seen == [2, 2]
+    assert torch.equal(plain[0], padded[0]) and all(torch.equal(a, b) for a, b in zip(plain[1], padded[1]))
+    built = samfast.build_sam("sam2.1_hiera_nano", device="cpu", stages="fp32+compile", batch_size=2)
+    assert built.static_batch == 2

@@ -1,0 +1,133 @@
+"""Every SAM 2 stage on the GPU: close to true fp32, without a host-device sync, compiled once.
+
+The model is sam2.1_hiera_t_5block (samfast/sam2/config.py): hiera_t's widths, windows and heads with
+one block per Hiera stage (the pooled stages' first blocks included) plus one global block, seeded
+weights. Each switch's code paths at a fraction of hiera_t's compile time; the parity checks run the
+full models. Models come from the session's model cache (parity.gate.models), as SAM 1's stage
+and sync layers do: each stage is built and compiled once, at static batch 2.
+
+For each stage: image embeddings and low-res logits within its max_logits_rel_l2 of fp32's and
+predicted IoUs within max_score_abs_err (parity/budgets.toml, [accuracy.<precision>]); with compile,
+no graph break and no recompile over batches of 1, 2 and 3 images, 1..16 points per prompt and a
+box; predict_batch profiled without a cudaStreamSynchronize.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import samfast
+from parity.checks.compile import watch
+from parity.checks.syncs import assert_no_syncs, find_syncs, profile_region
+from parity.gate.models import xdist_group
+from samfast import Prompts, SamPredictor
+from samfast.stages import parse_stages
+from tests.planted import item_sync_in_decoder
+from tests.stage_accuracy import assert_close_to_fp32
+
+MODEL = "sam2.1_hiera_t_5block"
+STATIC_BATCH = 2
+COMPILE_MODE = "default"
+STAGES = ["fp32+sdpa", "bf16", "fp32+compile", "compile", "sdpa"]  # every switch built for SAM 2, alone and stacked
+SIZES = [(480, 640), (1024, 768), (300, 500)]
+PROMPTS_PER_IMAGE = [3, 7, 1]
+pytestmark = pytest.mark.gpu
+
+
+def shared(stages: str):
+    return pytest.mark.xdist_group(xdist_group(MODEL, stages, batch=STATIC_BATCH, compile_mode=COMPILE_MODE))
+
+
+def _entry(model_cache, stages: str):
+    return model_cache.entry(MODEL, stages, batch=STATIC_BATCH, compile_mode=COMPILE_MODE, device="cuda")
+
+
+@pytest.fixture(scope="module")
+def scene():
+    rng = np.random.default_rng(0)
+    images = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in SIZES]
+    prompts = [
+        Prompts(point_coords=rng.uniform(0, 1, (n, 1, 2)) * np.array([w - 1, h - 1]), point_labels=np.ones((n, 1)))
+        for (h, w), n in zip(SIZES, PROMPTS_PER_IMAGE)
+    ]
+    return images, prompts
+
+
+def _run(model, scene) -> dict[str, torch.Tensor]:
+    """Embeddings one image at a time (set_image), then predict_batch over all three (batches of 2 + 1)."""
+    images, prompts = scene
+    predictor = SamPredictor(model)
+    embeddings = []
+    for image in images:
+        predictor.set_image(image)
+        embeddings.append(predictor.get_image_embedding().float())
+    predictions = predictor.predict_batch(images, prompts)
+    return {
+        "embeddings": torch.cat(embeddings),
+        "low_res_logits": torch.cat([p.low_res_logits.float() for p in predictions]),
+        "iou": torch.cat([p.iou_predictions.float() for p in predictions]),
+    }
+
+
+@pytest.fixture(scope="module")
+def fp32_outputs(scene, model_cache):
+    """True fp32: TF32 off for matmul and cuDNN, as goldens are made."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        return _run(_entry(model_cache, "fp32").model, scene)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+@pytest.mark.parametrize("stages", [pytest.param(s, marks=shared(s)) for s in STAGES])
+def test_sam2_stage_close_to_fp32(stages, scene, fp32_outputs, model_cache):
+    entry = _entry(model_cache, stages)
+    with watch() as seen:
+        outputs = _run(entry.model, scene)
+    if "compile" in parse_stages(stages):
+        entry.warmup.assert_clean()
+        assert entry.warmup.graphs_compiled >= 2, "compile is on, yet the encoder and the decoder were not both compiled"
+        seen.assert_clean()  # batches of 1, 2 and 3 images, 3, 7 and 1 prompts: nothing new compiled
+    assert_close_to_fp32(stages, outputs, fp32_outputs)
+
+
+@pytest.mark.parametrize("stages", [pytest.param(s, marks=shared(s)) for s in STAGES])
+def test_sam2_stage_is_sync_free(stages, scene, tmp_path, model_cache):
+    predictor = SamPredictor(_entry(model_cache, stages).model)
+    images, prompts = scene
+    predictor.predict_batch(images, prompts)  # once outside the profile: the first call's allocations
+    trace = profile_region(lambda: predictor.predict_batch(images, prompts), trace_path=tmp_path / f"{stages}.json.gz")
+    assert_no_syncs(trace)
+
+
+@shared("sdpa")
+def test_sam2_compiled_never_recompiles_over_points_boxes_and_images(model_cache):
+    """sam2 issue #517: its compiled prompt encoder recompiles per point count. Here: 1..16 points per
+    prompt, one or several prompts, a box, and four image sizes after the warm-up, with nothing new compiled."""
+    entry = _entry(model_cache, "sdpa")
+    predictor = SamPredictor(entry.model)
+    rng = np.random.default_rng(1)
+    with watch() as seen:
+        for i, (h, w) in enumerate([(480, 640), (640, 480), (333, 999), (1024, 1024)]):
+            predictor.set_image(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
+            for n in range(1 + 4 * i, 5 + 4 * i):  # 1..16 points over the four images
+                predictor.predict(point_coords=rng.uniform(0, min(h, w) - 1, (n, 2)), point_labels=np.ones(n),
+                                  multimask_output=n % 2 == 0)
+            predictor.predict(box=np.array([10, 20, w / 2, h / 2]))
+    seen.assert_clean()
+    assert seen.graphs_compiled == 0, f"{seen.graphs_compiled} graph(s) compiled after the warm-up"
+
+
+def test_planted_item_sync_in_the_sam2_decoder_is_found(scene, tmp_path):
+    """Planted defect: an .item() inside SAM 2's mask decoder must show up with its frame."""
+    model = item_sync_in_decoder(samfast.build_sam(MODEL, device="cuda", stages="bf16"))
+    predictor = SamPredictor(model)
+    images, prompts = scene
+    trace = profile_region(lambda: predictor.predict_batch(images, prompts), trace_path=tmp_path / "planted.json.gz")
+    syncs = find_syncs(trace)
+    assert syncs and any("forward_with_item" in (s["python_frame"] or "") for s in syncs)
+    with pytest.raises(AssertionError, match="cudaStreamSynchronize"):
+        assert_no_syncs(trace)
