@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from samfast.sam2.position_encoding import get_1d_sine_pe
 from samfast.video.memory_bank import NO_OBJ_SCORE, FrameOutput, MemoryBank
+
 # a mask input used as the output becomes logits of -10 / +10 (sigmoid 4.5e-5 / 1 - 4.5e-5)
 MASK_AS_OUTPUT_SCALE, MASK_AS_OUTPUT_BIAS = 20.0, -10.0
 
