@@ -12,8 +12,6 @@ import nox
 nox.options.sessions = ["tests"]
 nox.options.default_venv_backend = "none"
 
-# The embedded default: the tiny SAM this project trained (samfast/weights) on generated scenes.
-EMBEDDED = ["--model", "vit_tiny", "--checkpoint", "trained", "--data", "scenes"]
 
 
 # What the project and its test layers import: when all of it is importable already (a GPU runner's
@@ -62,8 +60,10 @@ def golden(session: nox.Session) -> None:
         session.run("python", "-m", "parity", "golden", *session.posargs)
         return
     from parity.tasks.amg.embedded import EMBEDDED_GOLDEN as EMBEDDED_AMG
+    from parity.tasks.point.embedded import EMBEDDED, EMBEDDED_SAM2
 
     session.run("python", "-m", "parity", "golden", *EMBEDDED)
+    session.run("python", "-m", "parity", "golden", *EMBEDDED_SAM2)
     session.run("python", "-m", "parity", "golden", *EMBEDDED_AMG, "--device", "cpu")
 
 

@@ -39,6 +39,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from parity.checks.budgets import BudgetError
@@ -49,19 +50,37 @@ from parity.gate.devices import WORKERS_PER_GPU_ENV, gpu_names, visible_gpus
 from parity.report.verdicts import REPORT_FILES
 from parity.tasks.amg.embedded import EMBEDDED as EMBEDDED_AMG
 from parity.tasks.amg.embedded import EMBEDDED_GOLDEN as EMBEDDED_AMG_ALL_STAGES
+from parity.tasks.point.embedded import EMBEDDED as EMBEDDED_CHECK
+from parity.tasks.point.embedded import EMBEDDED_SAM2 as EMBEDDED_SAM2_CHECK
 
 # Everything a gate run leaves in its report folder (the workflow uploads these).
 # The gate's three pytest runs, in the order their layers appear in the table.
 PYTEST_RUNS = ("gpu", "cpu", "perf")
 OUTPUTS = (*REPORT_FILES, *(f"junit-{run}.xml" for run in PYTEST_RUNS), "pytest-cpu.log", "check.log", "check-amg.log",
-           "gate-time.md", "gate-time.json")
-# The embedded default: the tiny SAM this project trained (samfast/weights) on generated scenes.
-EMBEDDED_CHECK = ["--model", "vit_tiny", "--checkpoint", "trained", "--data", "scenes"]
-# The checks step 3 runs, each in its own process: point prompts, and segment everything (on a CPU
-# two stages, ~6 s per image and stage on 2 cores; with a GPU every default GPU stage).
-EMBEDDED_CHECKS = {"check": ("python -m parity check", EMBEDDED_CHECK),
-                   "check-amg": ("python -m parity check --task amg", EMBEDDED_AMG)}
-GPU_CHECKS = {**EMBEDDED_CHECKS, "check-amg": ("python -m parity check --task amg", EMBEDDED_AMG_ALL_STAGES)}
+           "check-sam2.log", "gate-time.md", "gate-time.json")
+
+
+@dataclass(frozen=True)
+class CheckStep:
+    """One `python -m parity check` the gate runs beside the pytest layers, in its own process."""
+
+    layer: str  # its row in the time table and its line in the verdict
+    args: tuple[str, ...]
+    report_dir: str = ""  # below the gate's --report-dir: two checks of one task must not share a folder
+    task_dir: str = ""  # the folder its task writes into below that (the AMG task's amg/)
+
+    def report(self, root: Path) -> Path:
+        """Where its report.json lands under the gate's report folder root."""
+        return root / self.report_dir / self.task_dir / "report.json"
+
+
+# The checks step 3 runs, each in its own process: point prompts for SAM 1 and SAM 2, and segment
+# everything (on a CPU two stages, ~6 s per image and stage on 2 cores; with a GPU every default GPU stage).
+EMBEDDED_CHECKS = {"check": CheckStep("python -m parity check", tuple(EMBEDDED_CHECK)),
+                   "check-amg": CheckStep("python -m parity check --task amg", tuple(EMBEDDED_AMG), task_dir="amg"),
+                   "check-sam2": CheckStep("python -m parity check (SAM 2)", tuple(EMBEDDED_SAM2_CHECK), report_dir="sam2")}
+GPU_CHECKS = {**EMBEDDED_CHECKS,
+              "check-amg": CheckStep("python -m parity check --task amg", tuple(EMBEDDED_AMG_ALL_STAGES), task_dir="amg")}
 CACHE_STATES = {"cold": "empty: cold", "warm": "sealed: warm", "resumed": "a killed run's entries: resumed"}
 # Tests that run what a check step runs (with a GPU): the gate leaves them to the step.
 COVERED_BY_GPU_CHECKS = ["tests/parity/test_amg_gate.py::test_embedded_amg_golden_passes_every_stage_on_the_gpu"]
@@ -292,12 +311,12 @@ def main(argv: list[str] | None = None) -> int:
     # the GPU has room for all); perf after, alone (or, --perf-early, once the GPU is free).
     background = {"pytest cpu": Background(commands["cpu"], cpu_layers_env(cpu_workers, spare),
                                            args.report_dir / "pytest-cpu.log", other_cores)}
-    for key, (layer, embedded) in checks.items():
-        background[layer] = Background([sys.executable, "-m", "parity.gate", "--_check-step",
-                                        str(args.report_dir / f"gate-time-{key}.json"), "--report-dir",
-                                        str(args.report_dir), *embedded, *check_args,
-                                        *(["--require-gpu"] if args.require_gpu and (gpus or key == "check") else [])],
-                                       check_env(), args.report_dir / f"{key}.log", other_cores)
+    for key, step in checks.items():
+        background[step.layer] = Background([sys.executable, "-m", "parity.gate", "--_check-step",
+                                             str(args.report_dir / f"gate-time-{key}.json"), "--report-dir",
+                                             str(args.report_dir / step.report_dir), *step.args, *check_args,
+                                             *(["--require-gpu"] if args.require_gpu and (gpus or key == "check") else [])],
+                                            check_env(), args.report_dir / f"{key}.log", other_cores)
     codes, wall = {}, {}
     codes["gpu"], wall["pytest gpu"] = _timed(commands["gpu"], {**os.environ, WORKERS_PER_GPU_ENV: str(args.workers_per_gpu)},
                                               other_cores)
@@ -305,7 +324,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.perf_early:
         codes["cpu"], wall["pytest cpu"] = cpu_layers.wait()
     check_codes, check_rows = {}, []
-    for key, (layer, _) in checks.items():
+    for key, step in checks.items():
+        layer = step.layer
         check_codes[layer], wall[layer] = background[layer].wait()
         check_json = args.report_dir / f"gate-time-{key}.json"
         check_compile = json.loads(check_json.read_text())["compile_seconds"] if check_json.exists() else 0.0
@@ -333,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
              + ", " + ", ".join(f"{step} {code}" for step, code in check_codes.items())]
     wall = {step: round(seconds, 1) for step, seconds in wall.items()}
     step_of = {"pytest gpu": "gpu", "pytest cpu": "cpu", "pytest perf": "perf", "total": "whole",
-               **{layer: key for key, (layer, _) in checks.items()}}
+               **{step.layer: key for key, step in checks.items()}}
     budget = time_budget.load(runner, state)
     allowed = {name: budget[step] for name, step in step_of.items() if budget and step in budget}
     findings = (time_budget.over_budget({step_of[name]: seconds for name, seconds in wall.items()}, budget)
@@ -349,8 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     if code == 0 and args.strict_time and findings:
         code = 1
     runs = [(final_verdict.read_junit(run, args.report_dir / f"junit-{run}.xml"), codes[run]) for run in PYTEST_RUNS]
-    check_reports = {"check": args.report_dir / "report.json", "check-amg": args.report_dir / "amg" / "report.json"}
-    checks_done = [(layer, check_reports[key], check_codes[layer]) for key, (layer, _) in checks.items()]
+    checks_done = [(step.layer, step.report(args.report_dir), check_codes[step.layer]) for step in checks.values()]
     time_lines = ([f"{f}{' (fails the gate: --strict-time)' if args.strict_time else ''}" for f in findings]
                   or [f"every step within its {runner} {state} budget ({wall['total']:.0f} s of {budget['whole']:.0f} s)"])
     print("\n" + final_verdict.render(code, runs, checks_done, time_lines, args.report_dir), flush=True)

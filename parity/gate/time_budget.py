@@ -23,8 +23,8 @@ else:  # pragma: no cover
 
 TABLE = "gate_time"
 STATES = ("cold", "warm", "resumed")
-# The gate's steps, as budgets.toml names them: the three pytest runs, the two checks, the whole run.
-STEPS = ("gpu", "cpu", "perf", "check", "check-amg", "whole")
+# The gate's steps, as budgets.toml names them: the three pytest runs, the checks, the whole run.
+STEPS = ("gpu", "cpu", "perf", "check", "check-amg", "check-sam2", "whole")
 FIELDS = {"source", "provisional"}
 
 

@@ -93,7 +93,9 @@ def render(verdict_code: int, runs: list[tuple[PytestRun, int]], checks: list[tu
     lines += [pytest_line(run, code) for run, code in runs]
     lines += [check_line(name, path, code) for name, path, code in checks]
     lines += [f"- time: {line}" for line in time_lines]
-    html = [str(p) for p in (report_dir / "report.html", report_dir / "amg" / "report.html") if p.exists()]
-    lines.append(f"- reports: {', '.join(html) or 'none written'}; time table {report_dir / 'gate-time.md'}")
+    # each check's page to open: its HTML where its task writes one (the point task), else its markdown
+    pages = [next((str(p) for p in (report.with_suffix(".html"), report.with_suffix(".md")) if p.exists()), None)
+             for _, report, _ in checks]
+    lines.append(f"- reports: {', '.join(filter(None, pages)) or 'none written'}; time table {report_dir / 'gate-time.md'}")
     lines.append(f"Verdict: {word}")
     return "\n".join(lines)
