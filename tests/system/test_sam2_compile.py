@@ -30,7 +30,8 @@ def test_sam2_compiles_once_for_every_image_and_point_count():
             points = torch.rand(1 + n % 2, n, 2, generator=gen) * 1024
             labels = torch.ones(1 + n % 2, n, dtype=torch.int)
             sparse, dense = model.sam_prompt_encoder(points=(points, labels), boxes=None, masks=None)
+            # repeat_image as the image predictor passes it: True for several prompts, False for one
             model.sam_mask_decoder(embedding, model.sam_prompt_encoder.get_dense_pe(), sparse, dense,
-                                   n % 3 == 0, True, high_res)
+                                   n % 3 == 0, points.shape[0] > 1, high_res)
     seen.assert_clean()
     assert seen.graphs_compiled == 2 and used.exercised == ["compile: 2 graph(s) compiled"]

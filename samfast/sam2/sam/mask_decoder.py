@@ -102,6 +102,9 @@ class Sam2MaskDecoder(nn.Module):
     def _predict_masks_compiled(self, image_embeddings, image_pe, sparse, dense, repeat_image, high_res_features):
         """The compiled predict_masks on a prompt count padded to >= 2, counts marked dynamic; outputs cut back."""
         num_prompts = sparse.shape[0]
+        # one image embedding serves every prompt whether repeated or not: one graph for both (the image
+        # predictor passes repeat_image=False for a single prompt, True for several)
+        repeat_image = repeat_image or image_embeddings.shape[0] == 1
         if num_prompts < 2:  # a copy of the prompt, decoded and dropped
             sparse = torch.cat([sparse, sparse])
             # expand, not cat: the usual dense embedding (no mask input) is a broadcast with batch stride 0
