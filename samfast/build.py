@@ -39,7 +39,7 @@ def build_sam(
     config = model_config(model_type)
     switches = parse_stages(stages)
     model = build_sam_modules(config)
-    state = synthetic_state_dict(model_type, seed) if checkpoint is None else read_checkpoint(checkpoint)
+    state = synthetic_state_dict(model_type, seed) if checkpoint is None else read_checkpoint(checkpoint, model_type)
     check_state_dict(state, config, {k: v.shape for k, v in model.state_dict().items()})
     model.load_state_dict(state)
     model.eval().requires_grad_(False)

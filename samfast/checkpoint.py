@@ -67,34 +67,61 @@ def infer_model_type(state_dict: dict[str, torch.Tensor]) -> tuple[str | None, i
     return None, embed_dim, depth
 
 
-# Checkpoints that ship inside the package, by name: build_sam("vit_tiny", checkpoint="trained").
+# Checkpoints that ship inside the package: build_sam(model_type, checkpoint="trained") loads the
+# model type's own trained file, which tinysam makes (python -m tinysam.train --model <type>).
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
-NAMED_CHECKPOINTS = {"trained": WEIGHTS_DIR / "vit_tiny_trained.pt"}
+TRAINED_CHECKPOINTS = {
+    "vit_tiny": WEIGHTS_DIR / "vit_tiny_trained.pt",
+    "sam2.1_hiera_nano": WEIGHTS_DIR / "sam2.1_hiera_nano_trained.pt",
+}
+# "trained" where no model type is given (a path for callers that hold no model): vit_tiny's, the
+# gate's embedded default.
+NAMED_CHECKPOINTS = {"trained": TRAINED_CHECKPOINTS["vit_tiny"]}
+_FIX = (
+    "Pass the path of an official sam_vit_*.pth (SAM 1) or sam2.1_hiera_*.pt (SAM 2) file, "
+    "or leave checkpoint=None for seeded synthetic weights."
+)
 
 
-def resolve_checkpoint(checkpoint: str | Path) -> Path:
+def resolve_checkpoint(checkpoint: str | Path, model_type: str | None = None) -> Path:
     """The file of a checkpoint argument (a named packaged checkpoint or a path), checked to be a
-    non-empty file before anything reads or hashes it: CheckpointError otherwise."""
+    non-empty file before anything reads or hashes it: CheckpointError otherwise. A named one is
+    model_type's own ("trained": TRAINED_CHECKPOINTS[model_type]; vit_tiny's without a model type)."""
     if isinstance(checkpoint, str) and checkpoint in NAMED_CHECKPOINTS:
-        path = NAMED_CHECKPOINTS[checkpoint]
+        path = NAMED_CHECKPOINTS[checkpoint] if model_type is None else _trained_checkpoint(model_type)
     else:
         path = Path(checkpoint)
-    fix = (
-        "Pass the path of an official sam_vit_*.pth (SAM 1) or sam2.1_hiera_*.pt (SAM 2) file, "
-        "or leave checkpoint=None for seeded synthetic weights."
-    )
     if path.is_dir():
-        raise CheckpointError(f"checkpoint {path} is a directory, not a file. {fix}")
+        raise CheckpointError(f"checkpoint {path} is a directory, not a file. {_FIX}")
     if not path.is_file():
-        raise CheckpointError(f"checkpoint not found: {path}. {fix}")
+        raise CheckpointError(f"checkpoint not found: {path}. {_FIX}")
     if path.stat().st_size == 0:
-        raise CheckpointError(f"checkpoint {path} is empty (0 bytes): an interrupted download or copy? {fix}")
+        raise CheckpointError(f"checkpoint {path} is empty (0 bytes): an interrupted download or copy? {_FIX}")
     return path
 
 
-def read_checkpoint(path: str | Path) -> dict[str, torch.Tensor]:
-    """Load a state dict with weights_only=True, turning every failure into a message with a fix."""
-    path = resolve_checkpoint(path)
+def _trained_checkpoint(model_type: str) -> Path:
+    """The packaged trained file of model_type; CheckpointError naming the fix where none ships or
+    it is missing from this install (a file tinysam has not written yet)."""
+    if model_type not in TRAINED_CHECKPOINTS:
+        raise CheckpointError(
+            f'no trained checkpoint ships for {model_type}: checkpoint="trained" names the file tinysam trained for '
+            f"{' or '.join(TRAINED_CHECKPOINTS)}. {_FIX}"
+        )
+    path = TRAINED_CHECKPOINTS[model_type]
+    if not path.is_file():
+        raise CheckpointError(
+            f"the trained {model_type} checkpoint is not in this install ({path} is missing): train it with "
+            f"`python -m tinysam.train --model {model_type} --out {WEIGHTS_DIR}` (a GPU run, `nox -s train-tiny -- "
+            f"--model {model_type}`), or pass the path of a {model_type} checkpoint."
+        )
+    return path
+
+
+def read_checkpoint(path: str | Path, model_type: str | None = None) -> dict[str, torch.Tensor]:
+    """Load a state dict with weights_only=True, turning every failure into a message with a fix.
+    model_type picks the file of a named checkpoint ("trained"; resolve_checkpoint)."""
+    path = resolve_checkpoint(path, model_type)
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # the weights-only unpickler raises many kinds on a damaged file

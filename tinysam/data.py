@@ -1,8 +1,8 @@
 """The training data: generated scenes in a pool, batches of scenes and prompts sampled from it.
 
 The pool is made once, up front, by forked worker processes writing into shared memory: every
-scene pre-resized to SAM's input frame, with its objects' low-res targets, interior points and
-boxes. Training seeds (1000 + 10000 * seed + chunk, `train_seeds`) are disjoint from the embedded
+scene pre-resized to the model's input frame (tinysam.frames), with its objects' low-res targets,
+interior points and boxes. Training seeds (1000 + 10000 * seed + chunk, `train_seeds`) are disjoint from the embedded
 evaluation set (generate_scenes(16, seed=0)) and the held-out validation set (seed 999).
 A BatchSampler draws each step's scenes, flips and prompts on the host (seeded numpy); DeviceData
 keeps the pool's images and targets on the training device and assembles a batch there.
@@ -23,7 +23,7 @@ from pycocotools import mask as mask_utils
 from parity.golden.data import centre_point, mask_box
 from parity.golden.scenes import SCENES_VERSION, generate_scenes
 from samfast.config import IMAGE_SIZE
-from samfast.transforms import preprocess_shape, resize_longest_side
+from tinysam.frames import LONGEST_SIDE
 from tinysam.targets import LOW_RES, flip_images, flip_targets, lowres_target
 
 MAX_OBJECTS = 10  # generate_scenes draws 3..10 objects per scene
@@ -38,10 +38,10 @@ def train_seeds(seed: int, num_scenes: int) -> list[int]:
 
 @dataclass
 class Pool:
-    """Training scenes pre-resized to SAM's input frame. Images and targets become torch tensors
-    on the training device; prompts stay on the host, where batches are sampled."""
+    """Training scenes pre-resized to the model's input frame. Images and targets become torch
+    tensors on the training device; prompts stay on the host, where batches are sampled."""
 
-    images: np.ndarray  # (N, 1024, 1024, 3) uint8, resized, zero outside [:h, :w]
+    images: np.ndarray  # (N, 1024, 1024, 3) uint8, resized into the frame, zero outside [:h, :w]
     targets: np.ndarray  # (N, MAX_OBJECTS, 256, 256) uint8, covered fraction x 255
     counts: np.ndarray  # (N,) objects per scene
     sizes: np.ndarray  # (N, 4) original H, W and resized h, w
@@ -71,6 +71,7 @@ class Pool:
 
 
 _POOL: Pool | None = None  # set in the parent before forking; the workers inherit it
+_FRAME = LONGEST_SIDE  # the input frame the pool's images are fitted to, likewise
 
 
 def _fill_chunk(job: tuple[int, int, int]) -> tuple[int, int]:
@@ -83,10 +84,9 @@ def _fill_chunk(job: tuple[int, int, int]) -> tuple[int, int]:
     for info in coco["images"]:
         slot = slot_of[info["id"]]
         image = images[info["file_name"]]
-        H, W = image.shape[:2]
-        h, w = preprocess_shape(H, W, IMAGE_SIZE)
-        pool.images[slot, :h, :w] = resize_longest_side(image, IMAGE_SIZE)
-        pool.sizes[slot] = (H, W, h, w)
+        fitted, (h, w) = _FRAME.fit(image)
+        pool.images[slot, :h, :w] = fitted
+        pool.sizes[slot] = (*image.shape[:2], h, w)
     for ann in coco["annotations"]:
         slot = slot_of[ann["image_id"]]
         k = pool.counts[slot]
@@ -105,20 +105,23 @@ def _fill_chunk(job: tuple[int, int, int]) -> tuple[int, int]:
     return count, len(coco["annotations"])
 
 
-def build_pool(num_scenes: int, seed: int, workers: int, log=print, while_waiting=None) -> tuple[Pool, dict, object]:
-    """num_scenes training scenes from train_seeds(seed), made by `workers` forked processes
-    (inline when workers <= 1). while_waiting() runs in this process meanwhile (after the fork,
-    so it may start CUDA). Returns the pool, what the manifest records about it, and
-    while_waiting's result."""
-    global _POOL
+def build_pool(num_scenes: int, seed: int, workers: int, log=print, while_waiting=None,
+               frame=LONGEST_SIDE) -> tuple[Pool, dict, object]:
+    """num_scenes training scenes from train_seeds(seed), fitted to `frame` (tinysam.frames), made
+    by `workers` forked processes (inline when workers <= 1). while_waiting() runs in this process
+    meanwhile (after the fork, so it may start CUDA). Returns the pool, what the manifest records
+    about it, and while_waiting's result."""
+    global _POOL, _FRAME
     start = time.monotonic()
     seeds = train_seeds(seed, num_scenes)
     jobs = [(k * SCENES_PER_SEED, min(SCENES_PER_SEED, num_scenes - k * SCENES_PER_SEED), s) for k, s in enumerate(seeds)]
-    _POOL = Pool.allocate(num_scenes, shared=workers > 1)
+    _POOL, _FRAME = Pool.allocate(num_scenes, shared=workers > 1), frame
     waited = None
     try:
         if workers > 1:
-            with multiprocessing.get_context("fork").Pool(workers) as procs:
+            # One torch thread per worker: a frame that resizes with torch (SAM 2's) would otherwise
+            # run workers x cores threads.
+            with multiprocessing.get_context("fork").Pool(workers, torch.set_num_threads, (1,)) as procs:
                 pending = procs.map_async(_fill_chunk, jobs, chunksize=1)
                 waited = while_waiting() if while_waiting else None
                 results = pending.get()
@@ -127,7 +130,7 @@ def build_pool(num_scenes: int, seed: int, workers: int, log=print, while_waitin
             waited = while_waiting() if while_waiting else None
         pool = _POOL
     finally:
-        _POOL = None
+        _POOL, _FRAME = None, LONGEST_SIDE
     seconds = time.monotonic() - start
     annotations = sum(r[1] for r in results)
     log(f"data: {num_scenes} scenes, {annotations} objects from seeds {seeds[0]}..{seeds[-1]} "
@@ -150,16 +153,25 @@ class Batch:
     is_box: np.ndarray  # (P,) bool
     points: np.ndarray  # (P, 2) x, y
     boxes: np.ndarray  # (P, 4) x0, y0, x1, y1
+    num_points: int  # point prompts (is_box False); with group_kinds they are the first num_points
 
 
 class BatchSampler:
     """Scenes in shuffled passes over the pool, random flips, `prompts` objects per scene (all of
-    them, some twice, when a scene has fewer), and a random prompt per object."""
+    them, some twice, when a scene has fewer), and a random prompt per object.
+
+    group_kinds: for a decoder that takes the two kinds in separate passes (SAM 2's:
+    tinysam.forward.decode_sam2_prompts), every batch has the same number of boxes,
+    round(p_box x prompts), points first. A fixed split keeps that decoder's shapes the same from
+    step to step (torch.compile does not recompile; cuDNN tunes once); each prompt is still a box
+    with probability p_box. The draws are the same as without it (same scenes, flips, objects and
+    points): only which prompts are boxes, and their order, differ.
+    """
 
     def __init__(self, pool: Pool, batch: int, prompts: int, seed: int,
-                 p_box: float = 0.3, p_centre: float = 0.4, flips: bool = True):
+                 p_box: float = 0.3, p_centre: float = 0.4, flips: bool = True, group_kinds: bool = False):
         self.pool, self.batch, self.prompts = pool, batch, prompts
-        self.p_box, self.p_centre, self.flips = p_box, p_centre, flips
+        self.p_box, self.p_centre, self.flips, self.group_kinds = p_box, p_centre, flips, group_kinds
         self.rng = np.random.Generator(np.random.PCG64(seed))
         self._usable = np.flatnonzero(pool.counts > 0)  # occlusion may, rarely, leave a scene empty
         self._order, self._next = np.empty(0, np.int64), 0
@@ -191,7 +203,11 @@ class BatchSampler:
         image_index = np.repeat(np.arange(B), K)
         scene_of = scenes[image_index]
         kind = rng.random(len(objects))
-        is_box = kind < self.p_box
+        if self.group_kinds:  # the round(p_box x P) lowest draws are boxes: a fixed count, each prompt as likely
+            is_box = np.zeros(len(objects), dtype=bool)
+            is_box[np.argsort(kind, kind="stable")[: round(self.p_box * len(objects))]] = True
+        else:
+            is_box = kind < self.p_box
         candidate = np.where(kind < self.p_box + self.p_centre, 0, rng.integers(1, 1 + POINTS_PER_OBJECT, len(objects)))
         H, W, h, w = (pool.sizes[scene_of, i].astype(np.float64) for i in range(4))
         hf, vf = hflip[image_index], vflip[image_index]
@@ -209,8 +225,11 @@ class BatchSampler:
         noise = np.clip(rng.standard_normal(boxes.shape) * 0.1 * side, -20.0, 20.0)
         boxes = np.clip(boxes + noise, 0.0, np.stack([w, h, w, h], axis=1))
         boxes[:, 2:] = np.maximum(boxes[:, 2:], boxes[:, :2] + 1.0)
-        return Batch(scenes, hflip, vflip, image_index, objects, is_box,
-                     points.astype(np.float32), boxes.astype(np.float32))
+        prompts = [image_index, objects, is_box, points.astype(np.float32), boxes.astype(np.float32)]
+        if self.group_kinds:  # points first
+            order = np.argsort(is_box, kind="stable")
+            prompts = [array[order] for array in prompts]
+        return Batch(scenes, hflip, vflip, *prompts, num_points=int(len(is_box) - is_box.sum()))
 
 
 class DeviceData:
@@ -227,13 +246,14 @@ class DeviceData:
         # non_blocking from pageable memory returns once the bytes are staged: no stream sync.
         return torch.from_numpy(np.ascontiguousarray(array)).to(self.device, non_blocking=True)
 
-    def assemble(self, batch: Batch, pixel_mean: torch.Tensor, pixel_std: torch.Tensor) -> dict[str, torch.Tensor]:
+    def assemble(self, batch: Batch, pixel_mean: torch.Tensor, pixel_std: torch.Tensor) -> dict[str, torch.Tensor | int]:
         scenes = self._put(batch.scenes)
         hflip, vflip = self._put(batch.hflip), self._put(batch.vflip)
         image_index = self._put(batch.image_index)
         sizes = self.sizes[scenes]
         images = flip_images(self.images[scenes].permute(0, 3, 1, 2), sizes, hflip, vflip)
-        # SAM normalises, then zero-pads (Sam.preprocess): padding is 0 after normalisation.
+        # SAM normalises, then zero-pads (Sam.preprocess): padding is 0 after normalisation (a
+        # stretched SAM 2 image has none: its valid region is the whole square).
         pos = torch.arange(IMAGE_SIZE, device=self.device)
         valid = (pos[None, :, None] < sizes[:, 0, None, None]) & (pos[None, None, :] < sizes[:, 1, None, None])
         images = (images.float() - pixel_mean) / pixel_std * valid[:, None]
@@ -246,4 +266,5 @@ class DeviceData:
             "is_box": self._put(batch.is_box),
             "points": self._put(batch.points)[:, None],
             "boxes": self._put(batch.boxes),
+            "num_points": batch.num_points,  # a host int, for decoders that split the kinds
         }

@@ -8,13 +8,14 @@ import time
 import torch
 from torch.profiler import record_function
 
+from tinysam.configs import VIT_TINY, ModelFamily
 from tinysam.data import BatchSampler, DeviceData
-from tinysam.losses import sam_loss
 from tinysam.optimizer import learning_rate, make_optimizer
 from tinysam.validation import ValidationSet, validate
 
 CALIBRATE_STEPS = (10, 30)  # steps between which the speed is measured (after kernel warm-up)
 SCHEDULE_MARGIN = 0.97  # of the measured speed, so the cosine ends before the budget does
+LOGGED_PARTS = ("mask", "single", "iou", "object")  # the loss terms logged, those the family's loss has
 
 
 def prepare_for_training(model) -> None:
@@ -31,24 +32,9 @@ def training_autocast(device: torch.device) -> torch.autocast:
     return torch.autocast("cpu", enabled=False)
 
 
-def decode_prompts(model, embeddings: torch.Tensor, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """All 4 mask logits (P, 4, 256, 256) and IoU predictions (P, 4) for a mix of point and box
-    prompts over several images, in one decoder pass. A point prompt (point + SAM's padding
-    "not a point") and a box (two corners) are both two sparse tokens, so they share a batch."""
-    pe = model.prompt_encoder
-    # Outside autocast: the Fourier features are sin/cos of arguments up to ~100, which bf16
-    # matmuls would scramble (the prompt encoder keeps them fp32 in every samfast stage, too).
-    with torch.autocast(embeddings.device.type, enabled=False):
-        labels = torch.ones(inputs["points"].shape[:2], dtype=torch.int, device=embeddings.device)
-        point_tokens, dense = pe(points=(inputs["points"], labels), boxes=None, masks=None)
-        box_tokens, _ = pe(points=None, boxes=inputs["boxes"], masks=None)
-        sparse = torch.where(inputs["is_box"][:, None, None], box_tokens, point_tokens)
-        image_pe = pe.get_dense_pe()
-    return model.mask_decoder.predict_masks(embeddings, image_pe, sparse, dense, inputs["image_index"])
-
-
 class TrainingStep:
-    """One optimization step on a sampled batch: encoder, decoder, loss, backward, optimizer.
+    """One optimization step on a sampled batch: encoder, decoder, loss, backward, optimizer, with
+    the family's input normalisation, forward and loss (tinysam.configs.ModelFamily).
 
     compiled: run the encoder, the decoder pass and the loss through torch.compile. On an H100
     that halves a step (16 images x 8 prompts: 115 -> 61 ms, about 75 s of compiling first;
@@ -60,23 +46,24 @@ class TrainingStep:
     a profiler the labels cost microseconds.
     """
 
-    def __init__(self, model, optimizer, compiled: bool):
+    def __init__(self, model, optimizer, compiled: bool, family: ModelFamily = VIT_TINY):
         self.model, self.optimizer = model, optimizer
         self.autocast = training_autocast(model.device)
-        self.encoder, self.decode, self.loss = model.image_encoder, decode_prompts, sam_loss
+        self.pixel_stats = family.frame.pixel_stats(model)
+        self.encoder, self.decode, self.loss = family.features(model), family.decode, family.loss
         if compiled:
             self.encoder, self.decode, self.loss = (torch.compile(f) for f in (self.encoder, self.decode, self.loss))
 
     def __call__(self, data: DeviceData, sampler: BatchSampler) -> tuple[torch.Tensor, dict]:
         model = self.model
-        inputs = data.assemble(sampler.sample(), model.pixel_mean, model.pixel_std)
+        inputs = data.assemble(sampler.sample(), *self.pixel_stats)
         with self.autocast:
             with record_function("encoder"):
-                embeddings = self.encoder(inputs["images"])
+                features = self.encoder(inputs["images"])
             with record_function("decoder"):
-                logits, iou_pred = self.decode(model, embeddings, inputs)
+                outputs = self.decode(model, features, inputs)  # (logits, IoU predictions, ...)
         with record_function("loss"):
-            loss, parts = self.loss(logits, iou_pred, inputs["targets"])
+            loss, parts = self.loss(*outputs, inputs["targets"])
         self.optimizer.zero_grad(set_to_none=True)
         with record_function("backward"):
             loss.backward()
@@ -87,12 +74,12 @@ class TrainingStep:
 
 
 def train(model, data: DeviceData, sampler: BatchSampler, heldout: ValidationSet, args, deadline: float,
-          start: float, log) -> tuple[list[dict], dict]:
+          start: float, log, family: ModelFamily = VIT_TINY) -> tuple[list[dict], dict]:
     """The training loop. Without --steps it measures its speed over CALIBRATE_STEPS and then fixes
     the step count so that the cosine schedule, the periodic validations and the final ones fit
     the budget; a safety stop ends it early if the estimate was wrong."""
     device = model.device
-    train_step = TrainingStep(model, make_optimizer(model, args.lr, args.weight_decay), compiled=args.compile)
+    train_step = TrainingStep(model, make_optimizer(model, args.lr, args.weight_decay), compiled=args.compile, family=family)
     calibrating = args.steps is None
     total = args.steps or 10**9  # set after calibration when the budget decides
     warmup = min(args.warmup, max(1, total // 5))
@@ -109,7 +96,8 @@ def train(model, data: DeviceData, sampler: BatchSampler, heldout: ValidationSet
             group["lr"] = lr
         loss, parts = train_step(data, sampler)
         step += 1
-        values = torch.stack([loss.detach(), parts["mask"], parts["single"], parts["iou"]])
+        names = [name for name in LOGGED_PARTS if name in parts]
+        values = torch.stack([loss.detach(), *(parts[name] for name in names)])
         running = values if running is None else running + values  # summed on the device: no sync
         seen += 1
 
@@ -143,11 +131,12 @@ def train(model, data: DeviceData, sampler: BatchSampler, heldout: ValidationSet
             now = time.monotonic()
             mean = (running / seen).tolist()
             speed = (step - s_log) / (now - t_log)
-            rows.append({"step": step, "seconds": round(now - start, 1), "lr": lr, "loss": mean[0], "mask": mean[1],
-                         "single": mean[2], "iou": mean[3], "steps_per_s": round(speed, 3)})
+            terms = dict(zip(names, mean[1:]))
+            rows.append({"step": step, "seconds": round(now - start, 1), "lr": lr, "loss": mean[0], **terms,
+                         "steps_per_s": round(speed, 3)})
             memory = f", {torch.cuda.max_memory_allocated(device) / 2**30:.1f} GiB peak" if device.type == "cuda" else ""
-            log(f"step {step}/{total if total < 10**9 else '?'} loss {mean[0]:.4f} (mask {mean[1]:.4f}, "
-                f"single {mean[2]:.4f}, iou {mean[3]:.4f}) lr {lr:.2e} {speed:.2f} steps/s{memory}")
+            log(f"step {step}/{total if total < 10**9 else '?'} loss {mean[0]:.4f} "
+                f"({', '.join(f'{name} {value:.4f}' for name, value in terms.items())}) lr {lr:.2e} {speed:.2f} steps/s{memory}")
             running, seen, t_log, s_log = None, 0, now, step
         if next_val is not None and time.monotonic() >= next_val and step < total:
             result = validate(model, heldout)["point"]

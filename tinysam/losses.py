@@ -1,4 +1,5 @@
-"""SAM's training loss: focal + dice on the best of the multimask outputs, MSE on the IoU head."""
+"""SAM's training loss: focal + dice on the best of the multimask outputs, MSE on the IoU head;
+SAM 2's adds BCE on its object-score head."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 FOCAL_WEIGHT, DICE_WEIGHT, IOU_WEIGHT = 20.0, 1.0, 1.0
+OBJECT_WEIGHT = 1.0  # SAM 2.1's training configs: loss_class 1
 
 
 def mask_loss_table(logits: torch.Tensor, targets: torch.Tensor, gamma: float = 2.0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -52,3 +54,18 @@ def sam_loss(logits: torch.Tensor, iou_pred: torch.Tensor, targets: torch.Tensor
     total = mask_term + single_weight * single_term + IOU_WEIGHT * iou_term
     return total, {"mask": mask_term.detach(), "single": single_term.detach(), "iou": iou_term.detach(),
                    "best": best.detach()}
+
+
+def sam2_loss(logits: torch.Tensor, iou_pred: torch.Tensor, object_logits: torch.Tensor, targets: torch.Tensor,
+              ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """SAM 2's training loss: sam_loss, plus BCE of the object-score logits (P, 1) against "the
+    object is in the image" (sam2's loss_class: focal with gamma 0 and no alpha, i.e. plain BCE).
+
+    Every prompt here is on an object, so that target is always 1, and sam2's masking of the mask
+    and IoU terms where no object is present never applies. (sam2 takes the IoU term as L1; the
+    MSE is kept here so both families report the same figure.)
+    """
+    total, parts = sam_loss(logits, iou_pred, targets)
+    object_logits = object_logits.float()
+    object_term = F.binary_cross_entropy_with_logits(object_logits, torch.ones_like(object_logits))
+    return total + OBJECT_WEIGHT * object_term, {**parts, "object": object_term.detach()}

@@ -27,12 +27,13 @@ def _renamed_into_place(path: Path, suffix: str = ".tmp") -> Iterator[Path]:
     os.replace(tmp, path)
 
 
-def save_checkpoint(model, path: Path, fp32_keys: tuple[str, ...]) -> str:
-    """fp16 state dict (the model's own layout, plain dict of tensors) except fp32_keys; its sha256."""
+def save_checkpoint(model, path: Path, fp32_keys: tuple[str, ...], wrap_key: str | None = None) -> str:
+    """fp16 state dict (the model's own layout, a plain dict of tensors) except fp32_keys, saved as
+    it is or, with wrap_key, as {wrap_key: state dict} (SAM 2's official files: {"model": ...}); its sha256."""
     state = {k: v.detach().to("cpu", torch.float32 if k in fp32_keys else torch.float16).contiguous()
              for k, v in model.state_dict().items()}
     with _renamed_into_place(path) as tmp:
-        torch.save(state, tmp)
+        torch.save(state if wrap_key is None else {wrap_key: state}, tmp)
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
@@ -42,7 +43,7 @@ def write_json(path: Path, data: dict) -> None:
 
 
 def write_log_csv(path: Path, rows: list[dict]) -> None:
-    fields = ["step", "seconds", "lr", "loss", "mask", "single", "iou", "steps_per_s", "val_miou"]
+    fields = ["step", "seconds", "lr", "loss", "mask", "single", "iou", "object", "steps_per_s", "val_miou"]
     with _renamed_into_place(path) as tmp, open(tmp, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         writer.writeheader()
@@ -60,6 +61,8 @@ def plot_curve(path: Path, rows: list[dict], final: dict, target_miou: float) ->
     ax_loss.plot([r["step"] for r in train], [r["loss"] for r in train], label="total")
     ax_loss.plot([r["step"] for r in train], [r["mask"] for r in train], label="mask (20 focal + dice)")
     ax_loss.plot([r["step"] for r in train], [r["iou"] for r in train], label="IoU head MSE")
+    if any(r.get("object") is not None for r in train):
+        ax_loss.plot([r["step"] for r in train], [r["object"] for r in train], label="object score BCE")
     ax_loss.set_yscale("log")
     ax_loss.set_xlabel("step")
     ax_loss.set_title("training loss")

@@ -1,6 +1,12 @@
-"""Train the vit_tiny SAM from scratch on generated scenes: the packaged "trained" checkpoint.
+"""Train a small SAM from scratch on generated scenes: the packaged "trained" checkpoints.
 
-    python -m tinysam.train [--minutes 5] [--seed 0] [--out samfast/weights] [--device cuda] [--smoke]
+    python -m tinysam.train [--model vit_tiny] [--minutes 5] [--seed 0] [--out samfast/weights] [--device cuda] [--smoke]
+
+--model vit_tiny (SAM 1, the default) or sam2.1_hiera_nano (the project's small SAM 2); what differs
+between them is tinysam.configs' entry for each. The description below is vit_tiny's; SAM 2
+differs where its predictor does: images stretched to 1024 x 1024 (so targets cover the whole
+256 grid, no padding), the decoder fed the high-resolution levels, prompts encoded as sam2 encodes
+them, the object-score head trained too, and the file saved as {"model": state dict}.
 
 Random weights make half-image masks, so mask IoU on them means nothing (DESIGN.md). This script
 gives vit_tiny masks worth comparing: it trains samfast's own modules, in the official state-dict
@@ -22,16 +28,19 @@ The whole run, data generation and validation included, fits --minutes: after a 
 calibration the step count is fixed from the measured speed, so the cosine schedule ends on
 time; `--steps N` replays a run step for step (the manifest records N).
 
-Outputs in --out (each written under a temporary name, then renamed): vit_tiny_trained.pt (fp16
-state dict, loads with torch.load(weights_only=True)), vit_tiny_trained.json (manifest: sha256,
-command, steps, seconds, seeds, final validation, torch and GPU), training_log.csv and
-training_curve.png.
+Outputs in --out (each written under a temporary name, then renamed): the family's checkpoint,
+vit_tiny_trained.pt (an fp16 state dict) or sam2.1_hiera_nano_trained.pt (sam2's layout,
+{"model": fp16 state dict}), both loading with torch.load(weights_only=True); its manifest, the
+same name with .json (sha256, command, steps, seconds, seeds, final validation, torch and GPU);
+training_log.csv and training_curve.png (for SAM 2 sam2.1_hiera_nano_training_log.csv and
+sam2.1_hiera_nano_training_curve.png, so both packaged runs can write to samfast/weights).
 
 This file is the command line and the end of a run (final validation, manifest). The parts live
-by concern, so another model family (a small SAM 2) reuses them: tinysam.configs (what differs
-per family: model, checkpoint, default settings), tinysam.data (scene pool, sampler),
-tinysam.targets (low-res targets, flips), tinysam.losses, tinysam.optimizer (AdamW, schedule),
-tinysam.loop (training step and loop), tinysam.validation and tinysam.outputs (the files).
+by concern, shared by both families: tinysam.configs (what differs per family: model, checkpoint,
+default settings, and its frame, forward and loss from tinysam.frames, tinysam.forward and
+tinysam.losses), tinysam.data (scene pool, sampler), tinysam.targets (low-res targets, flips),
+tinysam.optimizer (AdamW, schedule), tinysam.loop (training step and loop), tinysam.validation
+and tinysam.outputs (the files).
 """
 
 from __future__ import annotations
@@ -52,13 +61,11 @@ from parity.golden.data import load_dataset  # noqa: E402
 from parity.golden.settings import DataNotFoundError  # noqa: E402
 from samfast import build_sam  # noqa: E402
 from samfast.checkpoint import WEIGHTS_DIR  # noqa: E402
-from tinysam.configs import VIT_TINY  # noqa: E402
+from tinysam.configs import FAMILIES, VIT_TINY, ModelFamily  # noqa: E402
 from tinysam.data import BatchSampler, DeviceData, build_pool  # noqa: E402
 from tinysam.loop import prepare_for_training, train  # noqa: E402
 from tinysam.outputs import plot_curve, save_checkpoint, write_json, write_log_csv  # noqa: E402
 from tinysam.validation import HELDOUT_IMAGES, HELDOUT_SEED, ValidationSet, heldout_dataset, validate  # noqa: E402
-
-FAMILY = VIT_TINY  # the model family this command trains
 
 
 def _cpu_count() -> int:
@@ -72,10 +79,19 @@ SMOKE_DEFAULTS = dict(pool=8, steps=3, compile=False, batch=1, prompts=4, warmup
                       val_images=1, device="cpu")
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    full = {**RUN_DEFAULTS, **FAMILY.settings}
-    smoke = SMOKE_DEFAULTS
+def _model_flag() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m tinysam.train", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", choices=list(FAMILIES), default=VIT_TINY.model_type,
+                   help=f"the model family to train (default {VIT_TINY.model_type}; see tinysam.configs)")
+    return p
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    # The family decides the defaults of the other flags (and their help), so it is read first.
+    family = FAMILIES[_model_flag().parse_known_args(argv)[0].model]
+    full = {**RUN_DEFAULTS, **family.settings}
+    smoke = SMOKE_DEFAULTS
+    p = _model_flag()
     p.add_argument("--minutes", type=float, default=5.0, help="wall budget of the whole run, data and validation included")
     p.add_argument("--steps", type=int, help="fixed step count (replays a run); default: as many as --minutes allows")
     p.add_argument("--seed", type=int, default=0, help="initial weights, data seeds and sampling")
@@ -108,6 +124,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
+    family = FAMILIES[args.model]
     command = "python -m tinysam.train " + shlex.join(sys.argv[1:] if argv is None else argv)
     start = _START if argv is None else time.monotonic()
     deadline = start + 60.0 * args.minutes
@@ -125,14 +142,15 @@ def main(argv: list[str] | None = None) -> dict:
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
             torch.backends.cudnn.benchmark = True
-        model = build_sam(FAMILY.model_type, seed=args.seed, device=device, stages="fp32")  # seeded random init
-        heldout = ValidationSet.of(f"held-out (seed {HELDOUT_SEED})", heldout_dataset(args.val_images))
-        embedded = ValidationSet.of("scenes (embedded evaluation)", load_dataset("scenes", limit=args.val_images if args.smoke else None))
-        heldout.input_images(device), embedded.input_images(device)
+        model = build_sam(family.model_type, seed=args.seed, device=device, stages="fp32")  # seeded random init
+        heldout = ValidationSet.of(f"held-out (seed {HELDOUT_SEED})", heldout_dataset(args.val_images), family.frame)
+        embedded = ValidationSet.of("scenes (embedded evaluation)", load_dataset("scenes", limit=args.val_images if args.smoke else None),
+                                    family.frame)
+        heldout.input_images(model.device), embedded.input_images(model.device)
         return model, heldout, embedded
 
     # Fork the data workers before anything starts CUDA in this process.
-    pool, data_info, (model, heldout, embedded) = build_pool(args.pool, args.seed, args.workers, log, prepare)
+    pool, data_info, (model, heldout, embedded) = build_pool(args.pool, args.seed, args.workers, log, prepare, family.frame)
     if cuda:
         need, free = pool.images.nbytes + pool.targets.nbytes, torch.cuda.mem_get_info(device)[0]
         if need > 0.5 * free:
@@ -142,32 +160,32 @@ def main(argv: list[str] | None = None) -> dict:
     del pool.images, pool.targets  # the device copies are the ones used (on the CPU they share memory)
 
     prepare_for_training(model)
-    log(f"model: {FAMILY.model_type} from scratch, {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters on "
+    log(f"model: {family.model_type} from scratch, {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters on "
         f"{torch.cuda.get_device_name(device) + ' (bf16 autocast)' if cuda else 'cpu (fp32)'}"
         f"{', compiled (the first steps compile, about a minute on an H100)' if args.compile else ''}; "
         f"batch {args.batch} images x {args.prompts} prompts")
-    rows, state = train(model, data, BatchSampler(pool, args.batch, args.prompts, args.seed), heldout,
-                        args, deadline, start, log)
-    return finish(model, heldout, embedded, rows, state, data_info, args, command, start, log)
+    sampler = BatchSampler(pool, args.batch, args.prompts, args.seed, group_kinds=family.group_kinds)
+    rows, state = train(model, data, sampler, heldout, args, deadline, start, log, family)
+    return finish(family, model, heldout, embedded, rows, state, data_info, args, command, start, log)
 
 
-def finish(model, heldout: ValidationSet, embedded: ValidationSet, rows: list[dict], state: dict, data_info: dict,
-           args, command: str, start: float, log) -> dict:
+def finish(family: ModelFamily, model, heldout: ValidationSet, embedded: ValidationSet, rows: list[dict], state: dict,
+           data_info: dict, args, command: str, start: float, log) -> dict:
     """Save the weights, validate the saved file as users load it, write manifest, log and curve."""
     device = model.device
     cuda = device.type == "cuda"
     args.out.mkdir(parents=True, exist_ok=True)
-    ckpt_path = args.out / FAMILY.checkpoint_name
-    sha256 = save_checkpoint(model, ckpt_path, FAMILY.fp32_keys)
+    ckpt_path = args.out / family.checkpoint_name
+    sha256 = save_checkpoint(model, ckpt_path, family.fp32_keys, family.wrap_key)
     if cuda:
         torch.backends.cuda.matmul.allow_tf32 = False  # true fp32 for the reported figures
         torch.backends.cudnn.allow_tf32 = False
-    trained = build_sam(FAMILY.model_type, checkpoint=ckpt_path, device=device, stages="fp32")
+    trained = build_sam(family.model_type, checkpoint=ckpt_path, device=device, stages="fp32")
     final = {"step": state["steps"]}
     sets = [("heldout", heldout, ("point", "box")), ("scenes", embedded, ("point", "box"))]
     if not args.smoke:
         try:
-            sets.append(("coco_mini", ValidationSet.of("coco-mini", load_dataset("coco-mini")), ("point",)))
+            sets.append(("coco_mini", ValidationSet.of("coco-mini", load_dataset("coco-mini"), family.frame), ("point",)))
         except DataNotFoundError as err:
             log(f"coco-mini not reported: {str(err).splitlines()[0]}")
     for name, vset, kinds in sets:
@@ -179,11 +197,11 @@ def finish(model, heldout: ValidationSet, embedded: ValidationSet, rows: list[di
 
     cfg = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
     manifest = {
-        "checkpoint": FAMILY.checkpoint_name,
+        "checkpoint": family.checkpoint_name,
         "sha256": sha256,
         "bytes": ckpt_path.stat().st_size,
-        "model_type": FAMILY.model_type,
-        "layout": f"{FAMILY.state_dict_layout}; fp16 tensors except {', '.join(FAMILY.fp32_keys)}",
+        "model_type": family.model_type,
+        "layout": f"{family.state_dict_layout}; fp16 tensors except {', '.join(family.fp32_keys)}",
         "command": command,
         "replay": f"{command} --steps {state['steps']}" if args.steps is None else command,
         "args": cfg,
@@ -197,28 +215,30 @@ def finish(model, heldout: ValidationSet, embedded: ValidationSet, rows: list[di
         "data": {**data_info, "heldout": {"seed": HELDOUT_SEED, "images": len(heldout.samples)},
                  "embedded_eval": {"seed": 0, "images": len(embedded.samples), "used_for_training": False}},
         "training": {
-            "init": f"synthetic_state_dict({FAMILY.model_type!r}, seed={args.seed}) (seeded random)",
+            "init": f"synthetic_state_dict({family.model_type!r}, seed={args.seed}) (seeded random)",
             "optimizer": "AdamW", "lr": args.lr, "betas": [0.9, 0.999], "weight_decay": args.weight_decay,
             "warmup_steps": state["warmup"], "schedule": "linear warmup, cosine to 1% of lr", "grad_clip": 1.0,
             "precision": "bf16 autocast (prompt encoder fp32)" if cuda else "fp32",
             "compiled": args.compile,
             "loss": "min over the 3 multimask outputs of 20 focal (gamma 2, no alpha) + dice, on soft 256x256 "
-                    "targets; the same on the single output; + MSE of the IoU head vs each output's IoU",
+                    "targets; the same on the single output; + MSE of the IoU head vs each output's IoU"
+                    + ("; + BCE of the object-score head vs 1 (an object is present)" if any("object" in row for row in rows) else ""),
+            "input_frame": family.frame.name,
             "prompts": "per object: box (p 0.3, jitter 10% of side, at most 20 px), centre point (p 0.4), "
                        "uniform interior point (p 0.3); random horizontal/vertical flips"},
         "validation": {name: value for name, value in final.items() if name != "step"},
-        "target_miou": FAMILY.target_miou,
-        "meets_target": final["heldout_point"]["miou"] >= FAMILY.target_miou,
+        "target_miou": family.target_miou,
+        "meets_target": final["heldout_point"]["miou"] >= family.target_miou,
         "torch": torch.__version__,
         "device": torch.cuda.get_device_name(device) if cuda else "cpu",
         "smoke": args.smoke,
     }
-    write_json(args.out / FAMILY.manifest_name, manifest)
-    write_log_csv(args.out / "training_log.csv", rows)
-    plot_curve(args.out / "training_curve.png", rows, final, FAMILY.target_miou)
+    write_json(args.out / family.manifest_name, manifest)
+    write_log_csv(args.out / family.log_name, rows)
+    plot_curve(args.out / family.curve_name, rows, final, family.target_miou)
     log(f"wrote {ckpt_path} ({manifest['bytes'] / 2**20:.1f} MiB, sha256 {sha256[:12]}), manifest, log and curve; "
         f"{state['steps']} steps in {state['seconds']:.0f} s; held-out point mIoU {final['heldout_point']['miou']:.4f} "
-        f"(target {FAMILY.target_miou}: {'met' if manifest['meets_target'] else 'NOT met'})")
+        f"(target {family.target_miou}: {'met' if manifest['meets_target'] else 'NOT met'})")
     return manifest
 
 

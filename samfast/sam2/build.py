@@ -58,7 +58,7 @@ def build_sam2_model(
     elif isinstance(checkpoint, Mapping):
         state = unwrap_state_dict(checkpoint)
     else:
-        state = read_checkpoint(checkpoint)  # unwraps {"model": ...} too
+        state = read_checkpoint(checkpoint, model_type)  # unwraps {"model": ...} too; "trained": model_type's file
     check_sam2_state_dict(state, config, {k: v.shape for k, v in model.state_dict().items()})
     model.load_state_dict(state)
     model.eval().requires_grad_(False)

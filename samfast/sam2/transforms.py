@@ -26,6 +26,12 @@ def to_tensor(image: np.ndarray | Image.Image) -> torch.Tensor:
     return tensor.float().div(255) if tensor.dtype == torch.uint8 else tensor
 
 
+def stretch_to_square(images: torch.Tensor, resolution: int) -> torch.Tensor:
+    """(B, C, H, W) floats stretched to resolution x resolution: a bilinear resize with antialiasing,
+    what torchvision's Resize does to a float tensor (tinysam stores its training images this way)."""
+    return F.interpolate(images, size=(resolution, resolution), mode="bilinear", align_corners=False, antialias=True)
+
+
 class SAM2Transforms:
     def __init__(self, resolution: int, mask_threshold: float, max_hole_area: float = 0.0, max_sprinkle_area: float = 0.0):
         self.resolution = resolution
@@ -37,9 +43,7 @@ class SAM2Transforms:
 
     def __call__(self, image: np.ndarray | Image.Image) -> torch.Tensor:
         """(3, 1024, 1024) model input of one image."""
-        x = to_tensor(image)
-        size = (self.resolution, self.resolution)
-        x = F.interpolate(x[None], size=size, mode="bilinear", align_corners=False, antialias=True)[0]
+        x = stretch_to_square(to_tensor(image)[None], self.resolution)[0]
         return (x - self.mean) / self.std
 
     def forward_batch(self, img_list: list[np.ndarray]) -> torch.Tensor:

@@ -15,7 +15,7 @@ from parity.compare.metrics import mask_iou
 from parity.golden.scenes import generate_scenes
 from samfast import build_sam
 from samfast.transforms import preprocess_shape
-from tinysam.configs import VIT_TINY
+from tinysam.configs import SAM2_NANO, VIT_TINY
 from tinysam.data import BatchSampler, DeviceData, build_pool, train_seeds
 from tinysam.losses import mask_loss_table, output_ious, sam_loss
 from tinysam.optimizer import learning_rate
@@ -98,12 +98,14 @@ def test_flip_images_mirrors_only_the_valid_region():
     assert out[:, :, h:].max() == 0 and out[:, :, :, w:].max() == 0  # the padding stays bottom-right
 
 
-def test_sampled_prompts_land_on_their_objects():
-    """Points (flipped with their images) fall in cells their flipped targets cover; boxes enclose them."""
-    pool, info, _ = build_pool(3, seed=0, workers=1, log=lambda _: None)
+@pytest.mark.parametrize("family", [VIT_TINY, SAM2_NANO], ids=lambda f: f.model_type)
+def test_sampled_prompts_land_on_their_objects(family):
+    """Points (flipped with their images) fall in cells their flipped targets cover; boxes enclose
+    them; in each family's input frame (SAM 2's: stretched, its sampler grouping the kinds)."""
+    pool, info, _ = build_pool(3, seed=0, workers=1, log=lambda _: None, frame=family.frame)
     assert info["seeds"] == train_seeds(0, 3) and min(info["seeds"]) >= 1000
     data = DeviceData(pool, torch.device("cpu"))
-    sampler = BatchSampler(pool, batch=3, prompts=8, seed=0, p_box=0.3, p_centre=0.3)
+    sampler = BatchSampler(pool, batch=3, prompts=8, seed=0, p_box=0.3, p_centre=0.3, group_kinds=family.group_kinds)
     mean, std = torch.zeros(3, 1, 1), torch.ones(3, 1, 1)
     flipped = 0
     for _ in range(4):
