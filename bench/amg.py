@@ -1,6 +1,6 @@
 """Segment everything on the GPU: ms per image for the reference generator, segment-anything-fast's and samfast's.
 
-    python -m bench.amg [--models vit_b vit_h] [--stages fp32 bf16 ...] [--out reports/bench]
+    python -m bench.amg [--models vit_b vit_h sam2.1_hiera_l] [--stages fp32 bf16 ...] [--out reports/bench]
                         [--repeats 3] [--points-per-side 32] [--quick] [--cpu]
     (or: nox -s bench -- --amg ...)
 
@@ -12,6 +12,12 @@ reaches RLE encoding and NMS). One process, seeded weights, the sam-demo dog.jpg
 generated image of that size without SAMFAST_DATA. One generate call to warm up, then the median
 of --repeats; peak memory (torch.cuda.max_memory_allocated) beside each. Writes amg.md and
 amg.json under --out and prints the table. A failing configuration is recorded and the run goes on.
+
+A SAM 2 model (samfast.SAM2_MODEL_TYPES) runs beside sam2's SAM2AutomaticMaskGenerator in fp32 as
+shipped (points_per_batch 64), built by sam2's build_sam2 with the same seeded state dict; "default"
+thresholds are then sam2's (pred_iou 0.8 / stability 0.95); samfast.SamAutomaticMaskGenerator
+serves the SAM 2 model with sam2's defaults. Default stages: those built for the family
+(bench.families); segment-anything-fast has no SAM 2 and no row.
 """
 
 from __future__ import annotations
@@ -32,11 +38,14 @@ import numpy as np
 import torch
 
 import samfast
+from bench.families import DEFAULT_THRESHOLDS, MODEL_TYPES, built_stages, not_built, reference_model, reference_name
 from bench.timing import device_name, fmt, free, peak_gib, reset_peak, sync
-from samfast.stages import LADDER
+from samfast.sam2.config import is_sam2_type
+from samfast.stages import LADDER, canonical_name, parse_stages
 
-LOSSLESS_STAGES = list(LADDER[:6])  # fp32 .. nt; int8 and sparse trade accuracy (add them with --stages)
-THRESHOLDS = {"default": (0.88, 0.95), "zero": (0.0, 0.0)}
+# fp32 .. nt, those built for the model's family; int8 and sparse trade accuracy (add them with --stages)
+LOSSLESS_STAGES = list(LADDER[:6])
+THRESHOLD_SETTINGS = ("default", "zero")  # default: the family's generator defaults (DEFAULT_THRESHOLDS)
 IMAGE_SIZE = (534, 800)  # sam-demo dog.jpg
 
 
@@ -50,7 +59,13 @@ class Row:
     masks: int | None = None
     peak_gib: float | None = None
     error: str | None = None
+    skipped: str | None = None  # planned so: a stage not built for the model's family
     notes: dict = field(default_factory=dict)
+
+
+def thresholds(model_type: str, setting: str) -> tuple[float, float]:
+    """(pred_iou_thresh, stability_score_thresh) of a THRESHOLD_SETTINGS name for the model's family."""
+    return DEFAULT_THRESHOLDS[is_sam2_type(model_type)] if setting == "default" else (0.0, 0.0)
 
 
 def load_image() -> tuple[np.ndarray, str]:
@@ -70,15 +85,18 @@ def build(model_type: str, impl: str, stage: str, device: torch.device):
     """settings -> generator, with the model built once (a compiled stage compiles once for both
     threshold settings); None where segment-anything-fast is not installed."""
     if impl == "reference":
-        from segment_anything import SamAutomaticMaskGenerator
-
-        from tests.reference import reference_sam
-
-        sam = reference_sam(model_type, samfast.synthetic_state_dict(model_type, seed=0)).to(device)
-        return lambda settings: SamAutomaticMaskGenerator(sam, points_per_batch=64, **settings)
+        if is_sam2_type(model_type):
+            from sam2.automatic_mask_generator import SAM2AutomaticMaskGenerator as Generator
+        else:
+            from segment_anything import SamAutomaticMaskGenerator as Generator
+        sam = reference_model(model_type, device)
+        return lambda settings: Generator(sam, points_per_batch=64, **settings)
     if impl == "segment-anything-fast":
         try:
-            from segment_anything_fast import SamAutomaticMaskGenerator, sam_model_registry
+            from segment_anything_fast import (
+                SamAutomaticMaskGenerator,
+                sam_model_registry,
+            )
         except ImportError:
             return None
         sam = sam_model_registry[model_type]()
@@ -108,9 +126,11 @@ def plan(args) -> list[Row]:
     """Rows grouped by (model, implementation, stage), the two threshold settings inside each group."""
     rows = []
     for model in args.models:
+        stages = args.stages if args.stages is not None else built_stages(model, LOSSLESS_STAGES)
         rows += [Row(model, "reference", "fp32", t) for t in args.reference_thresholds]
-        rows += [Row(model, "segment-anything-fast", "as shipped", t) for t in THRESHOLDS]
-        rows += [Row(model, "samfast", stage, t) for stage in args.stages for t in THRESHOLDS]
+        if not is_sam2_type(model):
+            rows += [Row(model, "segment-anything-fast", "as shipped", t) for t in THRESHOLD_SETTINGS]
+        rows += [Row(model, "samfast", stage, t, skipped=not_built(model, stage)) for stage in stages for t in THRESHOLD_SETTINGS]
     return rows
 
 
@@ -118,13 +138,15 @@ def plan(args) -> list[Row]:
 def run_group(rows: list[Row], args, image: np.ndarray, device: torch.device) -> None:
     """Time every row of one (model, implementation, stage); a failure is recorded on the rows left."""
     first = rows[0]
+    if first.skipped:
+        return
     try:
         make_generator = build(first.model, first.impl, first.stage, device)
         for row in rows:
             if make_generator is None:
                 row.error = "not installed (pip install segment-anything-fast)"
                 continue
-            pred_iou, stability = THRESHOLDS[row.thresholds]
+            pred_iou, stability = thresholds(row.model, row.thresholds)
             generator = make_generator(dict(points_per_side=args.points_per_side, pred_iou_thresh=pred_iou,
                                             stability_score_thresh=stability))
             row.ms_per_image, row.masks, row.peak_gib = time_generate(generator, image, device, args.repeats)
@@ -136,14 +158,20 @@ def run_group(rows: list[Row], args, image: np.ndarray, device: torch.device) ->
 
 
 def markdown(env: dict, rows: list[Row]) -> str:
+    families = {is_sam2_type(r.model) for r in rows}
+    defaults = "; ".join(f"{'SAM 2 (sam2' if sam2 else 'SAM 1 (segment_anything'}'s generator) pred_iou "
+                         f"{DEFAULT_THRESHOLDS[sam2][0]} / stability {DEFAULT_THRESHOLDS[sam2][1]}" for sam2 in sorted(families))
+    references = ", ".join(f"{reference_name(m)} for {m}" for m in dict.fromkeys(r.model for r in rows))
     lines = [
         "# segment everything (automatic mask generation) benchmark",
         "",
         f"- device: {env['device']}; torch {env['torch']}",
         f"- command: `{env['command']}`",
-        f"- image: {env['image']}; points_per_side {env['points_per_side']}; seeded synthetic weights (masks meaningless)",
+        f"- image: {env['image']}; points_per_side {env['points_per_side']}; seeded synthetic weights, the same state dict "
+        + "in every implementation (masks meaningless)",
+        f"- reference: {references}, fp32 as shipped, points_per_batch 64",
         f"- timing: one warm-up generate, median of {env['repeats']}; compile mode {env['compile_mode']}; peak GiB: torch.cuda.max_memory_allocated over the timed calls",
-        "- thresholds: default = pred_iou 0.88 / stability 0.95; zero = both 0 (every mask reaches RLE and NMS)",
+        f"- thresholds: default = the generator's defaults: {defaults}; zero = both 0 (every mask reaches RLE and NMS)",
         "",
         "| model | thresholds | implementation | stage | ms per image | vs reference | masks | peak GiB | note |",
         "|---|---|---|---|---:|---:|---:|---:|---|",
@@ -154,7 +182,7 @@ def markdown(env: dict, rows: list[Row]) -> str:
         speedup = f"{base / r.ms_per_image:.1f}x" if r.ms_per_image and base else "-"
         lines.append(
             f"| {r.model} | {r.thresholds} | {r.impl} | {r.stage} | {fmt(r.ms_per_image, 1)} | {speedup} | "
-            f"{'-' if r.masks is None else r.masks} | {fmt(r.peak_gib)} | {(r.error or '').replace('|', '/')} |"
+            f"{'-' if r.masks is None else r.masks} | {fmt(r.peak_gib)} | {(r.error or r.skipped or '').replace('|', '/')} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -168,9 +196,12 @@ def write_outputs(out: Path, env: dict, rows: list[Row]) -> str:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.amg", description=__doc__.split("\n\n")[0])
-    p.add_argument("--models", nargs="+", default=["vit_b", "vit_h"], choices=samfast.MODEL_TYPES)
-    p.add_argument("--stages", nargs="+", default=LOSSLESS_STAGES, help="samfast stages (default: fp32 .. nt)")
-    p.add_argument("--reference-thresholds", nargs="*", default=list(THRESHOLDS), choices=list(THRESHOLDS),
+    p.add_argument("--models", nargs="+", default=["vit_b", "vit_h"], choices=MODEL_TYPES,
+                   help="SAM 1 and SAM 2 model types (SAM 2: beside sam2's generator)")
+    p.add_argument("--stages", nargs="+", default=None,
+                   help="samfast stages (default: fp32 .. nt, those built for the model's family: SAM 2 fp32 .. sdpa; "
+                        "a stage asked for that the family has no build of is recorded as not built)")
+    p.add_argument("--reference-thresholds", nargs="*", default=list(THRESHOLD_SETTINGS), choices=list(THRESHOLD_SETTINGS),
                    help="threshold settings to time the reference at (its 'zero' takes ~50 s per image on an H100: "
                         "ANCHORS.md has those numbers; pass 'default' to skip it)")
     p.add_argument("--compile-mode", help="sets SAMFAST_COMPILE_MODE (default: max-autotune on the GPU)")
@@ -182,6 +213,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.quick:
         args.points_per_side, args.repeats = 2, 1
+    if args.stages is not None:  # canonical names, as bench.ladder's (and a bad name fails now)
+        args.stages = list(dict.fromkeys(canonical_name(parse_stages(s)) for s in args.stages))
     return args
 
 
@@ -210,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             free(device)
         for row in group:
-            print(f"{row.model} {row.thresholds} {row.impl} {row.stage}: {fmt(row.ms_per_image, 1)} ms {row.error or ''}",
+            print(f"{row.model} {row.thresholds} {row.impl} {row.stage}: {fmt(row.ms_per_image, 1)} ms {row.error or row.skipped or ''}",
                   file=sys.stderr, flush=True)
         write_outputs(out, env, rows)  # after every configuration: a killed run keeps what it has
     print(write_outputs(out, env, rows))

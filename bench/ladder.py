@@ -1,11 +1,11 @@
-"""The optimization ladder end to end on the GPU, beside the reference segment_anything.
+"""The optimization ladder end to end on the GPU, beside the reference segment_anything (SAM 1) or sam2 (SAM 2).
 
-    python -m bench.ladder [--models vit_b vit_h] [--batches 1 8 32] [--stages fp32 bf16 ...]
+    python -m bench.ladder [--models vit_b vit_h sam2.1_hiera_l] [--batches 1 8 32] [--stages fp32 bf16 ...]
                            [--reference fp32 bf16] [--out reports/bench] [--budget-s 540]
                            [--compile-mode max-autotune] [--profile [MODEL:BATCH:STAGE]] [--quick]
 
-For every model, batch size and stage (samfast's ladder, plus the reference segment_anything in
-fp32 and bf16, in the same run and process):
+For every model, batch size and stage (samfast's ladder, plus the reference in fp32 and bf16, in
+the same run and process):
 
   encoder img/s   image encoder alone on a preprocessed (B, 3, 1024, 1024) batch
   e2e img/s       encoder + prompt encoder + mask decoder + upscaling to the original size, with
@@ -13,6 +13,16 @@ fp32 and bf16, in the same run and process):
                   (what the published img/s covers: image encoder + predict_torch)
   peak GiB        torch.cuda.max_memory_allocated() over the e2e run, after reset_peak_memory_stats
   first call s    seconds of the first encoder call (torch.compile compiles there; warm-up otherwise)
+
+SAM 2 models (samfast.SAM2_MODEL_TYPES) take the same rows, with what differs chosen by family
+(bench.families): the default stages are those built for SAM 2 (fp32 bf16 compile sdpa; another
+stage asked for is recorded as not built); the encoder is model.image_features (sam2: forward_image
+and what SAM2ImagePredictor.set_image does after it); e2e is the predictor from 640x480 uint8
+images, sam2's host-side transform included (samfast: SamPredictor.predict_batch; sam2:
+SAM2ImagePredictor.set_image_batch, then per image what its predict_batch does, outputs left on
+the device as samfast's are); the reference is sam2 1.1.0 built by build_sam2 with the same seeded
+state dict loaded strictly: "reference fp32" as shipped, "reference bf16+compile" its best image
+path (compile_image_encoder, under torch.autocast(cuda, bf16); GPU only, skipped on a CPU).
 
 Timing: warm-up calls, then `repeats` runs of `iters` calls each, bracketed by CUDA events (and a
 synchronize); the median run is reported. Inputs are random but non-zero and seeded; weights are
@@ -32,6 +42,8 @@ Runs on the CPU too, for a smoke test: python -m bench.ladder --quick --models v
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib.metadata
 import json
 import os
 import platform
@@ -46,13 +58,20 @@ import numpy as np
 import torch
 
 import samfast
+from bench.families import MODEL_TYPES, built_stages, not_built, reference_model, reference_name
 from bench.timing import device_name, fmt, free, peak_gib, reset_peak, sync, time_call
-from samfast.stages import FP8, LADDER, SPARSE_WITHOUT_INT8, SWITCHES, canonical_name, parse_stages
+from samfast.predictor import Prompts
+from samfast.sam2.config import is_sam2_type
+from samfast.stages import FP8, LADDER, SPARSE_WITHOUT_INT8, SWITCHES, canonical_name, compile_mode, parse_stages
 
 REFERENCE = "reference"
+# A family runs those of these that samfast builds for it (bench.families.built_stages): SAM 2 fp32 .. sdpa.
 DEFAULT_STAGES = [*LADDER, SPARSE_WITHOUT_INT8, FP8]
 # bf16 on a CPU without bf16 matmul units takes minutes per image, compile a minute or two.
 CPU_QUICK_STAGES = ["fp32", "fp32+sdpa", "fp32+nt", "fp32+int8", "bf16+sparse"]
+# --reference fp32 / bf16 -> the row's stage, per family (is_sam2_type): sam2's bf16 is its compiled path
+REFERENCE_STAGES = {False: {"fp32": f"{REFERENCE} fp32", "bf16": f"{REFERENCE} bf16"},
+                    True: {"fp32": f"{REFERENCE} fp32", "bf16": f"{REFERENCE} bf16+compile"}}
 ORIGINAL_SIZE = (480, 640)  # a typical COCO image: resized to 768 x 1024, padded to 1024 x 1024
 INPUT_SIZE = (768, 1024)
 PROMPTS_PER_IMAGE = (5, 15)  # COCO val2017 has ~7 annotations per image, one point prompt each
@@ -62,7 +81,7 @@ PROMPTS_PER_IMAGE = (5, 15)  # COCO val2017 has ~7 annotations per image, one po
 class Row:
     model: str
     batch: int
-    stage: str  # a samfast stage name, or "reference fp32" / "reference bf16"
+    stage: str  # a samfast stage name, or one of REFERENCE_STAGES
     impl: str  # "samfast" or "reference"
     encoder_img_s: float | None = None
     e2e_img_s: float | None = None
@@ -97,7 +116,21 @@ def make_inputs(batch: int, dtype: torch.dtype, device: torch.device, seed: int 
     return images.to(device=device, dtype=dtype), prompts
 
 
-# --- the two implementations ---------------------------------------------------------------------
+class NotRun(Exception):
+    """A configuration this device cannot run: recorded as skipped, with the reason."""
+
+
+def sam2_e2e_inputs(batch: int, prompts, seed: int = 0) -> tuple[list[np.ndarray], list[tuple[np.ndarray, np.ndarray]]]:
+    """SAM 2's e2e inputs: `batch` seeded ORIGINAL_SIZE uint8 RGB images, and make_inputs' prompts in
+    their pixels (the same points: SAM 1's frame is the image scaled by 1024 / 640), as host arrays
+    (coords (N, 1, 2) float32, labels (N, 1) int32), what a caller hands the predictors."""
+    rng = np.random.default_rng(seed)
+    images = [rng.integers(0, 256, (*ORIGINAL_SIZE, 3), dtype=np.uint8) for _ in range(batch)]
+    scale = ORIGINAL_SIZE[1] / INPUT_SIZE[1]
+    return images, [((c.cpu().numpy() * scale).astype(np.float32), lab.cpu().numpy()) for c, lab in prompts]
+
+
+# --- the implementations: samfast and the reference, for each family -----------------------------
 class SamfastRunner:
     """samfast at a stage: encoder via embed_images (static batch under compile), decoder per switches."""
 
@@ -117,6 +150,10 @@ class SamfastRunner:
 
     def encode(self, images):
         return self.model.embed_images(images)
+
+    def e2e_inputs(self, images, prompts):
+        """e2e's arguments from make_inputs' (images, prompts): SAM 1 takes them as they are."""
+        return images, prompts
 
     def e2e(self, images, prompts):
         features = self.model.embed_images(images)
@@ -164,6 +201,86 @@ class ReferenceRunner:
             masks.append(self.sam.postprocess_masks(low_res, INPUT_SIZE, ORIGINAL_SIZE) > self.sam.mask_threshold)
         return masks
 
+    def e2e_inputs(self, images, prompts):
+        return images, prompts
+
+
+class Sam2SamfastRunner(SamfastRunner):
+    """samfast's SAM 2 at a stage: the encoder is image_features, e2e the predictor's predict_batch."""
+
+    def encode(self, images):
+        return self.model.image_features(images)
+
+    def e2e_inputs(self, images, prompts):
+        return sam2_e2e_inputs(len(images), prompts)
+
+    def e2e(self, images, prompts):
+        return self.predictor.predict_batch(images, [Prompts(coords, labels) for coords, labels in prompts])
+
+
+def sam2_image_features(sam, batch: torch.Tensor):
+    """What sam2's SAM2ImagePredictor.set_image_batch computes after its transforms: the image encoder,
+    no_mem_embed added, the three levels as (B, C, H, W); samfast's image_features does the same work."""
+    backbone_out = sam.forward_image(batch)
+    _, vision_feats, _, feat_sizes = sam._prepare_backbone_features(backbone_out)
+    if sam.directly_add_no_mem_embed:
+        vision_feats[-1] = vision_feats[-1] + sam.no_mem_embed
+    feats = [feat.permute(1, 2, 0).view(batch.shape[0], -1, *size) for feat, size in zip(vision_feats, feat_sizes)]
+    return feats[-1], feats[:-1]
+
+
+class Sam2ReferenceRunner:
+    """sam2 1.1.0 with the same seeded weights: fp32 as shipped, or bf16 its best image path (sam2's
+    compile_image_encoder, everything under torch.autocast(cuda, bf16), as sam2's notebooks run it)."""
+
+    def __init__(self, model_type: str, precision: str, device: torch.device) -> None:
+        from sam2.sam2_image_predictor import SAM2ImagePredictor
+
+        self.bf16 = precision == "bf16"
+        if self.bf16 and device.type != "cuda":
+            raise NotRun("sam2's compiled bf16 path (torch.autocast on CUDA) runs on a GPU only")
+        self.compile_mode = compile_mode(device) if self.bf16 else None
+        self.sam = reference_model(model_type, device, compile_mode=self.compile_mode)
+        self.predictor = SAM2ImagePredictor(self.sam)
+        self.dtype = torch.float32  # autocast casts
+
+    def notes(self) -> dict:
+        return {"version": importlib.metadata.version("sam2"),
+                "dtype": f"autocast bf16, image encoder compiled by sam2 (mode {self.compile_mode})" if self.bf16 else "fp32"}
+
+    def _precision(self):
+        return torch.autocast("cuda", dtype=torch.bfloat16) if self.bf16 else contextlib.nullcontext()
+
+    def encode(self, images):
+        with self._precision():
+            return sam2_image_features(self.sam, images)
+
+    def e2e_inputs(self, images, prompts):
+        return sam2_e2e_inputs(len(images), prompts)
+
+    def e2e(self, images, prompts):
+        """set_image_batch, then per image what sam2's predict_batch does, less its copy of every output to
+        numpy on the host (samfast's predict_batch leaves its outputs on the device)."""
+        predictor = self.predictor
+        with self._precision():
+            predictor.set_image_batch(images)
+            outputs = []
+            for i, (coords, labels) in enumerate(prompts):
+                mask_input, coords_t, labels_t, box = predictor._prep_prompts(coords, labels, None, None, True, img_idx=i)
+                outputs.append(predictor._predict(coords_t, labels_t, box, mask_input, True, img_idx=i))
+        return outputs
+
+
+def make_runner(row: Row, device: torch.device):
+    """The row's implementation for its model's family."""
+    sam2 = is_sam2_type(row.model)
+    if row.impl != REFERENCE:
+        return (Sam2SamfastRunner if sam2 else SamfastRunner)(row.model, row.stage, row.batch, device)
+    precision = next(p for p, stage in REFERENCE_STAGES[sam2].items() if stage == row.stage)
+    if sam2:
+        return Sam2ReferenceRunner(row.model, precision, device)
+    return ReferenceRunner(row.model, torch.bfloat16 if precision == "bf16" else torch.float32, device)
+
 
 # --- one configuration ---------------------------------------------------------------------------
 @torch.no_grad()
@@ -171,15 +288,13 @@ def run_config(row: Row, args, device: torch.device, deadline: float, profile: b
     free(device)
     reset_peak(device)
     t0 = time.perf_counter()
-    if row.impl == REFERENCE:
-        runner = ReferenceRunner(row.model, torch.bfloat16 if row.stage.endswith("bf16") else torch.float32, device)
-    else:
-        runner = SamfastRunner(row.model, row.stage, row.batch, device)
+    runner = make_runner(row, device)
     row.build_s = time.perf_counter() - t0
     row.notes["device"] = device_name(device)
     row.notes.update(runner.notes())
     images, prompts = make_inputs(row.batch, runner.dtype, device)
     row.notes["prompts"] = sum(len(c) for c, _ in prompts)
+    e2e_inputs = runner.e2e_inputs(images, prompts)
 
     t0 = time.perf_counter()
     runner.encode(images)
@@ -191,14 +306,14 @@ def run_config(row: Row, args, device: torch.device, deadline: float, profile: b
     if time.monotonic() > deadline:
         row.skipped = "e2e not timed: --budget-s spent"
         return
-    runner.e2e(images, prompts)  # the decoder's first call (and NestedTensor set-up) is not timed
+    runner.e2e(*e2e_inputs)  # the decoder's first call (and NestedTensor set-up) is not timed
     sync(device)
     reset_peak(device)
-    row.e2e_img_s = row.batch / time_call(lambda: runner.e2e(images, prompts), device, **timing)
+    row.e2e_img_s = row.batch / time_call(lambda: runner.e2e(*e2e_inputs), device, **timing)
     row.peak_gib = peak_gib(device)
     if profile:
         row.notes["profile"] = {"encoder": profile_top_kernels(lambda: runner.encode(images), device),
-                                "e2e": profile_top_kernels(lambda: runner.e2e(images, prompts), device)}
+                                "e2e": profile_top_kernels(lambda: runner.e2e(*e2e_inputs), device)}
 
 
 def profile_top_kernels(fn, device: torch.device, top: int = 10) -> list[dict]:
@@ -231,11 +346,14 @@ def profile_top_kernels(fn, device: torch.device, top: int = 10) -> list[dict]:
 
 # --- the run -------------------------------------------------------------------------------------
 def plan(args) -> list[Row]:
+    """Every (model, batch, stage): the reference first, then samfast's stages (--stages, else the
+    default stages built for the model's family); a stage not built for the family is a skipped row."""
     rows = []
     for model in args.models:
+        stages = args.stages if args.stages is not None else built_stages(model, args.default_stages)
         for batch in args.batches:
-            rows += [Row(model, batch, f"{REFERENCE} {dt}", REFERENCE) for dt in args.reference]
-            rows += [Row(model, batch, stage, "samfast") for stage in args.stages]
+            rows += [Row(model, batch, REFERENCE_STAGES[is_sam2_type(model)][p], REFERENCE) for p in args.reference]
+            rows += [Row(model, batch, stage, "samfast", skipped=not_built(model, stage)) for stage in stages]
     return rows
 
 
@@ -262,7 +380,7 @@ def environment(device: torch.device, args) -> dict:
         "cuda": torch.version.cuda,
         "python": platform.python_version(),
         "command": "python -m bench.ladder " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
-        "weights": "seeded synthetic (samfast.synthetic_state_dict, seed 0), official layout",
+        "weights": "seeded synthetic (samfast.synthetic_state_dict, seed 0), official layout; the reference loads the same state dict",
         "compile_mode": os.environ.get("SAMFAST_COMPILE_MODE") or ("max-autotune" if device.type == "cuda" else "default"),
         "timing": f"{args.warmup} warm-up calls, median of {args.repeats} runs x {args.iters} calls, "
                   + ("CUDA events" if device.type == "cuda" else "perf_counter"),
@@ -276,6 +394,11 @@ def environment(device: torch.device, args) -> dict:
             env[mod] = __import__(mod).__version__
         except Exception:  # noqa: BLE001 - report what is there
             env[mod] = None
+    for dist in ("segment_anything", "sam2"):  # the references (neither has a __version__)
+        try:
+            env[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            env[dist] = None
     if device.type == "cuda":
         env["capability"] = ".".join(map(str, torch.cuda.get_device_capability(device)))
     return env
@@ -303,6 +426,9 @@ def main(argv: list[str] | None = None) -> int:
     deadline = start + args.budget_s
     for i, row in enumerate(rows):
         label = f"[{i + 1}/{len(rows)}] {row.model} bs{row.batch} {row.stage}"
+        if row.skipped:  # planned so: a stage not built for the model's family
+            print(f"{label}: skipped ({row.skipped[:120]})", file=sys.stderr, flush=True)
+            continue
         if time.monotonic() > deadline:
             row.skipped = f"--budget-s {args.budget_s:g} spent"
             print(f"{label}: skipped (budget)", file=sys.stderr, flush=True)
@@ -310,6 +436,8 @@ def main(argv: list[str] | None = None) -> int:
         profile = target is not None and (row.model, row.batch, row.stage) == target
         try:
             run_config(row, args, device, deadline, profile)
+        except NotRun as why:
+            row.skipped = str(why)
         except Exception as err:  # noqa: BLE001 - record and go on: one stage must not end the run
             row.error = f"{type(err).__name__}: {' '.join(str(err).split())[:400]}"
             row.notes["traceback"] = traceback.format_exc(limit=-3)
@@ -331,17 +459,30 @@ def _summary(row: Row) -> str:
 
 
 # --- outputs -------------------------------------------------------------------------------------
+SAM2_ROWS = (
+    "- SAM 2 rows: encoder = samfast's image_features / sam2's forward_image + what its set_image does after it; "
+    "e2e = the predictor from 640x480 uint8 images, sam2's host-side transform (stretch to 1024x1024, normalize) "
+    "included: samfast SamPredictor.predict_batch, sam2 SAM2ImagePredictor.set_image_batch + its predict_batch's "
+    "per-image steps (outputs left on the device, as samfast's); reference = sam2 with the same state dict "
+    "(load_state_dict strict): fp32 as shipped, bf16+compile = torch.autocast(cuda, bf16) + sam2's "
+    "compile_image_encoder (in the compile mode above; sam2 ships max-autotune)"
+)
+
+
 def markdown(env: dict, rows: list[Row]) -> str:
+    sam2 = any(is_sam2_type(r.model) for r in rows)
     lines = [
         "# samfast ladder benchmark",
         "",
         f"- device: {env['device']}" + (f" (sm {env['capability']})" if env.get("capability") else ""),
-        f"- torch {env['torch']} (CUDA {env['cuda']}), triton {env['triton']}, torchao {env['torchao']}, python {env['python']}",
+        f"- torch {env['torch']} (CUDA {env['cuda']}), triton {env['triton']}, torchao {env['torchao']}, python {env['python']}"
+        + (f"; reference sam2 {env.get('sam2')}" if sam2 else ""),
         f"- command: `{env['command']}`",
         *[f"- earlier command (--append): `{c}`" for c in env.get("earlier_commands", [])],
         f"- weights: {env['weights']}: speed and memory as real checkpoints, masks meaningless",
         f"- timing: {env['timing']}; compile mode {env['compile_mode']}",
         f"- e2e: image encoder + prompt encoder + mask decoder + upscaling; {env['prompts']}",
+        *([SAM2_ROWS] if sam2 else []),
         "- peak GiB: torch.cuda.max_memory_allocated over the e2e run; first call s: the first encoder call (compile or warm-up)",
         "",
         "| model | batch | stage | encoder img/s | e2e img/s | e2e vs ref fp32 | peak GiB | first call s | note |",
@@ -409,7 +550,7 @@ def bar_chart(path: Path, rows: list[Row]) -> None:
             ax.set_xticks(np.arange(len(stages)))
             ax.set_xticklabels(stages, rotation=30, ha="right", fontsize=8)
             ax.set_ylabel("img/s")
-            ax.set_title(f"{model}: {title} (hatched: reference segment_anything)")
+            ax.set_title(f"{model}: {title} (hatched: reference {reference_name(model)})")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -442,12 +583,16 @@ def write_outputs(out: Path, env: dict, rows: list[Row]) -> str:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.ladder", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", nargs="+", default=["vit_b", "vit_h"], choices=samfast.MODEL_TYPES)
+    p.add_argument("--models", nargs="+", default=["vit_b", "vit_h"], choices=MODEL_TYPES,
+                   help="SAM 1 and SAM 2 model types (SAM 2: beside the reference sam2)")
     p.add_argument("--batches", nargs="+", type=int, default=[1, 8, 32])
     p.add_argument("--stages", nargs="+", default=None,
-                   help=f"samfast stages (ladder names or switches joined by '+'); default: {' '.join(DEFAULT_STAGES)}")
+                   help=f"samfast stages (ladder names or switches joined by '+'); default: {' '.join(DEFAULT_STAGES)}, "
+                        "those built for the model's family (SAM 2: fp32 bf16 compile sdpa); a stage asked for that "
+                        "the family has no build of is recorded as not built")
     p.add_argument("--reference", nargs="*", default=None, choices=["fp32", "bf16"],
-                   help="reference segment_anything runs (default: fp32 bf16; none with an empty list)")
+                   help="reference runs (default: fp32 bf16; none with an empty list): segment_anything for SAM 1 "
+                        "(bf16: its encoder in bf16), sam2 for SAM 2 (bf16: autocast bf16 + compile_image_encoder, GPU only)")
     p.add_argument("--out", default="reports/bench")
     p.add_argument("--budget-s", type=float, default=float("inf"),
                    help="skip the configurations left once this many seconds are spent (default: no limit)")
@@ -468,12 +613,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for name, value in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
-    if args.stages is None:
-        args.stages = CPU_QUICK_STAGES if (args.quick and cpu) else DEFAULT_STAGES
+    # without --stages, each model runs those of these built for its family (plan)
+    args.default_stages = CPU_QUICK_STAGES if (args.quick and cpu) else DEFAULT_STAGES
     if args.reference is None:
         args.reference = ["fp32"] if (args.quick and cpu) else ["fp32", "bf16"]
-    # canonical names, so "sdpa+bf16" and "bf16+sdpa" are one configuration (and a bad name fails now)
-    args.stages = list(dict.fromkeys(canonical_name(parse_stages(s)) for s in args.stages))
+    if args.stages is not None:
+        # canonical names, so "sdpa+bf16" and "bf16+sdpa" are one configuration (and a bad name fails now)
+        args.stages = list(dict.fromkeys(canonical_name(parse_stages(s)) for s in args.stages))
     return args
 
 

@@ -1,10 +1,14 @@
-"""bench.ladder end to end on the CPU at the smallest size: it writes the table, the JSON and the chart."""
+"""bench.ladder end to end on the CPU at the smallest size: it writes the table, the JSON and the chart
+(SAM 1's vit_tiny beside segment_anything, SAM 2's sam2.1_hiera_nano beside sam2)."""
 
 from __future__ import annotations
 
 import json
 
+import pytest
+
 from bench import ladder
+from tests.reference import sam2_reference_config
 
 
 def test_quick_cpu_run_writes_markdown_json_and_chart(tmp_path):
@@ -22,3 +26,44 @@ def test_quick_cpu_run_writes_markdown_json_and_chart(tmp_path):
     profiled = results[-1]["notes"]["profile"]
     assert set(profiled) == {"encoder", "e2e"} and all(profiled[part] for part in profiled)
     assert "fp32+nt, encoder" in table and "fp32+nt, e2e" in table
+
+
+def test_quick_cpu_run_of_a_sam2_model_beside_sam2(tmp_path):
+    """SAM 2 (the small nano config) beside the reference sam2 with the same seeded weights; sam2's
+    compiled bf16 path is recorded as skipped on a CPU, a stage not built for SAM 2 as not built."""
+    pytest.importorskip("sam2", reason="the SAM 2 reference package sam2==1.1.0 is not installed")
+    assert ladder.main(["--quick", "--cpu", "--models", "sam2.1_hiera_nano", "--batches", "1", "--stages", "fp32", "nt",
+                        "--reference", "fp32", "bf16", "--warmup", "0", "--repeats", "1", "--out", str(tmp_path)]) == 0
+    results = json.loads((tmp_path / "bench.json").read_text())["results"]
+    assert [(r["impl"], r["stage"]) for r in results] == [
+        ("reference", "reference fp32"), ("reference", "reference bf16+compile"), ("samfast", "fp32"), ("samfast", "nt")]
+    reference, reference_bf16, fp32, nt = results
+    for r in (reference, fp32):
+        assert r["error"] is None and r["skipped"] is None and r["encoder_img_s"] > 0 and r["e2e_img_s"] > 0, r
+    assert reference["notes"]["version"] == "1.1.0" and reference["notes"]["prompts"] == fp32["notes"]["prompts"]
+    assert reference_bf16["error"] is None and "GPU only" in reference_bf16["skipped"] and reference_bf16["encoder_img_s"] is None
+    assert nt["error"] is None and nt["skipped"].startswith("not built for SAM 2") and nt["build_s"] is None
+    table = (tmp_path / "bench.md").read_text()
+    assert "| sam2.1_hiera_nano | 1 | reference fp32 |" in table and "| sam2.1_hiera_nano | 1 | fp32 |" in table
+    assert "seeded synthetic" in table and "SAM 2 rows:" in table and "reference sam2 1.1.0" in table
+    assert (tmp_path / "bench.png").stat().st_size > 0
+
+
+def test_default_stages_and_reference_rows_follow_the_family():
+    """Planning only (nothing built): SAM 2 runs the default stages built for it, beside sam2's fp32 and
+    compiled bf16; SAM 1 keeps the whole ladder beside segment_anything."""
+    rows = ladder.plan(ladder.parse_args(["--cpu", "--models", "vit_b", "sam2.1_hiera_l", "--batches", "1"]))
+    stages = {model: [r.stage for r in rows if r.model == model] for model in ("vit_b", "sam2.1_hiera_l")}
+    assert stages["sam2.1_hiera_l"] == ["reference fp32", "reference bf16+compile", "fp32", "bf16", "compile", "sdpa"]
+    assert stages["vit_b"] == ["reference fp32", "reference bf16", *ladder.DEFAULT_STAGES]
+    assert not any(r.skipped for r in rows)
+
+
+def test_sam2_reference_config_names_sam2s_config_and_overrides():
+    assert sam2_reference_config("sam2.1_hiera_l") == ("configs/sam2.1/sam2.1_hiera_l.yaml", [])
+    assert sam2_reference_config("sam2_hiera_b+") == ("configs/sam2/sam2_hiera_b+.yaml", [])
+    config, overrides = sam2_reference_config("sam2.1_hiera_nano")  # no sam2 config: hiera_t's, reshaped
+    assert config == "configs/sam2.1/sam2.1_hiera_t.yaml"
+    assert {"++model.image_encoder.trunk.embed_dim=32", "++model.image_encoder.trunk.stages=[1,1,2,1]",
+            "++model.image_encoder.trunk.global_att_blocks=[3]",
+            "++model.image_encoder.neck.backbone_channel_list=[256,128,64,32]"} <= set(overrides)
