@@ -160,14 +160,7 @@ class SamPredictor(ServesFamilies):
         With the `nt` switch all prompts of all images travel as one jagged NestedTensor through
         the prompt encoder and the mask decoder; otherwise each image's prompts are one call.
         """
-        if len(images) != len(prompts):
-            raise InputError(f"{len(images)} images but {len(prompts)} prompt sets: give one Prompts per image")
-        rgb = [to_rgb_uint8(im, f"images[{i}]") for i, im in enumerate(images)]
-        sizes = [im.shape[:2] for im in rgb]
-        # Every prompt is checked before the encoder runs: a bad one costs no encoder time.
-        torch_prompts = [self._prompts_to_torch(p, size, f"prompts[{i}]") for i, (p, size) in enumerate(zip(prompts, sizes))]
-        results = [self._empty_prediction(size, multimask_output) for size in sizes]
-        active = [i for i, tp in enumerate(torch_prompts) if tp is not None]  # images with prompts
+        rgb, sizes, torch_prompts, results, active = self._checked_batch(images, prompts, multimask_output)
         if not active:
             return results
         active_prompts = [torch_prompts[i] for i in active]
@@ -187,6 +180,18 @@ class SamPredictor(ServesFamilies):
             masks = self.model.postprocess_masks(low_res, tuple(x.shape[-2:]), sizes[i]) > self.model.mask_threshold
             results[i] = Prediction(masks, iou, low_res)
         return results
+
+    def _checked_batch(self, images, prompts, multimask_output: bool):
+        """(RGB images, their sizes, each image's prompts as device tensors (None: no prompt), an empty
+        Prediction per image, the indices of the images with prompts). Every prompt is checked before
+        an encoder runs: a bad one costs no encoder time."""
+        if len(images) != len(prompts):
+            raise InputError(f"{len(images)} images but {len(prompts)} prompt sets: give one Prompts per image")
+        rgb = [to_rgb_uint8(im, f"images[{i}]") for i, im in enumerate(images)]
+        sizes = [im.shape[:2] for im in rgb]
+        torch_prompts = [self._prompts_to_torch(p, size, f"prompts[{i}]") for i, (p, size) in enumerate(zip(prompts, sizes))]
+        results = [self._empty_prediction(size, multimask_output) for size in sizes]
+        return rgb, sizes, torch_prompts, results, [i for i, tp in enumerate(torch_prompts) if tp is not None]
 
     def _empty_prediction(self, size: tuple[int, int], multimask_output: bool) -> Prediction:
         """The Prediction of an image without prompts: every field with 0 rows and the usual other axes."""

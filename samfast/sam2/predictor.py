@@ -83,13 +83,7 @@ class SamPredictorForSAM2(SamPredictor, serves=SAM2Base):
         """SAM 1's predict_batch for a SAM 2 model: the images through the encoder in one batch, then
         each image's prompts in one decoder call; the same checks, Prompts and Predictions. The image
         set with set_image stays set."""
-        if len(images) != len(prompts):
-            raise InputError(f"{len(images)} images but {len(prompts)} prompt sets: give one Prompts per image")
-        rgb = [to_rgb_uint8(im, f"images[{i}]") for i, im in enumerate(images)]
-        sizes = [im.shape[:2] for im in rgb]
-        torch_prompts = [self._prompts_to_torch(p, size, f"prompts[{i}]") for i, (p, size) in enumerate(zip(prompts, sizes))]
-        results = [self._empty_prediction(size, multimask_output) for size in sizes]
-        active = [i for i, tp in enumerate(torch_prompts) if tp is not None]
+        rgb, sizes, torch_prompts, results, active = self._checked_batch(images, prompts, multimask_output)
         if not active:
             return results
         predictor = self.image_predictor

@@ -16,16 +16,20 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 import samfast
 from parity.checks.compile import watch
 from parity.checks.syncs import assert_no_syncs, find_syncs, profile_region
 from parity.gate.models import xdist_group
-from samfast import Prompts, SamPredictor
+from samfast import SamPredictor
 from samfast.stages import parse_stages
 from tests.planted import item_sync_in_decoder
-from tests.stage_accuracy import assert_close_to_fp32
+from tests.stage_accuracy import (
+    assert_close_to_fp32,
+    random_scene,
+    stage_outputs,
+    true_fp32_outputs,
+)
 
 MODEL = "sam2.1_hiera_t_5block"
 STATIC_BATCH = 2
@@ -46,47 +50,19 @@ def _entry(model_cache, stages: str):
 
 @pytest.fixture(scope="module")
 def scene():
-    rng = np.random.default_rng(0)
-    images = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in SIZES]
-    prompts = [
-        Prompts(point_coords=rng.uniform(0, 1, (n, 1, 2)) * np.array([w - 1, h - 1]), point_labels=np.ones((n, 1)))
-        for (h, w), n in zip(SIZES, PROMPTS_PER_IMAGE)
-    ]
-    return images, prompts
-
-
-def _run(model, scene) -> dict[str, torch.Tensor]:
-    """Embeddings one image at a time (set_image), then predict_batch over all three (batches of 2 + 1)."""
-    images, prompts = scene
-    predictor = SamPredictor(model)
-    embeddings = []
-    for image in images:
-        predictor.set_image(image)
-        embeddings.append(predictor.get_image_embedding().float())
-    predictions = predictor.predict_batch(images, prompts)
-    return {
-        "embeddings": torch.cat(embeddings),
-        "low_res_logits": torch.cat([p.low_res_logits.float() for p in predictions]),
-        "iou": torch.cat([p.iou_predictions.float() for p in predictions]),
-    }
+    return random_scene(SIZES, PROMPTS_PER_IMAGE)
 
 
 @pytest.fixture(scope="module")
 def fp32_outputs(scene, model_cache):
-    """True fp32: TF32 off for matmul and cuDNN, as goldens are made."""
-    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    try:
-        return _run(_entry(model_cache, "fp32").model, scene)
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+    return true_fp32_outputs(_entry(model_cache, "fp32").model, scene)
 
 
 @pytest.mark.parametrize("stages", [pytest.param(s, marks=shared(s)) for s in STAGES])
 def test_sam2_stage_close_to_fp32(stages, scene, fp32_outputs, model_cache):
     entry = _entry(model_cache, stages)
     with watch() as seen:
-        outputs = _run(entry.model, scene)
+        outputs = stage_outputs(entry.model, scene)
     if "compile" in parse_stages(stages):
         entry.warmup.assert_clean()
         assert entry.warmup.graphs_compiled >= 2, "compile is on, yet the encoder and the decoder were not both compiled"

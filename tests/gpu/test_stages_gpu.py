@@ -21,17 +21,21 @@ from __future__ import annotations
 
 import copy
 
-import numpy as np
 import pytest
 import torch
 
 import samfast
 from parity.checks.compile import watch
 from parity.gate.models import xdist_group
-from samfast import Prompts, SamPredictor
+from samfast import SamPredictor
 from samfast.stages import FP8, LADDER, SPARSE_WITHOUT_INT8, StageError, parse_stages
 from tests.planted import relpos_bias_scaled_in_global_blocks
-from tests.stage_accuracy import assert_close_to_fp32
+from tests.stage_accuracy import (
+    assert_close_to_fp32,
+    random_scene,
+    stage_outputs,
+    true_fp32_outputs,
+)
 from tests.stage_accuracy import rel_l2 as _rel_l2
 
 MODEL = "vit_b_2block"  # correctness, not depth: tests/gpu/test_syncs_gpu.py's SHARED names the same model
@@ -50,29 +54,7 @@ def shared(stages: str):
 
 @pytest.fixture(scope="module")
 def scene():
-    rng = np.random.default_rng(0)
-    images = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in SIZES]
-    prompts = [
-        Prompts(point_coords=rng.uniform(0, 1, (n, 1, 2)) * np.array([w - 1, h - 1]), point_labels=np.ones((n, 1)))
-        for (h, w), n in zip(SIZES, PROMPTS_PER_IMAGE)
-    ]
-    return images, prompts
-
-
-def _run(model, scene) -> dict[str, torch.Tensor]:
-    """Embeddings one image at a time (batches of 1), then predict_batch over all (batches of 2 + 1)."""
-    images, prompts = scene
-    predictor = SamPredictor(model)
-    embeddings = []
-    for image in images:
-        predictor.set_image(image)
-        embeddings.append(predictor.features.float())
-    predictions = predictor.predict_batch(images, prompts)
-    return {
-        "embeddings": torch.cat(embeddings),
-        "low_res_logits": torch.cat([p.low_res_logits.float() for p in predictions]),
-        "iou": torch.cat([p.iou_predictions.float() for p in predictions]),
-    }
+    return random_scene(SIZES, PROMPTS_PER_IMAGE)
 
 
 def _shared(model_cache, stages: str):
@@ -80,19 +62,9 @@ def _shared(model_cache, stages: str):
     return model_cache.entry(MODEL, stages, batch=STATIC_BATCH, compile_mode=COMPILE_MODE, device="cuda")
 
 
-def _run_fp32(model, scene) -> dict[str, torch.Tensor]:
-    """True fp32: TF32 off for matmul and cuDNN, as the golden is made."""
-    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    try:
-        return _run(model, scene)
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
-
-
 @pytest.fixture(scope="module")
 def fp32_outputs(scene, model_cache):
-    return _run_fp32(_shared(model_cache, "fp32").model, scene)
+    return true_fp32_outputs(_shared(model_cache, "fp32").model, scene)
 
 
 def assert_compiled_cleanly(entry) -> None:
@@ -111,7 +83,7 @@ def test_stage_close_to_fp32(stages, scene, fp32_outputs, model_cache):
         raise
     model = entry.model
     with watch() as seen:
-        outputs = _run(model, scene)
+        outputs = stage_outputs(model, scene)
     if "compile" in parse_stages(stages):
         assert_compiled_cleanly(entry)
         seen.assert_clean()  # batches of 1, 2 and 3 images, 3, 7 and 1 prompts: nothing new compiled
@@ -128,7 +100,7 @@ def test_planted_global_block_defect_fails_the_stage_check(scene, fp32_outputs):
     tests/unit/test_reduced_model.py)."""
     model = relpos_bias_scaled_in_global_blocks(samfast.build_sam(MODEL, device="cuda", stages="fp32"), 0.0)
     with pytest.raises(AssertionError, match="exceeds max_logits_rel_l2"):
-        assert_close_to_fp32("fp32", _run_fp32(model, scene), fp32_outputs)
+        assert_close_to_fp32("fp32", true_fp32_outputs(model, scene), fp32_outputs)
 
 
 @shared("nt")
