@@ -5,6 +5,7 @@ from __future__ import annotations
 from parity.tasks.amg.task import AMG
 from parity.tasks.point.task import POINT
 from parity.tasks.task import Task
+from parity.tasks.video.task import VIDEO
 
-TASKS: dict[str, Task] = {task.name: task for task in (POINT, AMG)}
+TASKS: dict[str, Task] = {task.name: task for task in (POINT, AMG, VIDEO)}
 DEFAULT_TASK = POINT.name

@@ -1,0 +1,108 @@
+"""The video check's report: markdown, JSON, JUnit XML and a plot, as the AMG report writes them (the
+HTML page, parity/report/html.py, is the point task's layout and is not written here)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from parity.compare.gates import StageResult
+from parity.report import verdicts
+from parity.report.verdicts import (
+    VERDICT_COLORS,
+    failure_lines,
+    fmt,
+    render_junit,
+    report_payload,
+    stage_verdict,
+    stages_to_show,
+    switch_lines,
+    verdict_line,
+)
+
+REPORT_FILES = ("report.md", "report.json", "junit.xml", "report.png")
+COLUMNS = ("J&F mean", "J&F worst", "J mean", "F mean", "worst drift (J)", "objects lost", "logits rel L2",
+           "object score err", "J&F vs GT (golden)", "s")
+
+
+def remove_reports(folder: Path) -> None:
+    verdicts.remove_reports(folder)
+
+
+def _row(r: StageResult) -> str:
+    if r.error:
+        return f"| {r.stage} | ERROR |" + " - |" * len(COLUMNS)
+    s = r.summary
+    cells = [fmt(s["jf_mean"]), fmt(s["jf_worst"]), fmt(s["j_mean"]), fmt(s["f_mean"]), fmt(s["drift_j_worst"]),
+             f"{s['objects_lost']} of {s['golden_present']}", fmt(s["logits_rel_l2"]), fmt(s["object_score_max_abs_err"]),
+             f"{fmt(s['jf_gt_mean'])} ({fmt(s['jf_gt_mean_golden'])})", fmt(s["seconds"], 1)]
+    return f"| {r.stage} | {stage_verdict(r)} | " + " | ".join(str(c) for c in cells) + " |"
+
+
+def render_markdown(header: dict, results: list[StageResult]) -> str:
+    lines = [
+        f"# video parity report: {header['model_type']} ({header['checkpoint']}) on {header['dataset']}",
+        "",
+        verdict_line(results),
+        "",
+        f"- golden: `{header['golden']}` (made on {header['golden_device']}, torch {header['golden_torch']})",
+        f"- this run: {header['device']}, torch {header['torch']}; input size {header['input_size']}; "
+        f"prompts: {header['prompt_policy']}",
+        f"- masks gated: {'yes' if header['masks_meaningful'] else 'no (seeded synthetic weights: J&F is reported, logits and object scores gate)'}",
+        *([f"- not built for video tracking, not run: {', '.join(header['not_built'])}"] if header.get("not_built") else []),
+        "- J: region IoU; F: DAVIS boundary F (tolerance 0.008 of the diagonal); per object and frame vs the "
+        "golden's mask; drift: mean J of the last quarter of frames minus the first quarter (worst object); "
+        "lost: J < 0.5 where the golden has the object",
+        "",
+        "| stage | verdict | " + " | ".join(COLUMNS) + " |",
+        "|---|---|" + "---|" * len(COLUMNS),
+    ]
+    lines += [_row(r) for r in results]
+    for r in stages_to_show(results):
+        lines += failure_lines(r)
+        if r.error:
+            continue
+        lines += ["", "Worst object-frames:", "", "| clip | object | frame | J | F | J&F vs GT |", "|---|---|---|---|---|---|"]
+        lines += [f"| {w['video_id']} | {w['object_id']} | {w['frame']} | {w['j']:.4f} | {w['f']:.4f} | {w['jf_gt']:.4f} |"
+                  for w in r.worst]
+    lines += ["", "J&F vs golden per object (clip/object: mean over frames):", ""]
+    for r in results:
+        if not r.error:
+            lines.append(f"- **{r.stage}**: " + ", ".join(f"{k} {v:.4f}" for k, v in r.summary["jf_per_object"].items()))
+    lines += ["", "All gates per stage:", ""]
+    for r in results:
+        lines.append(f"- **{r.stage}**: " + ("; ".join(g.describe() for g in r.gates) if not r.error else r.error))
+        lines += switch_lines(r)
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: list[StageResult], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in results if not r.error]
+    names, colors = [r.stage for r in ok], [VERDICT_COLORS[r.verdict] for r in ok]
+    fig, (ax_jf, ax_l) = plt.subplots(1, 2, figsize=(10, 3.5))
+    ax_jf.bar(names, [r.summary["jf_mean"] for r in ok], color=colors)
+    ax_jf.set_title("J&F mean vs golden")
+    ax_jf.set_ylim(0, 1.02)
+    ax_l.bar(names, [r.summary["logits_rel_l2"] for r in ok], color=colors)
+    ax_l.set_yscale("symlog", linthresh=1e-5)
+    ax_l.set_title("logits rel. L2 error vs golden")
+    for ax in (ax_jf, ax_l):
+        ax.tick_params(axis="x", rotation=30)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_reports(folder: Path, header: dict, results: list[StageResult]) -> dict[str, Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = {name: folder / name for name in REPORT_FILES}
+    paths["report.md"].write_text(render_markdown(header, results))
+    paths["report.json"].write_text(json.dumps({"task": "video", **report_payload(header, results)}, indent=2, default=str) + "\n")
+    paths["junit.xml"].write_text(render_junit(results))
+    plot(results, paths["report.png"])
+    return paths

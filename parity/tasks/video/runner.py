@@ -1,0 +1,169 @@
+"""The gate's two jobs for video tracking: make a video golden, check stages against it.
+
+Mirrors parity.tasks.amg.runner and shares its ModelSource. The data is generated clips
+(parity.golden.videos): `--data scenes` names them, as it names the generated images for the other
+tasks. Models run at VideoSpec.input_size (256 by default, parity.tasks.video.track.at_input_size).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+import samfast
+from parity.checks.exercised import watch_switches
+from parity.compare.gates import StageResult, load_thresholds, thresholds_for
+from parity.golden import manifest as golden_io
+from parity.golden.videos import VIDEOS_VERSION, Clip, clip_fingerprint, generate_clips
+from parity.tasks.source import ModelSource, default_device
+from parity.tasks.video import golden as video_golden
+from parity.tasks.video.compare import compare
+from parity.tasks.video.report import remove_reports, write_reports
+from parity.tasks.video.track import PROMPT_POLICY, at_input_size, track_all
+from samfast import InputError, StageError
+from samfast.stages import SWITCHES, canonical_name, parse_stages
+from samfast.video.build import VIDEO_SWITCHES
+
+# switch -> why the video run never reads it (its reports say "not applicable"): objects are tracked
+# one per step, so there is no batch of prompts to nest
+IGNORED_SWITCHES = {"nt": "the tracker decodes one object per step: no batch of prompts to nest"}
+
+
+@dataclass(frozen=True)
+class VideoSpec:
+    """Which clips and at what input size: recorded in the golden, a golden of another spec is refused."""
+
+    videos: int = 1
+    frames: int = 6  # 3 objects x 6 frames = 18 tracking steps, ~20-40 s a stage on 2 shared CPU cores
+    input_size: int = 256
+    data: str = "scenes"
+
+    def clips(self) -> list[Clip]:
+        if self.data != "scenes":
+            raise InputError(f"--task video runs on generated clips only (--data scenes), got --data {self.data!r}")
+        return generate_clips(self.videos, seed=0, frames=self.frames)
+
+    @property
+    def name(self) -> str:
+        return f"videos{self.videos}x{self.frames}"
+
+    def cli_args(self) -> str:
+        return f"--data {self.data} --videos {self.videos} --video-frames {self.frames} --video-input-size {self.input_size}"
+
+
+def golden_folder(source: ModelSource, sha: str, spec: VideoSpec, root: Path | None = None) -> Path:
+    marker = f"{video_golden.MARKER}{spec.input_size}"
+    return (root or golden_io.GOLDEN_ROOT) / golden_io.golden_dir_name(source.model_type, source.dir_id(sha), spec.name, None, marker)
+
+
+def regenerate_command(source: ModelSource, spec: VideoSpec) -> str:
+    return f"python -m parity golden --task video {source.cli_args()} {spec.cli_args()}"
+
+
+def build_predictor(source: ModelSource, stages: str, device: torch.device, input_size: int):
+    predictor = samfast.build_sam_video(source.model_type, source.checkpoint, seed=source.seed, device=device,
+                                        stages=stages)
+    at_input_size(predictor.model, input_size)
+    return predictor
+
+
+def unbuilt(stage: str) -> list[str]:
+    """The stage's switches that video tracking is not built for (samfast/video/build.py)."""
+    return sorted(parse_stages(stage) - VIDEO_SWITCHES, key=SWITCHES.index)
+
+
+def refuse_unbuilt(stages: list[str]) -> None:
+    """Stages asked for by name that build_sam_video refuses: bad input (exit 2), before any work."""
+    refused = {stage: unbuilt(stage) for stage in stages if unbuilt(stage)}
+    if refused:
+        listed = "; ".join(f"{stage} ({', '.join(switches)})" for stage, switches in refused.items())
+        raise StageError(f"--task video: stages not built for video tracking yet (issue 37): {listed}; "
+                         "the video task runs fp32 and fp32+sdpa")
+
+
+def make_golden(source: ModelSource, spec: VideoSpec, *, device=None, root: Path | None = None,
+                build: Callable[[str], object] | None = None) -> Path:
+    device = torch.device(device) if device else default_device()
+    settings = golden_io.fp32_settings()
+    sha = source.sha256()
+    clips = spec.clips()
+    outputs = track_all(lambda: build("fp32") if build else build_predictor(source, "fp32", device, spec.input_size), clips)
+    if not any(o.masks.any() for o in outputs):
+        raise golden_io.UselessGolden("the fp32 tracker found no object on any frame: a golden of it would check nothing")
+    manifest = {
+        "model_type": source.model_type, "checkpoint": source.label, "checkpoint_sha256": sha,
+        "dataset": {"dataset": spec.name, "generator": VIDEOS_VERSION, **asdict(spec)},
+        "dataset_fingerprint": clip_fingerprint(clips), "prompt_policy": PROMPT_POLICY, "input_size": spec.input_size,
+        "samfast_version": samfast.__version__, "torch_version": torch.__version__, "cuda_version": torch.version.cuda,
+        "device": golden_io.device_description(device), "fp32_settings": settings,
+        "masks_meaningful": source.masks_meaningful,
+    }
+    return video_golden.publish(golden_folder(source, sha, spec, root), outputs, manifest)
+
+
+def run_check(
+    source: ModelSource,
+    spec: VideoSpec,
+    stages: list[str],
+    *,
+    device=None,
+    golden: Path | None = None,
+    report_dir: Path = Path("reports/video"),
+    build: Callable[[str], object] | None = None,
+    require_gpu: bool = False,
+    not_built: tuple[str, ...] = (),
+) -> tuple[list[StageResult], dict[str, Path]]:
+    """Check each stage's tracks against the video golden; write report.md/json, junit.xml and a plot.
+    `build(stage)` replaces the predictor (tests plant defects through it); `not_built` names default
+    stages left out because video tracking has no build of them yet (said in the report)."""
+    remove_reports(Path(report_dir))  # first of all: a check that stops on bad input leaves no earlier PASS behind
+    refuse_unbuilt(stages)
+    device = torch.device(device) if device else default_device()
+    sha = source.sha256()
+    folder = Path(golden) if golden else golden_folder(source, sha, spec)
+    regenerate = regenerate_command(source, spec)
+    manifest, golden_outputs = video_golden.read(folder, regenerate)
+    clips = spec.clips()
+    expected = {"model_type": source.model_type, "checkpoint_sha256": sha,
+                "dataset_fingerprint": clip_fingerprint(clips), "prompt_policy": PROMPT_POLICY}
+    golden_io.verify_matches(manifest, expected, folder, regenerate)
+    if manifest.get("input_size") != spec.input_size:
+        raise golden_io.GoldenMismatch(
+            f"golden {folder} was made at input size {manifest.get('input_size')!r}, this run uses {spec.input_size}: "
+            f"comparing them would measure the input size, not the model. Regenerate the golden with:\n  {regenerate}")
+    thresholds = load_thresholds(table="video")
+    results = []
+    for stage in stages:
+        switches = parse_stages(stage)
+        name = canonical_name(switches)
+        try:
+            with watch_switches(switches, IGNORED_SWITCHES) as used:
+                def make():
+                    predictor = build(stage) if build else build_predictor(source, stage, device, spec.input_size)
+                    used.watch(predictor.model)
+                    return predictor
+                outputs = track_all(make, clips)
+        except Exception as err:  # a stage that cannot run here is a failed stage, reported with its reason
+            results.append(StageResult(name, [], {}, error=f"{type(err).__name__}: {err}"))
+            continue
+        result = compare(name, outputs, golden_outputs, clips, thresholds_for(stage, thresholds), source.masks_meaningful)
+        used.record(result, require_gpu)
+        results.append(result)
+    header = {
+        "model_type": source.model_type,
+        "checkpoint": source.label,
+        "dataset": f"{spec.name} ({spec.videos} generated clip(s) of {spec.frames} frames)",
+        "input_size": spec.input_size,
+        "prompt_policy": PROMPT_POLICY,
+        "golden": str(folder),
+        "golden_device": manifest.get("device"),
+        "golden_torch": manifest.get("torch_version"),
+        "device": golden_io.device_description(device),
+        "torch": torch.__version__,
+        "masks_meaningful": source.masks_meaningful,
+        "not_built": list(not_built),
+    }
+    return results, write_reports(Path(report_dir), header, results)
