@@ -10,7 +10,7 @@ fails each defect is what the task gates on seeded weights (parity/tasks/video/c
 score logits (computed from the memory-conditioned features, before the tracker's absent decision) and
 the logits of the kept frames.
 
-Runtime: about 2.5 to 3 minutes on 2 CPU cores shared with other jobs (one golden and five checks of
+Runtime: 127 to 158 s (2.5 min wall with pytest start) on 2 CPU cores shared with other jobs (one golden and five checks of
 12 tracking steps each, ~1 to 2 s a step under that load).
 """
 
@@ -96,7 +96,8 @@ def test_dropped_memory_fails(golden, tmp_path, monkeypatch):
     recent = MemoryBank.recent_memories
     monkeypatch.setattr(MemoryBank, "recent_memories", lambda self, *a, **k: recent(self, *a, **k)[1:])
     result, _ = check_against(golden, tmp_path)
-    assert "object_score_max_abs_err" in failed_gates(result)
+    # measured: object scores 4.8e-2 (48x the limit), logits 4.9e-3 (4.9x), J&F mean 0.957 (reported)
+    assert {"object_score_max_abs_err", "logits_rel_l2"} <= failed_gates(result)
 
 
 def test_zeroed_object_pointers_fail(golden, tmp_path, monkeypatch):
@@ -108,7 +109,8 @@ def test_zeroed_object_pointers_fail(golden, tmp_path, monkeypatch):
 
     monkeypatch.setattr(SAM2Tracking, "_object_pointers", zeroed)
     result, _ = check_against(golden, tmp_path)
-    assert "object_score_max_abs_err" in failed_gates(result)
+    # measured: logits 2.5e-3 (2.5x the limit), object scores 1.1e-3 (1.1x): over 4 frames the pointers weigh little
+    assert "logits_rel_l2" in failed_gates(result)
 
 
 def test_prompts_given_to_another_object_fail(golden, tmp_path, monkeypatch):

@@ -71,7 +71,7 @@ def compare(stage: str, outputs: list[ClipOutputs], golden: list[ClipOutputs], c
     logits = logits_error(np.stack(ours_logits), np.stack(golden_logits))
     jf = np.array([r["jf"] for r in rows])
     present = [r for r in rows if r["golden_present"]]
-    lost = sum(r["j"] < LOST_J for r in present)
+    lost = int(sum(r["j"] < LOST_J for r in present))
     per_object = {}
     for r in rows:
         per_object.setdefault(f"{r['video_id']}/{r['object_id']}", []).append(r["jf"])

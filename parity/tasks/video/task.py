@@ -22,7 +22,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> list[str]:
     defaults = runner.VideoSpec()
     group.add_argument("--videos", type=positive_int, help=f"generated clips (default {defaults.videos})")
     group.add_argument("--video-frames", type=positive_int, help=f"frames per clip (default {defaults.frames})")
-    group.add_argument("--video-input-size", type=positive_int, choices=(256, 512, 1024), metavar="{256,512,1024}",
+    group.add_argument("--video-input-size", type=positive_int, choices=(256, 1024), metavar="{256,1024}",
                        help=f"the model's input size (default {defaults.input_size}: a CPU runs it ~10x faster than 1024)")
     return ["videos", "video_frames", "video_input_size"]
 
