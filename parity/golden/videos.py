@@ -24,7 +24,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from parity.golden.scenes import MIN_VISIBLE_AREA, TEXTURES, _fill_polygon, _integer, _shape, _texture, _uniform, _visible
+from parity.golden.scenes import (
+    MIN_VISIBLE_AREA,
+    TEXTURES,
+    _fill_polygon,
+    _shape,
+    _texture,
+    _uniform,
+    _visible,
+)
 
 VIDEOS_VERSION = "videos-v1"
 ROLES = ("occluded", "occluder", "wanderer")  # drawing order: later ones occlude earlier ones
@@ -86,7 +94,10 @@ def _outline(rng: np.random.Generator, height: int, width: int, radius: float) -
 
 def _paths(rng: np.random.Generator, frames: int, height: int, width: int, short: int) -> list[list[tuple]]:
     """Per role, per frame: (centre (x, y), scale)."""
-    jitter = lambda: _uniform(rng, -0.04, 0.04)  # noqa: E731 (a few percent of the frame per clip)
+
+    def jitter() -> float:  # where a clip's objects run varies by a few percent of the frame
+        return _uniform(rng, -0.04, 0.04)
+
     u = np.linspace(0.0, 1.0, frames)
     row = (0.42 + jitter()) * height
     occluded = [(np.array([(0.35 + 0.15 * s) * width, row]), 1.0) for s in u]

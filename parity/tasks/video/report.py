@@ -46,13 +46,13 @@ def render_markdown(header: dict, results: list[StageResult]) -> str:
         verdict_line(results),
         "",
         f"- golden: `{header['golden']}` (made on {header['golden_device']}, torch {header['golden_torch']})",
-        f"- this run: {header['device']}, torch {header['torch']}; input size {header['input_size']}; "
-        f"prompts: {header['prompt_policy']}",
+        (f"- this run: {header['device']}, torch {header['torch']}; input size {header['input_size']}; "
+         f"prompts: {header['prompt_policy']}"),
         f"- masks gated: {'yes' if header['masks_meaningful'] else 'no (seeded synthetic weights: J&F is reported, logits and object scores gate)'}",
         *([f"- not built for video tracking, not run: {', '.join(header['not_built'])}"] if header.get("not_built") else []),
-        "- J: region IoU; F: DAVIS boundary F (tolerance 0.008 of the diagonal); per object and frame vs the "
-        "golden's mask; drift: mean J of the last quarter of frames minus the first quarter (worst object); "
-        "lost: J < 0.5 where the golden has the object",
+        ("- J: region IoU; F: DAVIS boundary F (tolerance 0.008 of the diagonal); per object and frame vs the "
+         "golden's mask; drift: mean J of the last quarter of frames minus the first quarter (worst object); "
+         "lost: J < 0.5 where the golden has the object"),
         "",
         "| stage | verdict | " + " | ".join(COLUMNS) + " |",
         "|---|---|" + "---|" * len(COLUMNS),

@@ -7,9 +7,9 @@ tasks. Models run at VideoSpec.input_size (256 by default, parity.tasks.video.tr
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -27,6 +27,7 @@ from samfast import InputError, StageError
 from samfast.stages import SWITCHES, canonical_name, parse_stages
 from samfast.video.build import VIDEO_SWITCHES
 
+BUILT_STAGES = ("fp32", "fp32+sdpa")  # every stage of VIDEO_SWITCHES: what a check runs unless told
 # switch -> why the video run never reads it (its reports say "not applicable"): objects are tracked
 # one per step, so there is no batch of prompts to nest
 IGNORED_SWITCHES = {"nt": "the tracker decodes one object per step: no batch of prompts to nest"}
@@ -141,12 +142,12 @@ def run_check(
         name = canonical_name(switches)
         try:
             with watch_switches(switches, IGNORED_SWITCHES) as used:
-                def make():
+                def make(stage=stage):
                     predictor = build(stage) if build else build_predictor(source, stage, device, spec.input_size)
                     used.watch(predictor.model)
                     return predictor
                 outputs = track_all(make, clips)
-        except Exception as err:  # a stage that cannot run here is a failed stage, reported with its reason
+        except Exception as err:  # noqa: BLE001 (a stage that cannot run here is a failed stage, reported with its reason)
             results.append(StageResult(name, [], {}, error=f"{type(err).__name__}: {err}"))
             continue
         result = compare(name, outputs, golden_outputs, clips, thresholds_for(stage, thresholds), source.masks_meaningful)

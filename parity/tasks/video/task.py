@@ -40,9 +40,12 @@ def _make_golden(args, source: ModelSource, dataset: Dataset, device: torch.devi
 def _run_check(args, source: ModelSource, dataset: Dataset, data_args: str, stages: list[str], device: torch.device,
                ranks: Ranks):
     not_built = ()
-    if args.stages is None:  # the device's default stages: run those built for tracking, name the others
+    if args.stages is None:
+        # the device's default stages that tracking has no build of are named in the report; what runs is
+        # every stage built for tracking (on a GPU the defaults are ladder stages, bf16 and up, so fp32+sdpa
+        # would otherwise never run there)
         not_built = tuple(s for s in stages if runner.unbuilt(s))
-        stages = [s for s in stages if not runner.unbuilt(s)]
+        stages = list(runner.BUILT_STAGES)
     return runner.run_check(source, spec(args), stages, device=device, golden=args.golden,
                             report_dir=args.report_dir / "video", require_gpu=args.require_gpu, not_built=not_built)
 
