@@ -10,7 +10,7 @@ from torch.profiler import record_function
 
 from tinysam.configs import VIT_TINY, ModelFamily
 from tinysam.data import BatchSampler, DeviceData
-from tinysam.optimizer import learning_rate, make_optimizer
+from tinysam.optimizer import fade_in_weight, learning_rate, make_optimizer
 from tinysam.validation import ValidationSet, validate
 
 CALIBRATE_STEPS = (10, 30)  # steps between which the speed is measured (after kernel warm-up)
@@ -51,15 +51,20 @@ class TrainingStep:
         self.autocast = training_autocast(model.device)
         self.pixel_stats = family.frame.pixel_stats(model)
         self.encoder, self.decode, self.loss = family.features(model), family.decode, family.loss
+        self.fade_in = family.fade_in
         if compiled:
             self.encoder, self.decode, self.loss = (torch.compile(f) for f in (self.encoder, self.decode, self.loss))
 
-    def __call__(self, data: DeviceData, sampler: BatchSampler) -> tuple[torch.Tensor, dict]:
+    def __call__(self, data: DeviceData, sampler: BatchSampler, fade: float = 1.0) -> tuple[torch.Tensor, dict]:
+        """fade: the weight of the family's fade_in part of the forward this step (1: all of it)."""
         model = self.model
         inputs = data.assemble(sampler.sample(), *self.pixel_stats)
         with self.autocast:
             with record_function("encoder"):
                 features = self.encoder(inputs["images"])
+                if self.fade_in is not None and fade < 1.0:
+                    # Eager, between the compiled graphs: a weight that changes every step recompiles nothing.
+                    features = self.fade_in(features, fade)
             with record_function("decoder"):
                 outputs = self.decode(model, features, inputs)  # (logits, IoU predictions, ...)
         with record_function("loss"):
@@ -94,7 +99,7 @@ def train(model, data: DeviceData, sampler: BatchSampler, heldout: ValidationSet
         lr = learning_rate(step, total, warmup, args.lr)
         for group in train_step.optimizer.param_groups:
             group["lr"] = lr
-        loss, parts = train_step(data, sampler)
+        loss, parts = train_step(data, sampler, fade_in_weight(step, total, args.high_res_fade_in))
         step += 1
         names = [name for name in LOGGED_PARTS if name in parts]
         values = torch.stack([loss.detach(), *(parts[name] for name in names)])

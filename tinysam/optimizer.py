@@ -23,6 +23,11 @@ def _param_groups(model, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": plain, "weight_decay": 0.0}]
 
 
+def fade_in_weight(step: int, total: int, fraction: float) -> float:
+    """0 at step 0, rising linearly to 1 at fraction x total steps, then 1 (1 throughout when fraction is 0)."""
+    return 1.0 if fraction <= 0 else min(1.0, step / (fraction * total))
+
+
 def learning_rate(step: int, total: int, warmup: int, base: float, final_ratio: float = 0.01) -> float:
     """Linear warmup over `warmup` steps, then cosine from base down to base * final_ratio at `total`."""
     if step < warmup:

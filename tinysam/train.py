@@ -74,13 +74,14 @@ def _cpu_count() -> int:
 
 
 # Defaults of the flags that size the run rather than the model (the family's settings add the rest).
-RUN_DEFAULTS = dict(workers=max(1, _cpu_count() - 1), log_every=25, val_every=30.0, val_images=HELDOUT_IMAGES)
+RUN_DEFAULTS = dict(workers=max(1, _cpu_count() - 1), log_every=25, val_every=30.0, val_images=HELDOUT_IMAGES,
+                    high_res_fade_in=0.0)
 SMOKE_DEFAULTS = dict(pool=8, steps=3, compile=False, batch=1, prompts=4, warmup=1, workers=1, log_every=1, val_every=0.0,
                       val_images=1, device="cpu")
 
 
-def _model_flag() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m tinysam.train", description=__doc__.split("\n\n")[0])
+def _model_flag(add_help: bool = True) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m tinysam.train", description=__doc__.split("\n\n")[0], add_help=add_help)
     p.add_argument("--model", choices=list(FAMILIES), default=VIT_TINY.model_type,
                    help=f"the model family to train (default {VIT_TINY.model_type}; see tinysam.configs)")
     return p
@@ -88,7 +89,7 @@ def _model_flag() -> argparse.ArgumentParser:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     # The family decides the defaults of the other flags (and their help), so it is read first.
-    family = FAMILIES[_model_flag().parse_known_args(argv)[0].model]
+    family = FAMILIES[_model_flag(add_help=False).parse_known_args(argv)[0].model]
     full = {**RUN_DEFAULTS, **family.settings}
     smoke = SMOKE_DEFAULTS
     p = _model_flag()
@@ -103,6 +104,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--lr", type=float)
     p.add_argument("--weight-decay", type=float)
     p.add_argument("--warmup", type=int, help=f"warmup steps (default {full['warmup']})")
+    p.add_argument("--high-res-fade-in", type=float,
+                   help="SAM 2: the share of the steps over which the decoder's stride-4/8 inputs are faded in "
+                        f"(tinysam.forward.fade_high_res; default {full['high_res_fade_in']:g})")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction,
                    help="torch.compile the training step (default: on the GPU; see TrainingStep)")
     p.add_argument("--workers", type=int, help="data generation processes (default: CPU count - 1)")
@@ -119,6 +123,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for name, value in defaults.items():
         if getattr(args, name, None) is None:
             setattr(args, name, value)
+    if args.high_res_fade_in and family.fade_in is None:
+        p.error(f"--high-res-fade-in: {family.model_type} has no high-resolution decoder inputs to fade in (SAM 2 has)")
     return args
 
 
@@ -163,7 +169,8 @@ def main(argv: list[str] | None = None) -> dict:
     log(f"model: {family.model_type} from scratch, {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters on "
         f"{torch.cuda.get_device_name(device) + ' (bf16 autocast)' if cuda else 'cpu (fp32)'}"
         f"{', compiled (the first steps compile, about a minute on an H100)' if args.compile else ''}; "
-        f"batch {args.batch} images x {args.prompts} prompts")
+        f"batch {args.batch} images x {args.prompts} prompts"
+        f"{f'; the decoder stride-4/8 inputs faded in over the first {args.high_res_fade_in:.0%} of the steps' if args.high_res_fade_in else ''}")
     sampler = BatchSampler(pool, args.batch, args.prompts, args.seed, group_kinds=family.group_kinds)
     rows, state = train(model, data, sampler, heldout, args, deadline, start, log, family)
     return finish(family, model, heldout, embedded, rows, state, data_info, args, command, start, log)
@@ -218,6 +225,8 @@ def finish(family: ModelFamily, model, heldout: ValidationSet, embedded: Validat
             "init": f"synthetic_state_dict({family.model_type!r}, seed={args.seed}) (seeded random)",
             "optimizer": "AdamW", "lr": args.lr, "betas": [0.9, 0.999], "weight_decay": args.weight_decay,
             "warmup_steps": state["warmup"], "schedule": "linear warmup, cosine to 1% of lr", "grad_clip": 1.0,
+            **({"high_res_fade_in": f"the decoder's stride-4/8 inputs x step / ({args.high_res_fade_in:g} x steps), "
+                                    "up to 1"} if family.fade_in and args.high_res_fade_in > 0 else {}),
             "precision": "bf16 autocast (prompt encoder fp32)" if cuda else "fp32",
             "compiled": args.compile,
             "loss": "min over the 3 multimask outputs of 20 focal (gamma 2, no alpha) + dice, on soft 256x256 "

@@ -22,10 +22,10 @@ from samfast.sam2.transforms import SAM2Transforms
 from samfast.transforms import preprocess_shape
 from tinysam.configs import SAM2_NANO
 from tinysam.data import BatchSampler, DeviceData, build_pool
-from tinysam.forward import decode_sam2_prompts
+from tinysam.forward import decode_sam2_prompts, fade_high_res
 from tinysam.frames import STRETCHED
 from tinysam.loop import TrainingStep, prepare_for_training
-from tinysam.optimizer import make_optimizer
+from tinysam.optimizer import fade_in_weight, make_optimizer
 from tinysam.targets import lowres_target
 from tinysam.train import main
 
@@ -108,6 +108,16 @@ def test_grouped_batches_split_the_kinds_the_same_way_every_step():
     assert len(box_counts) > 1  # without grouping the count varies
     inputs = DeviceData(pool, torch.device("cpu")).assemble(b, *STRETCHED.pixel_stats(build_sam(NANO, device="cpu")))
     assert inputs["num_points"] == 17
+
+
+def test_the_high_res_inputs_fade_in_over_the_first_steps():
+    assert [fade_in_weight(step, 100, 0.4) for step in (0, 20, 40, 99)] == [0.0, 0.5, 1.0, 1.0]
+    assert fade_in_weight(0, 100, 0.0) == 1.0  # no fade: full weight from the start
+    embeddings, high_res = torch.ones(1, 2), [torch.ones(3), torch.ones(4)]
+    faded_embeddings, faded = fade_high_res((embeddings, high_res), 0.25)
+    assert faded_embeddings is embeddings and [level.tolist() for level in faded] == [[0.25] * 3, [0.25] * 4]
+    with pytest.raises(SystemExit):  # vit_tiny has nothing to fade in
+        main(["--high-res-fade-in", "0.5", "--smoke"])
 
 
 @pytest.mark.slow
