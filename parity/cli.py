@@ -235,7 +235,7 @@ def _model_source(args, parser: argparse.ArgumentParser):
             official = f"{args.model}_*.pt" if is_sam2_type(args.model) else f"sam_{args.model}_*.pth"
             parser.error(f"--model {args.model} needs weights: --checkpoint {official} (the official "
                          "file), or --seed N for seeded synthetic weights (their masks mean nothing)")
-        return ModelSource(args.model, resolve_checkpoint(args.checkpoint or "trained"))
+        return ModelSource(args.model, resolve_checkpoint(args.checkpoint or "trained", args.model))
     return ModelSource(args.model, None, args.seed)
 
 

@@ -81,3 +81,11 @@ def test_a_sam2_model_without_weights_names_its_official_file(capsys):
         cli.main(["check", "--model", "sam2.1_hiera_l"])
     assert exit_info.value.code == 2
     assert "--checkpoint sam2.1_hiera_l_*.pt" in capsys.readouterr().err
+
+
+def test_trained_names_the_model_types_own_file(capsys, tmp_path):
+    """--checkpoint trained is the file tinysam trained for --model (not vit_tiny's, which would read as a
+    SAM 1 checkpoint); the nano's is not trained yet, and the error names the command that trains it."""
+    code = cli.main(["check", "--model", MODEL, "--checkpoint", "trained", "--report-dir", str(tmp_path)])
+    assert code == 2
+    assert f"python -m tinysam.train --model {MODEL}" in capsys.readouterr().err
