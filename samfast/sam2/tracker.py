@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from samfast.sam2.position_encoding import get_1d_sine_pe
+from samfast.transfer import to_device
 from samfast.video.memory_bank import NO_OBJ_SCORE, FrameOutput, MemoryBank
 
 # a mask input used as the output becomes logits of -10 / +10 (sigmoid 4.5e-5 / 1 - 4.5e-5)
@@ -304,7 +305,7 @@ class SAM2Tracking:
             # a sine encoding of the distance, normalized by the largest distance
             t_diff_max = max_obj_ptrs_in_encoder - 1
             tpos_dim = C if s.proj_tpos_enc_in_obj_ptrs else self.mem_dim
-            obj_pos = torch.tensor(pos_list).to(device=device, non_blocking=True)
+            obj_pos = to_device(pos_list, torch.int64, device)
             obj_pos = get_1d_sine_pe(obj_pos / t_diff_max, dim=tpos_dim)
             obj_pos = self.obj_ptr_tpos_proj(obj_pos)
             obj_pos = obj_pos.unsqueeze(1).expand(-1, B, self.mem_dim)

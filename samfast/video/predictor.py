@@ -27,6 +27,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from samfast.transfer import to_device
 from samfast.video.frames import VideoSource, load_video_frames
 from samfast.video.memory_bank import NO_OBJ_SCORE, FrameOutput, MemoryBank
 
@@ -226,15 +227,15 @@ class VideoPredictor:
                     "point prompt (please use clear_old_points=True instead)"
                 )
             if not isinstance(box, torch.Tensor):
-                box = torch.tensor(box, dtype=torch.float32, device=points.device)
+                box = to_device(box, torch.float32, points.device)
             box_coords = box.reshape(1, 2, 2)
-            box_labels = torch.tensor([2, 3], dtype=torch.int32, device=labels.device).reshape(1, 2)
+            box_labels = to_device([2, 3], torch.int32, labels.device).reshape(1, 2)
             points = torch.cat([box_coords, points], dim=1)
             labels = torch.cat([box_labels, labels], dim=1)
 
         if normalize_coords:
             video_H, video_W = inference_state.video_height, inference_state.video_width
-            points = points / torch.tensor([video_W, video_H]).to(points.device)
+            points = points / to_device([video_W, video_H], torch.int64, points.device)
         points = points * self.image_size  # to the model's S x S input frame
         points = points.to(inference_state.device)
         labels = labels.to(inference_state.device)
