@@ -23,6 +23,7 @@ pytest.importorskip("sam2", reason="the SAM 2 reference package sam2==1.1.0 is n
 from samfast.sam2.build import build_sam2_model
 from samfast.sam2.config import SAM2_MODEL_TYPES, sam2_config
 from samfast.sam2.sam2_base import build_sam2_modules
+from tests.reference import sam2_reference_config
 
 MODEL_TYPE = "sam2.1_hiera_t"
 
@@ -56,7 +57,8 @@ def test_reference_weights_load_strictly_into_samfast(models):
 
 @pytest.mark.parametrize("model_type", SAM2_MODEL_TYPES)
 def test_state_dict_layout_equals_each_reference_config(model_type, monkeypatch):
-    """Every key and shape of each official config, built on the meta device (no memory, no init)."""
+    """Every key and shape of each config, built on the meta device (no memory, no init): sam2's own config
+    for an official type, its hiera_t config reshaped by hydra overrides for the project's (nano, 5block)."""
     import sam2.build_sam  # noqa: F401  (initializes hydra's config module)
     from hydra import compose
     from hydra.utils import instantiate
@@ -64,8 +66,8 @@ def test_state_dict_layout_equals_each_reference_config(model_type, monkeypatch)
     # Hiera's drop-path schedule calls .item() on a linspace, which the meta device cannot
     linspace = torch.linspace
     monkeypatch.setattr(torch, "linspace", lambda *a, **k: linspace(*a, **{**k, "device": "cpu"}))
-    folder = "sam2.1" if model_type.startswith("sam2.1") else "sam2"
-    cfg = compose(config_name=f"configs/{folder}/{model_type}.yaml")
+    config, overrides = sam2_reference_config(model_type)
+    cfg = compose(config_name=config, overrides=overrides)
     with torch.device("meta"):
         ref = instantiate(cfg.model, _recursive_=True)
         ours = build_sam2_modules(sam2_config(model_type))
