@@ -67,6 +67,15 @@ def failure_lines(result: StageResult) -> list[str]:
     return lines + [f"- {g.describe()} ({g.ratio:.2f}x the limit)" for g in result.failures]
 
 
+def all_gates_lines(results: list[StageResult]) -> list[str]:
+    """The end of every task's report: each stage's gates (or why it could not run) and its switch lines."""
+    lines = ["", "All gates per stage:", ""]
+    for r in results:
+        lines.append(f"- **{r.stage}**: " + ("; ".join(g.describe() for g in r.gates) if not r.error else r.error))
+        lines += switch_lines(r)
+    return lines
+
+
 def switch_lines(result: StageResult) -> list[str]:
     """What the stage's switches did, one line each: the proof that a switch ran, that it did not, or why
     the task does not read it (markdown sub-items of the stage in every task's report)."""

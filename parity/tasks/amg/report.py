@@ -13,13 +13,13 @@ from parity.compare.gates import StageResult
 from parity.report import verdicts
 from parity.report.verdicts import (
     VERDICT_COLORS,
+    all_gates_lines,
     failure_lines,
     fmt,
     render_junit,
     report_payload,
     stage_verdict,
     stages_to_show,
-    switch_lines,
     verdict_line,
 )
 from parity.tasks.amg.matching import MATCH_IOU
@@ -79,10 +79,7 @@ def render_markdown(header: dict, results: list[StageResult]) -> str:
                   f"{w['lost']} | {w['new']} | " + " ".join(f"({g},{s},{iou:.3f})" for g, s, iou in w["pairs"]) + " |"
                   for w in r.worst]
         lines += ["", *(f"![image {image_id}]({picture_name(r.stage, image_id)})" for image_id in r.pictures)]
-    lines += ["", "All gates per stage:", ""]
-    for r in results:
-        lines.append(f"- **{r.stage}**: " + ("; ".join(g.describe() for g in r.gates) if not r.error else r.error))
-        lines += switch_lines(r)
+    lines += all_gates_lines(results)
     return "\n".join(lines) + "\n"
 
 

@@ -11,13 +11,13 @@ from parity.report.html import render_html
 from parity.report.verdicts import (
     REPORT_FILES,
     VERDICT_COLORS,
+    all_gates_lines,
     failure_lines,
     fmt,
     render_junit,
     report_payload,
     stage_verdict,
     stages_to_show,
-    switch_lines,
     verdict_line,
 )
 
@@ -58,10 +58,7 @@ def render_markdown(header: dict, results: list[StageResult]) -> str:
             f"| {w['ann_id']} | {w['image_id']} | {w['iou_vs_golden']:.4f} | {w['best']} / {w['golden_best']}{' (near tie)' if w['near_tie'] else ''} | {w['score_abs_err']:.4f} |"
             for w in r.worst
         ]
-    lines += ["", "All gates per stage:", ""]
-    for r in results:
-        lines.append(f"- **{r.stage}**: " + ("; ".join(g.describe() for g in r.gates) if not r.error else r.error))
-        lines += switch_lines(r)
+    lines += all_gates_lines(results)
     return "\n".join(lines) + "\n"
 
 

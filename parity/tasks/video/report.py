@@ -10,13 +10,13 @@ from parity.compare.gates import StageResult
 from parity.report import verdicts
 from parity.report.verdicts import (
     VERDICT_COLORS,
+    all_gates_lines,
     failure_lines,
     fmt,
     render_junit,
     report_payload,
     stage_verdict,
     stages_to_show,
-    switch_lines,
     verdict_line,
 )
 
@@ -69,10 +69,7 @@ def render_markdown(header: dict, results: list[StageResult]) -> str:
     for r in results:
         if not r.error:
             lines.append(f"- **{r.stage}**: " + ", ".join(f"{k} {v:.4f}" for k, v in r.summary["jf_per_object"].items()))
-    lines += ["", "All gates per stage:", ""]
-    for r in results:
-        lines.append(f"- **{r.stage}**: " + ("; ".join(g.describe() for g in r.gates) if not r.error else r.error))
-        lines += switch_lines(r)
+    lines += all_gates_lines(results)
     return "\n".join(lines) + "\n"
 
 
