@@ -12,6 +12,8 @@ settings below. A tracker of the same design with another backbone (SAM 3's) mix
 
 Each step reads one object's memory from a MemoryBank (samfast.video.memory_bank): the conditioning
 frames (those with prompts), the last num_maskmem - 1 tracked frames, and up to 16 object pointers.
+Objects whose steps read the same frames in the same roles (memory_selection_key) take one step as a
+batch, reading their banks through a StackedMemoryBanks.
 What is fixed in every SAM 2 config (object pointers through a 3-layer MLP, an object-score head
 whose "absent" replaces the pointer by no_obj_ptr and the mask by NO_OBJ_SCORE, the mask input used
 as the output on frames given a mask, high-resolution features in the decoder, no_mem_embed added
@@ -217,12 +219,10 @@ class SAM2Tracking:
             return pix_feat_with_mem.permute(1, 2, 0).view(B, C, H, W)
 
         device = current_vision_feats[-1].device
-        selected_cond, unselected_cond = output_dict.select_cond_frames(frame_idx, self.tracking.max_cond_frames_in_attn)
-        memory, memory_pos = self._spatial_memories(
-            output_dict, frame_idx, selected_cond, unselected_cond, track_in_reverse, device
-        )
+        selected_cond, memories, pointers = self._memory_reads(output_dict, frame_idx, num_frames, track_in_reverse)
+        memory, memory_pos = self._spatial_memories(selected_cond, memories, device)
         obj_ptrs, obj_pos = self._object_pointers(
-            output_dict, frame_idx, selected_cond, unselected_cond, num_frames, track_in_reverse, B, device
+            frame_idx, selected_cond, pointers, num_frames, track_in_reverse, B, device
         )
         num_obj_ptr_tokens = 0
         if obj_ptrs is not None:
@@ -239,20 +239,42 @@ class SAM2Tracking:
         )
         return pix_feat_with_mem.permute(1, 2, 0).view(B, C, H, W)
 
+    def _memory_reads(
+        self, output_dict: MemoryBank, frame_idx: int, num_frames: int, track_in_reverse: bool
+    ) -> tuple[dict[int, FrameOutput], list[tuple[int, FrameOutput]], list[tuple[int, FrameOutput]]]:
+        """What the step on frame_idx reads from the bank: the selected conditioning frames
+        {frame: output}, the recent memories [(temporal position, output)] and the recent
+        pointers [(distance, output)]."""
+        s = self.tracking
+        selected_cond, unselected_cond = output_dict.select_cond_frames(frame_idx, s.max_cond_frames_in_attn)
+        stride = 1 if self.training else s.memory_temporal_stride_for_eval
+        memories = output_dict.recent_memories(frame_idx, self.num_maskmem, stride, track_in_reverse, unselected_cond)
+        pointers = output_dict.recent_pointers(
+            frame_idx, min(num_frames, s.max_obj_ptrs_in_encoder), num_frames, track_in_reverse, unselected_cond
+        )
+        return selected_cond, memories, pointers
+
+    def memory_selection_key(
+        self, output_dict: MemoryBank, frame_idx: int, num_frames: int, track_in_reverse: bool
+    ) -> tuple:
+        """Which of the bank's frames a step on frame_idx (one that is not an initial conditioning
+        frame) reads, and in which roles: the selected conditioning frames, the recent memories'
+        temporal positions and the recent pointers' distances (a position or a distance names its
+        frame). Objects whose keys are equal can take the step as one batch, their memories
+        stacked (samfast.video.memory_bank.StackedMemoryBanks)."""
+        selected_cond, memories, pointers = self._memory_reads(output_dict, frame_idx, num_frames, track_in_reverse)
+        return tuple(selected_cond), tuple(t_pos for t_pos, _ in memories), tuple(t_diff for t_diff, _ in pointers)
+
     def _spatial_memories(
-        self, output_dict: MemoryBank, frame_idx, selected_cond, unselected_cond, track_in_reverse, device
+        self,
+        selected_cond: dict[int, FrameOutput],
+        memories: list[tuple[int, FrameOutput]],
+        device: torch.device,
     ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """The memory tokens (HW, B, 64) of the conditioning frames (temporal position 0) and of
         the recent tracked frames (1 the oldest .. num_maskmem - 1 the previous frame), with
         their spatial plus temporal encodings."""
-        t_pos_and_prevs = [(0, out) for out in selected_cond.values()]
-        t_pos_and_prevs += output_dict.recent_memories(
-            frame_idx,
-            self.num_maskmem,
-            1 if self.training else self.tracking.memory_temporal_stride_for_eval,
-            track_in_reverse,
-            unselected_cond,
-        )
+        t_pos_and_prevs = [(0, out) for out in selected_cond.values()] + memories
         memory, memory_pos = [], []
         dtype = self.maskmem_tpos_enc.dtype
         for t_pos, prev in t_pos_and_prevs:
@@ -270,7 +292,14 @@ class SAM2Tracking:
         return memory, memory_pos
 
     def _object_pointers(
-        self, output_dict: MemoryBank, frame_idx, selected_cond, unselected_cond, num_frames, track_in_reverse, B, device
+        self,
+        frame_idx: int,
+        selected_cond: dict[int, FrameOutput],
+        pointers: list[tuple[int, FrameOutput]],
+        num_frames: int,
+        track_in_reverse: bool,
+        B: int,
+        device: torch.device,
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """The object pointers of the conditioning frames (in the past only, in eval) and of up to
         15 recent frames, as (4 * P, B, 64) tokens (each 256-wide pointer split in four) with
@@ -290,12 +319,7 @@ class SAM2Tracking:
             ((frame_idx - t) * tpos_sign_mul if s.use_signed_tpos_enc_to_obj_ptrs else abs(frame_idx - t), out.obj_ptr)
             for t, out in ptr_cond_outputs.items()
         ]
-        pos_and_ptrs += [
-            (t_diff, out.obj_ptr)
-            for t_diff, out in output_dict.recent_pointers(
-                frame_idx, max_obj_ptrs_in_encoder, num_frames, track_in_reverse, unselected_cond
-            )
-        ]
+        pos_and_ptrs += [(t_diff, out.obj_ptr) for t_diff, out in pointers]
         if not pos_and_ptrs:
             return None, None
 

@@ -5,6 +5,8 @@ always in memory) and "non_cond_frame_outputs" (frames tracked from memory). Mem
 two dicts under the same names, plus the selection rules sam2's _prepare_memory_conditioned_features
 applies to them (which conditioning frames, which recent memories, which object pointers). The
 tracker reads memory only through select_cond_frames, recent_memories and recent_pointers.
+StackedMemoryBanks offers the same three readers over several objects' banks, so that objects whose
+steps read the same frames in the same roles take one batched step.
 
 Like sam2's, the bank grows by one entry per tracked frame and never evicts: the predictor also
 looks up a frame's earlier output in it (correction clicks, consolidating objects). The place to
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -41,6 +44,22 @@ class FrameOutput:
     pred_masks_high_res: torch.Tensor | None = None  # (B, 1, 1024, 1024)
     point_inputs: dict | None = None
     mask_inputs: torch.Tensor | None = None
+
+    def split(self) -> list[FrameOutput]:
+        """A compact output of a batch of objects as one output per object (views of its tensors)."""
+        batch_size = self.pred_masks.size(0)
+        if batch_size == 1:
+            return [self]
+        return [
+            FrameOutput(
+                pred_masks=self.pred_masks[i : i + 1],
+                obj_ptr=self.obj_ptr[i : i + 1],
+                object_score_logits=self.object_score_logits[i : i + 1],
+                maskmem_features=None if self.maskmem_features is None else self.maskmem_features[i : i + 1],
+                maskmem_pos_enc=None if self.maskmem_pos_enc is None else [x[i : i + 1] for x in self.maskmem_pos_enc],
+            )
+            for i in range(batch_size)
+        ]
 
 
 class MemoryBank:
@@ -140,3 +159,83 @@ class MemoryBank:
             if out is not None:
                 pointers.append((t_diff, out))
         return pointers
+
+
+class StackedFrameOutput:
+    """Several objects' outputs on one frame as one batch (dim 0), for the tracker: what it reads
+    (the memory, its positional encoding, the object pointer) is stacked when first read, so a
+    frame read only for its pointer stacks only the pointers."""
+
+    def __init__(self, outputs: list[FrameOutput]) -> None:
+        self.outputs = outputs
+
+    @cached_property
+    def obj_ptr(self) -> torch.Tensor:
+        return torch.cat([out.obj_ptr for out in self.outputs])
+
+    @cached_property
+    def maskmem_features(self) -> torch.Tensor:
+        return torch.cat([out.maskmem_features for out in self.outputs])
+
+    @cached_property
+    def maskmem_pos_enc(self) -> list[torch.Tensor]:
+        return [torch.cat(levels) for levels in zip(*(out.maskmem_pos_enc for out in self.outputs))]
+
+
+class StackedMemoryBanks:
+    """Several objects' banks read by the tracker as one batch: each reader asks every bank and
+    stacks the outputs they pick. The banks must pick the same frames in the same roles on the
+    frame (equal memory_selection_key, how the predictor groups objects); otherwise an error.
+
+    select_cond_frames returns each bank's own unselected conditioning frames (a list, one per
+    bank), which the tracker only hands back to recent_memories and recent_pointers.
+    """
+
+    def __init__(self, banks: list[MemoryBank]) -> None:
+        self.banks = banks
+
+    def select_cond_frames(
+        self, frame_idx: int, max_cond_frame_num: int
+    ) -> tuple[dict[int, StackedFrameOutput], list[dict[int, FrameOutput]]]:
+        picks = [bank.select_cond_frames(frame_idx, max_cond_frame_num) for bank in self.banks]
+        selected = _stack_pairs([list(selected.items()) for selected, _ in picks])
+        return dict(selected), [unselected for _, unselected in picks]
+
+    def recent_memories(
+        self,
+        frame_idx: int,
+        num_maskmem: int,
+        stride: int,
+        track_in_reverse: bool,
+        unselected_cond: list[dict[int, FrameOutput]],
+    ) -> list[tuple[int, StackedFrameOutput]]:
+        return _stack_pairs(
+            [
+                bank.recent_memories(frame_idx, num_maskmem, stride, track_in_reverse, unselected)
+                for bank, unselected in zip(self.banks, unselected_cond)
+            ]
+        )
+
+    def recent_pointers(
+        self,
+        frame_idx: int,
+        max_obj_ptrs: int,
+        num_frames: int,
+        track_in_reverse: bool,
+        unselected_cond: list[dict[int, FrameOutput]],
+    ) -> list[tuple[int, StackedFrameOutput]]:
+        return _stack_pairs(
+            [
+                bank.recent_pointers(frame_idx, max_obj_ptrs, num_frames, track_in_reverse, unselected)
+                for bank, unselected in zip(self.banks, unselected_cond)
+            ]
+        )
+
+
+def _stack_pairs(picks_per_bank: list[list[tuple[int, FrameOutput]]]) -> list[tuple[int, StackedFrameOutput]]:
+    """Every bank's (key, output) picks (key: a frame, a temporal position or a distance) as one
+    list of (key, stacked output)."""
+    keys = [key for key, _ in picks_per_bank[0]]
+    if any([key for key, _ in picks] != keys for picks in picks_per_bank[1:]):
+        raise ValueError("the stacked banks pick different memories: group objects by memory_selection_key")
+    return [(key, StackedFrameOutput([picks[i][1] for picks in picks_per_bank])) for i, key in enumerate(keys)]

@@ -9,12 +9,18 @@ what the tracker mixin (samfast.sam2.tracker) offers:
 
     image_size, device, num_maskmem, tracking (its memory_temporal_stride_for_eval),
     forward_image(images) -> backbone_out, _prepare_backbone_features(backbone_out),
-    track_step(...) -> FrameOutput, _encode_new_memory(...), _apply_non_overlapping_constraints(masks)
+    track_step(...) -> FrameOutput, memory_selection_key(...), _encode_new_memory(...),
+    _apply_non_overlapping_constraints(masks)
 
 How it runs, as in sam2: a prompt runs the tracking step on its frame for its object only, without
 encoding the frame's memory, and keeps the result as pending; propagate_in_video first encodes the
-pending results into memory, then tracks each object frame by frame from its memory bank. Objects
-are tracked one at a time (a batch of one), each frame's image features computed once for all.
+pending results into memory, then tracks each object frame by frame from its memory bank. Each
+frame's image features are computed once for all objects. Unlike sam2 (one object at a time), the
+objects whose steps on a frame read the same memory selection (the same conditioning frames, recent
+memories and pointers: objects prompted on the same frames and tracked together) take one step as a
+batch, the frame's features expanded to it and their memories stacked, and each object's output goes
+back to its own bank; objects with other selections form their own batches. The batch changes only
+the float rounding of the batched matmuls (tests/unit/test_sam2_video.py says how much).
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import torch.nn.functional as F
 
 from samfast.transfer import to_device
 from samfast.video.frames import VideoSource, load_video_frames
-from samfast.video.memory_bank import NO_OBJ_SCORE, FrameOutput, MemoryBank
+from samfast.video.memory_bank import NO_OBJ_SCORE, FrameOutput, MemoryBank, StackedMemoryBanks
 
 
 @dataclass
@@ -444,32 +450,66 @@ class VideoPredictor:
             processing_order = range(start_frame_idx, end_frame_idx + 1)
 
         for frame_idx in processing_order:
-            pred_masks_per_obj = []
+            pred_masks_per_obj = [None] * self._get_obj_num(inference_state)
+            to_track = []
             for obj_idx, obj in enumerate(inference_state.objects):
                 if frame_idx in obj.memory.cond_frame_outputs:
                     # a prompted frame: its result is already there (prompts differ per object,
                     # so these are not rerun)
-                    current_out = obj.memory.cond_frame_outputs[frame_idx]
-                    pred_masks = current_out.pred_masks.to(inference_state.device, non_blocking=True)
+                    pred_masks = obj.memory.cond_frame_outputs[frame_idx].pred_masks
+                    pred_masks_per_obj[obj_idx] = pred_masks.to(inference_state.device, non_blocking=True)
                     if self.clear_non_cond_mem_around_input:
                         self._clear_obj_non_cond_mem_around_input(inference_state, frame_idx, obj_idx)
                 else:
-                    current_out, pred_masks = self._run_single_frame_inference(
-                        inference_state=inference_state,
-                        output_dict=obj.memory,
-                        frame_idx=frame_idx,
-                        batch_size=1,
-                        is_init_cond_frame=False,
-                        point_inputs=None,
-                        mask_inputs=None,
-                        reverse=reverse,
-                        run_mem_encoder=True,
-                    )
-                    obj.memory.non_cond_frame_outputs[frame_idx] = current_out
+                    to_track.append(obj_idx)
+            for group in self._group_by_memory_selection(inference_state, to_track, frame_idx, reverse):
+                pred_masks = self._track_group(inference_state, group, frame_idx, reverse)
+                for i, obj_idx in enumerate(group):
+                    pred_masks_per_obj[obj_idx] = pred_masks[i : i + 1]
+            for obj in inference_state.objects:
                 obj.frames_tracked[frame_idx] = {"reverse": reverse}
-                pred_masks_per_obj.append(pred_masks)
             all_pred_masks = torch.cat(pred_masks_per_obj, dim=0) if len(pred_masks_per_obj) > 1 else pred_masks_per_obj[0]
             yield frame_idx, obj_ids, self._get_orig_video_res_output(inference_state, all_pred_masks)
+
+    def _group_by_memory_selection(
+        self, inference_state: InferenceState, obj_indices: list[int], frame_idx: int, reverse: bool
+    ) -> list[list[int]]:
+        """The objects to track on a frame, grouped by what their step reads from memory
+        (memory_selection_key): a group takes one batched step. Objects prompted on the same
+        frames and tracked together, the common case, form one group."""
+        if self.model.tracking.non_overlap_masks_for_mem_enc:
+            # sam2 encodes each object's memory alone, where this constraint across objects is a
+            # no-op; in a batch it would act across the group
+            return [[obj_idx] for obj_idx in obj_indices]
+        groups: dict[tuple, list[int]] = {}
+        for obj_idx in obj_indices:
+            key = self.model.memory_selection_key(
+                inference_state.objects[obj_idx].memory, frame_idx, inference_state.num_frames, reverse
+            )
+            groups.setdefault(key, []).append(obj_idx)
+        return list(groups.values())
+
+    def _track_group(
+        self, inference_state: InferenceState, obj_indices: list[int], frame_idx: int, reverse: bool
+    ) -> torch.Tensor:
+        """One tracking step on a frame for a group of objects whose memory selections are equal:
+        the frame's features expanded to the group, the objects' memories stacked; each object's
+        output goes to its own bank. The group's (N, 1, h, w) low-res logits."""
+        banks = [inference_state.objects[obj_idx].memory for obj_idx in obj_indices]
+        current_out, pred_masks = self._run_single_frame_inference(
+            inference_state=inference_state,
+            output_dict=banks[0] if len(banks) == 1 else StackedMemoryBanks(banks),
+            frame_idx=frame_idx,
+            batch_size=len(banks),
+            is_init_cond_frame=False,
+            point_inputs=None,
+            mask_inputs=None,
+            reverse=reverse,
+            run_mem_encoder=True,
+        )
+        for bank, out in zip(banks, current_out.split()):
+            bank.non_cond_frame_outputs[frame_idx] = out
+        return pred_masks
 
     # --- removing prompts and objects
 
@@ -571,7 +611,7 @@ class VideoPredictor:
     def _run_single_frame_inference(
         self,
         inference_state: InferenceState,
-        output_dict: MemoryBank,
+        output_dict: MemoryBank | StackedMemoryBanks,
         frame_idx: int,
         batch_size: int,
         is_init_cond_frame: bool,

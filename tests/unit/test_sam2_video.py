@@ -5,10 +5,14 @@ from the hiera_t config with hydra overrides of the trunk to nano's shape. Same 
 clip of 6 frames (240 x 320, two shapes moving) written as JPEG frames, the folder sam2 reads.
 Each test runs the same calls on both predictors (a click, two objects with a box, an object added
 after propagation started, correction clicks on a later frame, reverse propagation, remove_object,
-reset_state, add_new_mask, objects the model finds absent) and compares everything they return:
-frame indices, object ids and every object's video-resolution logits on every frame (max abs diff,
-and the masks logits > 0); then each object's memory bank (low-res logits, object pointers, object
-scores and bf16 memories of every frame).
+reset_state, add_new_mask, objects the model finds absent, objects tracked as one batch) and
+compares everything they return: frame indices, object ids and every object's video-resolution
+logits on every frame (max abs diff, and the masks logits > 0); then each object's memory bank
+(low-res logits, object pointers, object scores and bf16 memories of every frame).
+
+Batches: samfast tracks the objects whose memory selections agree on a frame in one tracking step
+(sam2: one step per object). The tests with several objects check the steps taken (frame, batch)
+through a wrapped track_step, so a silent fall-back to one step per object fails them.
 
 Input size: the scenario tests run both models on 256 x 256 inputs instead of 1024 (sam2's
 ++model.image_size=256; samfast's prompt encoder given the same sizes). Every operation is the
@@ -16,11 +20,16 @@ same, on a 16 x 16 feature map instead of 64 x 64, so memory attention costs 1/2
 step about 0.5 s on a 2-core CPU instead of 6 s. test_hiera_t_full_size runs hiera_t at 1024 on
 two frames; test_sam2_0_hiera_t runs SAM 2.0's object-pointer path.
 
-Measured (CPU, torch 2.14.1, sam2 1.1.0): max abs diff 0.0 in every comparison of every test
-(the predictor runs sam2's operations in sam2's order, the modules are sam2's bits already), so
-the asserts are exact; a change that reorders the arithmetic must loosen them with a measured
-tolerance. File runtime 4 to 6 minutes on 2 CPU cores shared with other jobs (hiera_t at 1024
-about a quarter of it).
+Measured (CPU, torch 2.14.1, sam2 1.1.0): max abs diff 0.0 in every comparison of every session
+that tracks one object at a time (the predictor runs sam2's operations in sam2's order, the
+modules are sam2's bits already), so those asserts are exact. Sessions that track objects in one
+batch differ by the batched matmuls' rounding, carried from frame to frame through the memories
+(bf16: one rounding step there, 2^-8 of the value, feeds the next frames): largest over the tests
+3.2e-4 in the logits (magnitudes up to 5; reverse propagation of three objects over six frames),
+3.2e-5 in the object pointers, 9.9e-6 in the object scores, in the memories one bf16 step (0.0625
+at values up to 14.6) plus at most 2.5e-3; bounds in BATCHED_TOLERANCE. A change that reorders
+the arithmetic of the exact sessions must loosen them with a measured tolerance. File runtime
+4 to 6 minutes on 2 CPU cores shared with other jobs (hiera_t at 1024 about a quarter of it).
 """
 
 from __future__ import annotations
@@ -41,6 +50,7 @@ from samfast.sam2 import SAM2VideoPredictor, build_sam2_video_predictor
 from samfast.sam2.build import build_sam2_model
 from samfast.sam2.video_predictor import apply_video_postprocessing
 from samfast.video import VideoPredictor
+from samfast.video.memory_bank import FrameOutput, MemoryBank, StackedMemoryBanks
 
 NUM_FRAMES, HEIGHT, WIDTH = 6, 240, 320
 SMALL_INPUT = 256
@@ -109,18 +119,45 @@ def predictors():
     return build_pair(HIERA_T_CONFIG, "sam2.1_hiera_nano", NANO_OVERRIDES, SMALL_INPUT)
 
 
+# Objects tracked together take one batched step in samfast and one step each in sam2: the batched
+# matmuls round differently, so those sessions compare within these (atol, rtol) bounds, about 3x
+# the largest differences measured on this file's tests (module docstring). The memories are bf16:
+# an fp32 difference can move one across a bf16 rounding boundary, one bf16 step (at most 2^-7 of
+# the value), and near 0 the fp32 difference shows. A session tracking one object at a time stays exact.
+BATCHED_TOLERANCE = {
+    "logits": (1e-3, 0.0),
+    "pred_masks": (1e-3, 0.0),
+    "obj_ptr": (1e-4, 0.0),
+    "object_score_logits": (5e-5, 0.0),
+    "maskmem_features": (1e-2, 2**-7),
+}
+EXACT = dict.fromkeys(BATCHED_TOLERANCE, (0.0, 0.0))
+
+
 class Session:
     """The same calls on samfast's and sam2's predictors, each with its own state of one video;
-    every output compared exactly."""
+    every output compared exactly, or within BATCHED_TOLERANCE with batched=True (the largest
+    absolute difference of each quantity kept in max_diffs)."""
 
-    def __init__(self, predictors, video) -> None:
+    def __init__(self, predictors, video, batched: bool = False) -> None:
         self.ours, self.ref = predictors
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # sam2's tqdm and fill-hole warnings
             self.ours_state = self.ours.init_state(video)
             self.ref_state = self.ref.init_state(str(video))
-        self.max_diff = 0.0
+        self.tolerance = BATCHED_TOLERANCE if batched else EXACT
+        self.max_diffs = dict.fromkeys(self.tolerance, 0.0)
         self.frames_compared = 0
+
+    @property
+    def max_diff(self) -> float:
+        """The largest logits difference of any returned frame."""
+        return self.max_diffs["logits"]
+
+    def assert_close(self, key: str, ours: torch.Tensor, ref: torch.Tensor, msg: str = "") -> None:
+        self.max_diffs[key] = max(self.max_diffs[key], (ours.float() - ref.float()).abs().max().item())
+        atol, rtol = self.tolerance[key]
+        torch.testing.assert_close(ours, ref, rtol=rtol, atol=atol, msg=lambda detail: f"{key} {msg}: {detail}")
 
     def _call(self, method: str, *args, **kwargs):
         with warnings.catch_warnings():
@@ -150,9 +187,11 @@ class Session:
         (frame_o, ids_o, masks_o), (frame_r, ids_r, masks_r) = ours, ref
         assert frame_o == frame_r and list(ids_o) == list(ids_r)
         assert masks_o.shape == masks_r.shape == (len(ids_r), 1, HEIGHT, WIDTH) and masks_o.dtype == masks_r.dtype
-        self.max_diff = max(self.max_diff, (masks_o - masks_r).abs().max().item())
-        assert torch.equal(masks_o > 0, masks_r > 0)
-        torch.testing.assert_close(masks_o, masks_r, rtol=0, atol=0)
+        # the masks agree, but where a batched step's rounding moves a logit across 0
+        flipped = (masks_o > 0) != (masks_r > 0)
+        near_zero = masks_r[flipped].abs() <= self.tolerance["logits"][0]
+        assert near_zero.all(), f"frame {frame_o}: {int(flipped.sum())} pixels on the other side of 0"
+        self.assert_close("logits", masks_o, masks_r, f"frame {frame_o}")
         self.frames_compared += 1
 
     def assert_same_memory(self) -> None:
@@ -168,7 +207,7 @@ class Session:
                     for key in ("pred_masks", "obj_ptr", "object_score_logits", "maskmem_features"):
                         ours_value, ref_value = getattr(out, key), ref_out[key]
                         assert ours_value.dtype == ref_value.dtype, key
-                        torch.testing.assert_close(ours_value, ref_value, rtol=0, atol=0, msg=f"{key} frame {t}")
+                        self.assert_close(key, ours_value, ref_value, f"object {obj.obj_id} frame {t}")
             assert obj.frames_tracked == self.ref_state["frames_tracked_per_obj"][obj_idx]
 
     def object_scores(self) -> list[float]:
@@ -211,14 +250,13 @@ def test_one_object_by_click(predictors, clip_dir):
 
 def test_two_objects_click_and_box(predictors, clip_dir):
     """Object 2 by a box plus a background click (box corners first, labels 2 and 3)."""
-    session = Session(predictors, clip_dir)
+    session = Session(predictors, clip_dir, batched=True)
     session.prompt("add_new_points_or_box", frame_idx=0, obj_id=1, points=[[80, 100], [90, 110]], labels=[1, 1])
     masks = session.prompt(
         "add_new_points_or_box", frame_idx=0, obj_id=2, box=[200, 150, 280, 210], points=[[100, 30]], labels=[0]
     )
     assert masks.shape[0] == 2
     session.propagate()
-    assert session.max_diff == 0.0
 
 
 def test_box_prompt_normalized_coords(predictors, clip_dir):
@@ -272,7 +310,7 @@ def test_reverse_propagation(predictors, clip_dir):
 
 
 def test_remove_object(predictors, clip_dir):
-    session = Session(predictors, clip_dir)
+    session = Session(predictors, clip_dir, batched=True)
     session.prompt("add_new_points_or_box", frame_idx=0, obj_id=1, points=[[80, 100]], labels=[1])
     session.prompt("add_new_points_or_box", frame_idx=0, obj_id=2, points=[[240, 180]], labels=[1])
     session.prompt("add_new_points_or_box", frame_idx=0, obj_id=3, box=[150, 20, 310, 120])
@@ -289,7 +327,95 @@ def test_remove_object(predictors, clip_dir):
     with pytest.raises(RuntimeError, match="Cannot remove object id 99"):
         session.ours.remove_object(session.ours_state, 99, strict=True)
     session.propagate(start_frame_idx=2, max_frame_num_to_track=1)
-    assert session.max_diff == 0.0
+
+
+def record_batched_steps(model, monkeypatch) -> list[tuple[int, int, int]]:
+    """(frame, track_step batch, memory encoder batch) of every tracking step the model takes
+    from now on (the memory encoder's 0: a step that encodes no memory)."""
+    steps = []
+    track_step, encode = model.track_step, model._encode_new_memory
+    encoded = []
+
+    def counted_encode(*args, **kwargs):
+        encoded.append(kwargs["current_vision_feats"][-1].size(1))
+        return encode(*args, **kwargs)
+
+    def counted_step(*args, **kwargs):
+        encoded.clear()
+        out = track_step(*args, **kwargs)
+        steps.append((kwargs["frame_idx"], kwargs["current_vision_feats"][-1].size(1), sum(encoded)))
+        return out
+
+    monkeypatch.setattr(model, "_encode_new_memory", counted_encode)
+    monkeypatch.setattr(model, "track_step", counted_step)
+    return steps
+
+
+def test_objects_prompted_together_take_one_step_per_frame(predictors, clip_dir, monkeypatch):
+    """Four objects prompted on frame 0 (clicks, a box, a mask): every later frame is one tracking
+    step and one memory encoding for all four, and each object's masks and memories are sam2's."""
+    session = Session(predictors, clip_dir, batched=True)
+    session.prompt("add_new_points_or_box", frame_idx=0, obj_id=1, points=[[80, 100]], labels=[1])
+    session.prompt("add_new_points_or_box", frame_idx=0, obj_id=2, box=[200, 150, 280, 210])
+    session.prompt("add_new_points_or_box", frame_idx=0, obj_id=3, points=[[300, 20], [160, 60]], labels=[1, 0])
+    y, x = np.mgrid[:HEIGHT, :WIDTH]
+    session.prompt("add_new_mask", frame_idx=0, obj_id=4, mask=(y < 60) & (x < 100))
+    steps = record_batched_steps(session.ours.model, monkeypatch)
+    session.propagate()
+    assert steps == [(t, 4, 4) for t in range(1, NUM_FRAMES)]
+
+
+def test_objects_prompted_on_different_frames_form_groups(predictors, clip_dir, monkeypatch):
+    """Objects 1 and 2 prompted on frame 0 and tracked to frame 2, object 3 first prompted on
+    frame 2: from there objects 1 and 2 (conditioned on frame 0) take one step per frame and
+    object 3 (conditioned on frame 2) its own; backwards from frame 2 too, where frame 0 is
+    prompted for objects 1 and 2 and tracked for object 3 alone."""
+    session = Session(predictors, clip_dir, batched=True)
+    session.prompt("add_new_points_or_box", frame_idx=0, obj_id=1, points=[[80, 100]], labels=[1])
+    session.prompt("add_new_points_or_box", frame_idx=0, obj_id=2, box=[200, 150, 280, 210])
+    steps = record_batched_steps(session.ours.model, monkeypatch)
+    session.propagate(max_frame_num_to_track=2)
+    assert steps == [(1, 2, 2), (2, 2, 2)]
+    steps.clear()
+    session.prompt("add_new_points_or_box", frame_idx=2, obj_id=3, points=[[300, 20]], labels=[1])
+    steps.clear()  # the prompt's own step
+    session.propagate(start_frame_idx=2)
+    # frame 2: objects 1 and 2 tracked again together, object 3 prompted there
+    assert steps == [(2, 2, 2)] + [(t, n, n) for t in range(3, NUM_FRAMES) for n in (2, 1)]
+    steps.clear()
+    session.propagate(start_frame_idx=2, reverse=True)
+    assert steps == [(2, 2, 2), (1, 2, 2), (1, 1, 1), (0, 1, 1)]
+
+
+def test_reverse_propagation_of_objects_together(predictors, clip_dir, monkeypatch):
+    """Three objects prompted on the last frame, tracked backwards in one step per frame; then
+    one removed and the other two tracked backwards again, still one step per frame."""
+    session = Session(predictors, clip_dir, batched=True)
+    last = NUM_FRAMES - 1
+    session.prompt("add_new_points_or_box", frame_idx=last, obj_id=1, points=[[155, 100]], labels=[1])
+    session.prompt("add_new_points_or_box", frame_idx=last, obj_id=2, box=[150, 150, 230, 210])
+    session.prompt("add_new_points_or_box", frame_idx=last, obj_id=3, points=[[20, 220]], labels=[1])
+    steps = record_batched_steps(session.ours.model, monkeypatch)
+    session.propagate(reverse=True)
+    assert steps == [(t, 3, 3) for t in reversed(range(last))]
+
+    (ours_ids, ours_frames), (ref_ids, ref_frames) = session._call("remove_object", 2)
+    assert ours_ids == ref_ids == [1, 3]
+    for (frame, ours_masks), (_, ref_masks) in zip(ours_frames, ref_frames, strict=True):
+        session.assert_same_frame((frame, ours_ids, ours_masks), (frame, ref_ids, ref_masks))
+    session.assert_same_memory()
+    steps.clear()
+    session.propagate(start_frame_idx=3, reverse=True)
+    assert steps == [(t, 2, 2) for t in reversed(range(4))]
+
+
+def test_stacked_banks_refuse_different_selections():
+    """Banks that pick different memories cannot be read as one batch: an error, not a wrong batch."""
+    out = FrameOutput(pred_masks=torch.zeros(1, 1, 4, 4), obj_ptr=torch.zeros(1, 8), object_score_logits=torch.ones(1, 1))
+    tracked, untracked = MemoryBank(), MemoryBank()
+    tracked.non_cond_frame_outputs[0] = out
+    with pytest.raises(ValueError, match="memory_selection_key"):
+        StackedMemoryBanks([tracked, untracked]).recent_pointers(1, 16, NUM_FRAMES, False, [{}, {}])
 
 
 def test_reset_state(predictors, clip_dir):
@@ -306,7 +432,7 @@ def test_reset_state(predictors, clip_dir):
 def test_add_new_mask(predictors, clip_dir):
     """Masks as prompts: one at the video's size (resized to the input with antialiasing), one at
     the model's input size (used as it is), one empty (an absent object); and a click beside them."""
-    session = Session(predictors, clip_dir)
+    session = Session(predictors, clip_dir, batched=True)
     y, x = np.mgrid[:HEIGHT, :WIDTH]
     disc = (y - 100) ** 2 + (x - 80) ** 2 < 40**2
     session.prompt("add_new_mask", frame_idx=0, obj_id=1, mask=disc)
@@ -316,7 +442,6 @@ def test_add_new_mask(predictors, clip_dir):
     session.prompt("add_new_mask", frame_idx=0, obj_id=3, mask=np.zeros((HEIGHT, WIDTH), dtype=bool))
     session.prompt("add_new_points_or_box", frame_idx=0, obj_id=4, points=[[250, 180]], labels=[1])
     session.propagate(max_frame_num_to_track=2)
-    assert session.max_diff == 0.0
 
 
 def test_objects_the_model_finds_absent(predictors, clip_dir):
@@ -329,7 +454,7 @@ def test_objects_the_model_finds_absent(predictors, clip_dir):
     try:
         for layer in (head, ref_head):
             layer.bias.data += shift
-        session = Session(predictors, clip_dir)
+        session = Session(predictors, clip_dir, batched=True)
         session.prompt("add_new_points_or_box", frame_idx=0, obj_id=1, points=[[80, 100]], labels=[1])
         session.prompt("add_new_points_or_box", frame_idx=0, obj_id=2, box=[200, 150, 280, 210])
         session.propagate()
@@ -338,7 +463,6 @@ def test_objects_the_model_finds_absent(predictors, clip_dir):
         for layer in (head, ref_head):
             layer.bias.data -= shift
     assert min(scores) <= 0 < max(scores), scores
-    assert session.max_diff == 0.0
 
 
 def test_object_tracked_before_its_first_prompt(predictors, clip_dir):
@@ -372,11 +496,10 @@ def test_sam2_0_hiera_t(clip_dir):
     embedding; at the small input, two objects over three frames."""
     ours, ref = build_pair("configs/sam2/sam2_hiera_t.yaml", "sam2_hiera_t", [], SMALL_INPUT)
     assert not ours.model.tracking.add_tpos_enc_to_obj_ptrs and ours.model.no_obj_embed_spatial is None
-    session = Session((ours, ref), clip_dir)
+    session = Session((ours, ref), clip_dir, batched=True)
     session.prompt("add_new_points_or_box", frame_idx=0, obj_id=1, points=[[80, 100]], labels=[1])
     session.prompt("add_new_points_or_box", frame_idx=0, obj_id=2, box=[200, 150, 280, 210])
     session.propagate(max_frame_num_to_track=2)
-    assert session.max_diff == 0.0
 
 
 def test_hiera_t_full_size(clip_dir):
