@@ -18,6 +18,13 @@ from samfast.stages import parse_stages
 pytestmark = pytest.mark.slow
 
 
+def in_image_features_layout(feat: torch.Tensor) -> torch.Tensor:
+    """(B, C, H, W) in the memory layout SAM2Base.image_features returns: a (H*W, B, C) tensor permuted,
+    whose batch stride is C (not C*H*W) for one image."""
+    b, c, h, w = feat.shape
+    return feat.flatten(2).permute(2, 0, 1).contiguous().permute(1, 2, 0).view(b, c, h, w)
+
+
 def test_sam2_compiles_once_for_every_image_and_point_count():
     gen = torch.Generator().manual_seed(0)
     embedding, high_res = torch.randn(1, 256, 64, 64, generator=gen), [torch.randn(1, 32, 256, 256, generator=gen),
@@ -31,7 +38,9 @@ def test_sam2_compiles_once_for_every_image_and_point_count():
             labels = torch.ones(1 + n % 2, n, dtype=torch.int)
             sparse, dense = model.sam_prompt_encoder(points=(points, labels), boxes=None, masks=None)
             # repeat_image as the image predictor passes it: True for several prompts, False for one
-            model.sam_mask_decoder(embedding, model.sam_prompt_encoder.get_dense_pe(), sparse, dense,
-                                   n % 3 == 0, points.shape[0] > 1, high_res)
+            # the features in either layout the predictors hand over (dynamo guards on strides)
+            layout = in_image_features_layout if n % 4 == 1 else torch.Tensor.contiguous
+            model.sam_mask_decoder(layout(embedding), model.sam_prompt_encoder.get_dense_pe(), sparse, dense,
+                                   n % 3 == 0, points.shape[0] > 1, [layout(feat) for feat in high_res])
     seen.assert_clean()
     assert seen.graphs_compiled == 2 and used.exercised == ["compile: 2 graph(s) compiled"]

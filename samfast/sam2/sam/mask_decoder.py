@@ -111,6 +111,11 @@ class Sam2MaskDecoder(nn.Module):
             dense = dense.expand(2, -1, -1, -1)
             if not repeat_image:
                 image_embeddings = torch.cat([image_embeddings, image_embeddings])
+        # one memory layout for the compiled graph, whatever produced the features: the image predictor's
+        # embedding is channels-last with a batch stride of 256, the static batch's slice another one, and
+        # dynamo guards on strides (a recompile on the H100 when they changed between calls)
+        image_embeddings = image_embeddings.contiguous()
+        high_res_features = [feat.contiguous() for feat in high_res_features]
         torch._dynamo.mark_dynamic(sparse, 0)
         torch._dynamo.mark_dynamic(sparse, 1)
         torch._dynamo.mark_dynamic(dense, 0)
