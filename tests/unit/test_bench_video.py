@@ -1,0 +1,83 @@
+"""bench.video's plumbing on the CPU: sam2.1_hiera_nano at input size 256, a 3-frame 160x120 clip, 1 and 2
+objects, samfast and sam2 in fp32 (~15 s on 2 CPU cores)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from bench import video
+from samfast.stages import SWITCHES
+from samfast.video.build import VIDEO_SWITCHES
+
+pytest.importorskip("sam2", reason="the SAM 2 reference package sam2==1.1.0 is not installed")
+
+QUICK = ["--cpu", "--models", "sam2.1_hiera_nano", "--objects", "1", "2", "--frames", "3", "--warmup-frames", "1",
+         "--input-size", "256", "--height", "120", "--width", "160"]
+
+
+# A switch video tracking is not built for yet, whichever that is when the test runs
+UNBUILT = next(switch for switch in SWITCHES if switch != "fp32" and switch not in VIDEO_SWITCHES)
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench-video")
+    argv = [*QUICK, "--stages", "fp32", UNBUILT, "--reference", "fp32", "bf16", "--out", str(out)]
+    # One thread: this checks plumbing, not speed, and two OpenMP threads on two shared cores (another
+    # test process beside this one) stall for seconds a step (measured: 75 s instead of 15 s for this run).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert video.main(argv) == 0
+    finally:
+        torch.set_num_threads(threads)
+    return json.loads((out / "video.json").read_text()), (out / "video.md").read_text()
+
+
+def test_every_row_and_object_count_is_reported(report):
+    results, _ = report
+    assert [(r["impl"], r["stage"], r["objects"]) for r in results["results"]] == [
+        (impl, stage, objects) for impl, stage in (("sam2", "fp32"), ("sam2", "bf16"), ("samfast", "fp32"), ("samfast", UNBUILT))
+        for objects in (1, 2)]
+
+
+def test_measured_rows_have_positive_numbers(report):
+    results, table = report
+    measured = [r for r in results["results"] if r["stage"] == "fp32"]
+    for r in measured:
+        assert r["error"] is None and r["skipped"] is None, r
+        assert r["fps"] > 0 and r["first_frame_ms"] > 0 and r["build_s"] > 0 and r["compile_s"] is not None, r
+        assert r["peak_gib"] is None  # no CUDA: '-' in the table
+        assert len(r["notes"]["per_video_fps"]) == 1
+    assert "| sam2.1_hiera_nano | 2 | samfast | fp32 |" in table and "| sam2.1_hiera_nano | 1 | sam2 | fp32 |" in table
+    samfast_two = next(line for line in table.splitlines() if line.startswith("| sam2.1_hiera_nano | 2 | samfast | fp32 |"))
+    assert "x fp32 |" in samfast_two  # its fps beside sam2's fp32 row of the same object count
+
+
+def test_an_unbuilt_stage_is_refused_and_a_cpu_skips_sam2s_bf16(report):
+    results, table = report
+    by_key = {(r["impl"], r["stage"], r["objects"]): r for r in results["results"]}
+    for objects in (1, 2):
+        refused = by_key["samfast", UNBUILT, objects]
+        assert refused["fps"] is None and refused["error"] is None
+        assert refused["skipped"].startswith(f"refused: stages={UNBUILT!r}") and "not built for video tracking" in refused["skipped"]
+        assert by_key["sam2", "bf16", objects]["skipped"].endswith("GPU only")
+    assert f"refused: stages={UNBUILT!r}" in table
+
+
+def test_the_header_names_device_weights_command_and_prompts(report):
+    results, table = report
+    env = results["environment"]
+    assert env["device"].startswith("CPU") and env["commit"] and "--objects 1 2" in env["command"]
+    assert "seeded synthetic weights" in table and "commit" in table
+    assert "2 object(s) prompted: objects 1-2: the clip's generated objects" in table
+
+
+def test_objects_beyond_the_generated_ones_are_clicked_at_distinct_grid_points(tmp_path):
+    clip = video.make_clip(tmp_path, frames=2, height=120, width=160, max_objects=8)
+    assert len(clip.clicks) == 8 and len(set(clip.clicks)) == 8
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["00000.jpg", "00001.jpg"]
+    assert "objects 4-8: one click each at points of a grid" in clip.describe(8)
