@@ -148,7 +148,7 @@ class SAM2Tracking:
         else:
             low_res_masks, high_res_masks = low_res_multimasks, high_res_multimasks
 
-        obj_ptr = self._gate_obj_ptr(self.obj_ptr_proj(sam_output_token), is_obj_appearing.float())
+        obj_ptr = self._gate_obj_ptr(self.obj_ptr_proj(sam_output_token), is_obj_appearing.to(sam_output_token.dtype))
         return low_res_multimasks, high_res_multimasks, ious, low_res_masks, high_res_masks, obj_ptr, object_score_logits
 
     def _gate_obj_ptr(self, obj_ptr: torch.Tensor, lambda_is_obj_appearing: torch.Tensor) -> torch.Tensor:
@@ -182,7 +182,7 @@ class SAM2Tracking:
         is_obj_appearing = torch.any(mask_inputs.flatten(1).float() > 0.0, dim=1)[..., None]
         lambda_is_obj_appearing = is_obj_appearing.float()
         object_score_logits = MASK_AS_OUTPUT_SCALE * lambda_is_obj_appearing + MASK_AS_OUTPUT_BIAS
-        obj_ptr = self._gate_obj_ptr(obj_ptr, lambda_is_obj_appearing)
+        obj_ptr = self._gate_obj_ptr(obj_ptr, lambda_is_obj_appearing.to(obj_ptr.dtype))
         return low_res_masks, high_res_masks, ious, low_res_masks, high_res_masks, obj_ptr, object_score_logits
 
     def _use_multimask(self, is_init_cond_frame: bool, point_inputs: dict | None) -> bool:
@@ -331,7 +331,7 @@ class SAM2Tracking:
             tpos_dim = C if s.proj_tpos_enc_in_obj_ptrs else self.mem_dim
             obj_pos = to_device(pos_list, torch.int64, device)
             obj_pos = get_1d_sine_pe(obj_pos / t_diff_max, dim=tpos_dim)
-            obj_pos = self.obj_ptr_tpos_proj(obj_pos)
+            obj_pos = self.obj_ptr_tpos_proj(obj_pos.to(self.dtype))  # the sine in fp32, the projection in the model's
             obj_pos = obj_pos.unsqueeze(1).expand(-1, B, self.mem_dim)
         else:
             obj_pos = obj_ptrs.new_zeros(len(pos_list), B, self.mem_dim)
@@ -368,7 +368,8 @@ class SAM2Tracking:
             mask_for_mem = mask_for_mem * s.sigmoid_scale_for_mem_enc
         if s.sigmoid_bias_for_mem_enc != 0.0:
             mask_for_mem = mask_for_mem + s.sigmoid_bias_for_mem_enc
-        maskmem_out = self.memory_encoder(pix_feat, mask_for_mem, skip_mask_sigmoid=True)
+        # in the model's dtype (bf16 stage: the encoder's convs are bf16); a no-op in fp32
+        maskmem_out = self.memory_encoder(pix_feat, mask_for_mem.to(pix_feat.dtype), skip_mask_sigmoid=True)
         maskmem_features = maskmem_out["vision_features"]
         maskmem_pos_enc = maskmem_out["vision_pos_enc"]
         if self.no_obj_embed_spatial is not None:

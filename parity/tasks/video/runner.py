@@ -25,12 +25,11 @@ from parity.tasks.video.report import remove_reports, write_reports
 from parity.tasks.video.track import PROMPT_POLICY, at_input_size, track_all
 from samfast import InputError, StageError
 from samfast.stages import SWITCHES, canonical_name, parse_stages
-from samfast.video.build import VIDEO_SWITCHES
+from samfast.video.build import VIDEO_STAGES, VIDEO_SWITCHES
 
-BUILT_STAGES = ("fp32", "fp32+sdpa")  # every stage of VIDEO_SWITCHES: what a check runs unless told
-# switch -> why the video run never reads it (its reports say "not applicable"): objects are tracked
-# one per step, so there is no batch of prompts to nest
-IGNORED_SWITCHES = {"nt": "the tracker decodes one object per step: no batch of prompts to nest"}
+# switch -> why the video run never reads it (its reports say "not applicable"): objects tracked in one
+# step share its shapes (one prompt each), so there is no ragged batch of prompts to nest
+IGNORED_SWITCHES = {"nt": "the tracker decodes one prompt per object per step: no ragged batch of prompts to nest"}
 
 
 @dataclass(frozen=True)
@@ -82,7 +81,7 @@ def refuse_unbuilt(stages: list[str]) -> None:
     if refused:
         listed = "; ".join(f"{stage} ({', '.join(switches)})" for stage, switches in refused.items())
         raise StageError(f"--task video: stages not built for video tracking yet (issue 37): {listed}; "
-                         "the video task runs fp32 and fp32+sdpa")
+                         f"the video task runs {', '.join(VIDEO_STAGES)}")
 
 
 def make_golden(source: ModelSource, spec: VideoSpec, *, device=None, root: Path | None = None,

@@ -1,7 +1,7 @@
 """The video task: SAM 2's tracker over generated clips, every stage's per-frame masks, logits and object
-scores against the fp32 golden's (J&F, drift, objects lost). Only fp32 and fp32+sdpa are built for
-tracking: a stage with another switch asked for by name is refused (exit 2); left out of the default
-stages, it is named in the report as not built."""
+scores against the fp32 golden's (J&F, drift, objects lost). The stages of fp32, bf16 and sdpa are
+built for tracking (samfast.video.build.VIDEO_STAGES): a stage with another switch asked for by name
+is refused (exit 2); left out of the default stages, it is named in the report as not built."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from parity.tasks.source import ModelSource
 from parity.tasks.task import Task, positive_int
 from parity.tasks.video import golden as video_golden
 from parity.tasks.video import runner
+from samfast.video.build import VIDEO_STAGES
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> list[str]:
@@ -45,7 +46,7 @@ def _run_check(args, source: ModelSource, dataset: Dataset, data_args: str, stag
         # every stage built for tracking (on a GPU the defaults are ladder stages, bf16 and up, so fp32+sdpa
         # would otherwise never run there)
         not_built = tuple(s for s in stages if runner.unbuilt(s))
-        stages = list(runner.BUILT_STAGES)
+        stages = list(VIDEO_STAGES)
     return runner.run_check(source, spec(args), stages, device=device, golden=args.golden,
                             report_dir=args.report_dir / "video", require_gpu=args.require_gpu, not_built=not_built)
 
