@@ -275,7 +275,7 @@ def final_line(results, paths: dict[str, Path]) -> str:
 
 
 def _run(task, args, source, ranks, device) -> int:
-    dataset, data_args = _dataset(args)
+    dataset, data_args = _dataset(args) if task.reads_coco else (None, "")
     if args.command == "golden":
         written = task.make_golden(args, source, dataset, device, ranks)
         if written:

@@ -51,6 +51,9 @@ class Task:
     run_check: RunCheck
     planted_defects: tuple[str, ...]  # pytest node ids of the tests that show its comparison failing
     one_process: bool = False  # True: refuses --nproc
+    # False: the task reads its own data from --data (video: clips or DAVIS folders), so the CLI loads no
+    # COCO dataset for it and hands its make_golden and run_check None
+    reads_coco: bool = True
     # switch -> why its run never reads it: "not applicable" in its reports, never proven (its run_check
     # hands the same mapping to parity.checks.exercised.watch_switches)
     ignored_switches: Mapping[str, str] = field(default_factory=dict)

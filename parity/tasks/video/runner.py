@@ -2,11 +2,14 @@
 
 Mirrors parity.tasks.amg.runner and shares its ModelSource. The data is generated clips
 (parity.golden.videos): `--data scenes` names them, as it names the generated images for the other
-tasks. Models run at VideoSpec.input_size (256 by default, parity.tasks.video.track.at_input_size).
+tasks; or a DAVIS-layout folder (parity.golden.davis): `--data davis` is $SAMFAST_DATA/davis, as
+`--data coco-mini` is $SAMFAST_DATA/coco-mini, and any other value is the folder's path. Models run at
+VideoSpec.input_size (256 by default, parity.tasks.video.track.at_input_size).
 """
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -17,6 +20,8 @@ import samfast
 from parity.checks.exercised import watch_switches
 from parity.compare.gates import StageResult, load_thresholds, thresholds_for
 from parity.golden import manifest as golden_io
+from parity.golden.davis import DAVIS_NAME, DAVIS_READER, davis_folder, read_davis
+from parity.golden.settings import DATA_ENV
 from parity.golden.videos import VIDEOS_VERSION, Clip, clip_fingerprint, generate_clips
 from parity.tasks.source import ModelSource, default_device
 from parity.tasks.video import golden as video_golden
@@ -34,24 +39,47 @@ IGNORED_SWITCHES = {"nt": "the tracker decodes one prompt per object per step: n
 
 @dataclass(frozen=True)
 class VideoSpec:
-    """Which clips and at what input size: recorded in the golden, a golden of another spec is refused."""
+    """Which clips and at what input size: recorded in the golden, a golden of another spec is refused.
+    For DAVIS folders, videos and frames are the first N videos by name and the first N frames of each."""
 
     videos: int = 1
     frames: int = 6  # 3 objects x 6 frames = 18 tracking steps, ~20-40 s a stage on 2 shared CPU cores
     input_size: int = 256
     data: str = "scenes"
 
+    @property
+    def generated(self) -> bool:
+        return self.data == "scenes"
+
     def clips(self) -> list[Clip]:
-        if self.data != "scenes":
-            raise InputError(f"--task video runs on generated clips only (--data scenes), got --data {self.data!r}")
-        return generate_clips(self.videos, seed=0, frames=self.frames)
+        if self.generated:
+            return generate_clips(self.videos, seed=0, frames=self.frames)
+        folder = davis_folder(self.data)  # "davis" missing under the data folder: DataNotFoundError saying where
+        if not folder.is_dir():
+            raise InputError(f"--task video runs on generated clips (--data scenes) or a DAVIS-layout folder "
+                             f"(--data {DAVIS_NAME} for {DATA_ENV}/{DAVIS_NAME}, or the folder's path); "
+                             f"--data {self.data!r} is neither")
+        return read_davis(folder, videos=self.videos, max_frames=self.frames)
 
     @property
     def name(self) -> str:
-        return f"videos{self.videos}x{self.frames}"
+        counts = f"videos{self.videos}x{self.frames}"
+        return counts if self.generated else f"{Path(self.data).name}-{counts}"
+
+    def manifest(self) -> dict:
+        """What the golden records of its data (its identity is the clips' fingerprint, beside it)."""
+        origin = ({"generator": VIDEOS_VERSION} if self.generated
+                  else {"reader": DAVIS_READER, "folder": str(davis_folder(self.data))})
+        return {"dataset": self.name, **origin, **asdict(self)}
+
+    def description(self, clips: list[Clip]) -> str:
+        if self.generated:
+            return f"{self.name} ({self.videos} generated clip(s) of {self.frames} frames)"
+        return f"{self.name} (DAVIS videos {', '.join(c.name for c in clips)}; at most {self.frames} frames each)"
 
     def cli_args(self) -> str:
-        return f"--data {self.data} --videos {self.videos} --video-frames {self.frames} --video-input-size {self.input_size}"
+        return (f"--data {shlex.quote(self.data)} --videos {self.videos} --video-frames {self.frames} "
+                f"--video-input-size {self.input_size}")
 
 
 def golden_folder(source: ModelSource, sha: str, spec: VideoSpec, root: Path | None = None) -> Path:
@@ -95,7 +123,7 @@ def make_golden(source: ModelSource, spec: VideoSpec, *, device=None, root: Path
         raise golden_io.UselessGolden("the fp32 tracker found no object on any frame: a golden of it would check nothing")
     manifest = {
         "model_type": source.model_type, "checkpoint": source.label, "checkpoint_sha256": sha,
-        "dataset": {"dataset": spec.name, "generator": VIDEOS_VERSION, **asdict(spec)},
+        "dataset": spec.manifest(),
         "dataset_fingerprint": clip_fingerprint(clips), "prompt_policy": PROMPT_POLICY, "input_size": spec.input_size,
         "samfast_version": samfast.__version__, "torch_version": torch.__version__, "cuda_version": torch.version.cuda,
         "device": golden_io.device_description(device), "fp32_settings": settings,
@@ -155,7 +183,7 @@ def run_check(
     header = {
         "model_type": source.model_type,
         "checkpoint": source.label,
-        "dataset": f"{spec.name} ({spec.videos} generated clip(s) of {spec.frames} frames)",
+        "dataset": spec.description(clips),
         "input_size": spec.input_size,
         "prompt_policy": PROMPT_POLICY,
         "golden": str(folder),

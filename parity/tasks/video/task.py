@@ -1,7 +1,8 @@
-"""The video task: SAM 2's tracker over generated clips, every stage's per-frame masks, logits and object
-scores against the fp32 golden's (J&F, drift, objects lost). The stages of fp32, bf16 and sdpa are
-built for tracking (samfast.video.build.VIDEO_STAGES): a stage with another switch asked for by name
-is refused (exit 2); left out of the default stages, it is named in the report as not built."""
+"""The video task: SAM 2's tracker over generated clips (--data scenes) or DAVIS-layout folders (--data davis),
+every stage's per-frame masks, logits and object scores against the fp32 golden's (J&F, drift, objects
+lost). The stages of fp32, bf16 and sdpa are built for tracking (samfast.video.build.VIDEO_STAGES): a
+stage with another switch asked for by name is refused (exit 2); left out of the default stages, it is
+named in the report as not built."""
 
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ from samfast.video.build import VIDEO_STAGES
 def _add_arguments(parser: argparse.ArgumentParser) -> list[str]:
     group = parser.add_argument_group("video tracking (--task video only)")
     defaults = runner.VideoSpec()
-    group.add_argument("--videos", type=positive_int, help=f"generated clips (default {defaults.videos})")
-    group.add_argument("--video-frames", type=positive_int, help=f"frames per clip (default {defaults.frames})")
+    group.add_argument("--videos", type=positive_int, help=f"clips: generated, or the first N DAVIS videos by name (default {defaults.videos})")
+    group.add_argument("--video-frames", type=positive_int, help=f"frames per clip; of a DAVIS video, its first N (default {defaults.frames})")
     group.add_argument("--video-input-size", type=positive_int, choices=(256, 1024), metavar="{256,1024}",
                        help=f"the model's input size (default {defaults.input_size}: a CPU runs it ~10x faster than 1024)")
     return ["videos", "video_frames", "video_input_size"]
@@ -33,12 +34,12 @@ def spec(args) -> runner.VideoSpec:
     return runner.VideoSpec(**{k: v for k, v in given.items() if v is not None}, data=str(args.data))
 
 
-def _make_golden(args, source: ModelSource, dataset: Dataset, device: torch.device, ranks: Ranks) -> str:
+def _make_golden(args, source: ModelSource, dataset: Dataset | None, device: torch.device, ranks: Ranks) -> str:
     folder = runner.make_golden(source, spec(args), device=device, root=args.golden_root)
     return f"video golden written: {folder} ({spec(args).videos} clip(s))"
 
 
-def _run_check(args, source: ModelSource, dataset: Dataset, data_args: str, stages: list[str], device: torch.device,
+def _run_check(args, source: ModelSource, dataset: Dataset | None, data_args: str, stages: list[str], device: torch.device,
                ranks: Ranks):
     not_built = ()
     if args.stages is None:
@@ -53,7 +54,7 @@ def _run_check(args, source: ModelSource, dataset: Dataset, data_args: str, stag
 
 VIDEO = Task(
     name="video",
-    help="SAM 2 tracking over generated clips (parity.tasks.video)",
+    help="SAM 2 tracking over generated clips (--data scenes) or DAVIS folders (--data davis) (parity.tasks.video)",
     golden_files=video_golden.CONTENT_FILES,
     add_arguments=_add_arguments,
     make_golden=_make_golden,
@@ -64,5 +65,6 @@ VIDEO = Task(
         "tests/parity/test_video_gate.py::test_prompts_given_to_another_object_fail",
     ),
     one_process=True,
+    reads_coco=False,  # VideoSpec.clips() reads --data
     ignored_switches=runner.IGNORED_SWITCHES,
 )
