@@ -191,6 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     if bool(args.coco_root) != bool(args.ann_file):
         command_parser.error("--coco-root and --ann-file go together")
     task = TASKS[args.task]
+    if not task.reads_coco and (args.coco_root or args.limit):
+        command_parser.error(f"--task {args.task} reads its own data (--data): --coco-root, --ann-file and --limit "
+                             "do not apply to it")
     _refuse_other_tasks_flags(args, command_parser)
     task.validate(args, command_parser)
     if args.nproc is not None and args.nproc != 1:

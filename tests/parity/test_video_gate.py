@@ -156,6 +156,13 @@ def test_golden_of_other_weights_or_model_is_refused(golden, tmp_path, capsys):
         assert "was made from another" in err and "python -m parity golden --task video" in err
 
 
+def test_coco_flags_are_refused_for_the_video_task(capsys):
+    for flags in (["--coco-root", "coco/val2017", "--ann-file", "ann.json"], ["--limit", "3"]):
+        with pytest.raises(SystemExit) as exit_:
+            main(["golden", *CLI_ARGS, *flags])
+        assert exit_.value.code == 2 and "do not apply" in capsys.readouterr().err
+
+
 def test_stage_not_built_for_tracking_is_refused_by_name(golden, tmp_path, capsys):
     code = main(["check", *CLI_ARGS, "--seed", "0", "--golden", str(golden), "--stages", "bf16+compile",
                  "--report-dir", str(tmp_path)])
