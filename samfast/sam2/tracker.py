@@ -331,7 +331,8 @@ class SAM2Tracking:
             tpos_dim = C if s.proj_tpos_enc_in_obj_ptrs else self.mem_dim
             obj_pos = to_device(pos_list, torch.int64, device)
             obj_pos = get_1d_sine_pe(obj_pos / t_diff_max, dim=tpos_dim)
-            obj_pos = self.obj_ptr_tpos_proj(obj_pos.to(self.dtype))  # the sine in fp32, the projection in the model's
+            # the sine in fp32 (positions / t_diff_max), the projection in the model's dtype
+            obj_pos = self.obj_ptr_tpos_proj(obj_pos.to(self.dtype))
             obj_pos = obj_pos.unsqueeze(1).expand(-1, B, self.mem_dim)
         else:
             obj_pos = obj_ptrs.new_zeros(len(pos_list), B, self.mem_dim)
