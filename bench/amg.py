@@ -23,7 +23,6 @@ serves the SAM 2 model with sam2's defaults. Default stages: those built for the
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import shlex
@@ -39,7 +38,7 @@ import torch
 
 import samfast
 from bench.families import DEFAULT_THRESHOLDS, MODEL_TYPES, built_stages, not_built, reference_model, reference_name
-from bench.timing import device_name, fmt, free, peak_gib, reset_peak, sync
+from bench.timing import device_name, fmt, peak_gib, reset_peak, run_configurations, sync
 from samfast.sam2.config import is_sam2_type
 from samfast.stages import LADDER, canonical_name, parse_stages
 
@@ -236,16 +235,11 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = plan(args)
-    for _, group in itertools.groupby(rows, key=lambda r: (r.model, r.impl, r.stage)):
-        group = list(group)
-        try:
-            run_group(group, args, image, device)
-        finally:
-            free(device)
-        for row in group:
-            print(f"{row.model} {row.thresholds} {row.impl} {row.stage}: {fmt(row.ms_per_image, 1)} ms {row.error or row.skipped or ''}",
-                  file=sys.stderr, flush=True)
-        write_outputs(out, env, rows)  # after every configuration: a killed run keeps what it has
+    run_configurations(
+        rows, device, lambda group: run_group(group, args, image, device),
+        lambda row: f"{row.model} {row.thresholds} {row.impl} {row.stage}: {fmt(row.ms_per_image, 1)} ms "
+                    f"{row.error or row.skipped or ''}",
+        lambda: write_outputs(out, env, rows))
     print(write_outputs(out, env, rows))
     return 0
 

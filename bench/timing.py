@@ -7,7 +7,9 @@ import gc
 import os
 import platform
 import statistics
+import sys
 import time
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -55,6 +57,24 @@ def free(device: torch.device) -> None:
     torch._dynamo.reset()  # every compiled encoder shares nn.Module._call_impl's code: keep its cache clean
     if device.type == "cuda":
         torch.cuda.empty_cache()
+
+
+def run_configurations(rows: Sequence, device: torch.device, run_group: Callable[[list], None],
+                       summary: Callable[[object], str], save: Callable[[], object]) -> None:
+    """Each configuration's rows (one model, implementation and stage, in plan order) through run_group,
+    the memory freed after each, a line per row on stderr, and save() after each configuration: a
+    killed run keeps what it has."""
+    groups: dict[tuple, list] = {}
+    for row in rows:
+        groups.setdefault((row.model, row.impl, row.stage), []).append(row)
+    for group in groups.values():
+        try:
+            run_group(group)
+        finally:
+            free(device)
+        for row in group:
+            print(summary(row), file=sys.stderr, flush=True)
+        save()
 
 
 def device_name(device: torch.device) -> str:

@@ -57,7 +57,7 @@ from PIL import Image
 
 import samfast
 from bench.families import SEED
-from bench.timing import device_name, fmt, free, peak_gib, reset_peak, sync
+from bench.timing import device_name, fmt, peak_gib, reset_peak, run_configurations, sync
 from samfast.errors import StageError
 from samfast.stages import canonical_name, parse_stages
 
@@ -409,18 +409,11 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-video-") as folder:
         clip = make_clip(Path(folder), args.frames, args.height, args.width, max(args.objects))
         env = environment(device, args, clip, argv)
-        groups: dict[tuple, list[Row]] = {}
-        for row in rows:
-            groups.setdefault((row.model, row.impl, row.stage), []).append(row)
-        for (model, impl, stage), group in groups.items():
-            try:
-                run_group(group, clip, device, args)
-            finally:
-                free(device)
-            for row in group:
-                print(f"{model} {impl} {stage} {row.objects} obj: {fmt(row.fps)} fps {row.error or row.skipped or ''}",
-                      file=sys.stderr, flush=True)
-            write_outputs(out, env, rows)  # after every configuration: a killed run keeps what it has
+        run_configurations(
+            rows, device, lambda group: run_group(group, clip, device, args),
+            lambda row: f"{row.model} {row.impl} {row.stage} {row.objects} obj: {fmt(row.fps)} fps "
+                        f"{row.error or row.skipped or ''}",
+            lambda: write_outputs(out, env, rows))
     print(write_outputs(out, env, rows))
     return 0
 
