@@ -59,6 +59,17 @@ def device_description(device: torch.device) -> str:
     return f"cpu ({platform.machine()}, {platform.processor() or 'unknown processor'})"
 
 
+def provenance(folder: Path, manifest: dict, device: torch.device) -> dict[str, str | None]:
+    """Where a check's golden came from and where the check ran: the report header's shared rows."""
+    return {
+        "golden": str(folder),
+        "golden_device": manifest.get("device"),
+        "golden_torch": manifest.get("torch_version"),
+        "device": device_description(device),
+        "torch": torch.__version__,
+    }
+
+
 def state_dict_sha256(state_dict: dict[str, torch.Tensor]) -> str:
     """Content hash of weights (for synthetic checkpoints, which have no file)."""
     digest = hashlib.sha256()

@@ -125,11 +125,7 @@ def run_check(
         "dataset": f"{dataset.name} ({len(dataset.samples)} images)",
         "amg_params": params.as_dict(),
         "points_per_batch": points_per_batch,
-        "golden": str(folder),
         "golden_masks": manifest.get("masks"),
-        "golden_device": manifest.get("device"),
-        "golden_torch": manifest.get("torch_version"),
-        "device": golden_io.device_description(device),
-        "torch": torch.__version__,
+        **golden_io.provenance(folder, manifest, device),
     }
     return results, write_reports(Path(report_dir), header, results)

@@ -179,11 +179,7 @@ def run_check(
         "dataset": f"{dataset.name} ({len(dataset.samples)} images)",
         "annotations": dataset.num_annotations,
         "prompt": prompt,
-        "golden": str(folder),
-        "golden_device": manifest.get("device"),
-        "golden_torch": manifest.get("torch_version"),
-        "device": golden_io.device_description(device),
-        "torch": torch.__version__,
+        **golden_io.provenance(folder, manifest, device),
         "masks_meaningful": source.masks_meaningful,
     }
     if not ranks.is_main:

@@ -186,11 +186,7 @@ def run_check(
         "dataset": spec.description(clips),
         "input_size": spec.input_size,
         "prompt_policy": PROMPT_POLICY,
-        "golden": str(folder),
-        "golden_device": manifest.get("device"),
-        "golden_torch": manifest.get("torch_version"),
-        "device": golden_io.device_description(device),
-        "torch": torch.__version__,
+        **golden_io.provenance(folder, manifest, device),
         "masks_meaningful": source.masks_meaningful,
         "not_built": list(not_built),
     }
