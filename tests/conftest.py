@@ -9,6 +9,7 @@
 * --gate-time PATH: per-test seconds and compile seconds (from xdist workers in their reports), written as
   each test ends: parity.gate.timing.
 * under the gate (SAMFAST_TEST_TIMES), the slowest tests of its previous run start first: parity.gate.run_order.
+* under xdist, tests that share a module-scoped fixture run on one worker: parity.gate.worker_groups.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from parity.gate import compile_cache, run_order, vec_isa
+from parity.gate import compile_cache, run_order, vec_isa, worker_groups
 from parity.gate import timing as gate_time
 from parity.gate.devices import WORKERS_PER_GPU_ENV, gpu_for_worker, visible_gpus
 
@@ -49,6 +50,7 @@ def _is_worker(config) -> bool:
 
 
 def pytest_configure(config):
+    config.pluginmanager.register(worker_groups.ModuleFixtureGroups(), "module-fixture-groups")
     if _is_worker(config):
         per_gpu = int(os.environ.get(WORKERS_PER_GPU_ENV, "1"))
         device = gpu_for_worker(config.workerinput["workerid"], visible_gpus(), per_gpu)

@@ -9,14 +9,16 @@
      GPU (--workers-per-gpu; tests/conftest.py assigns the GPUs); the tests that share a built model
      on one worker (--dist loadgroup), different models on different workers;
    - every other test (`pytest -m "not gpu"`: unit, parity on vit_tiny, the CPU compile checks) with
-     CUDA hidden, over a few xdist workers, exactly as the CPU job runs them;
+     CUDA hidden, over a few xdist workers, exactly as the CPU job runs them (tests that share a
+     module fixture on one worker: parity.gate.worker_groups);
    - `python -m parity check` on the embedded default (CHECK ARGS override, e.g. --stages fp32 bf16)
      and `python -m parity check --task amg` (segment everything, parity.tasks.amg) on its embedded
      default, every default GPU stage when there is a GPU (the pytest test that runs the same is
      then left to this step). Not inside pytest: their models (the trained vit_tiny) are not the
      GPU layers' (the two-block vit_b_2block and, in perf, vit_b and vit_h, seeded), so they would share no build, and their exit codes keep
      their meaning (2 = bad input);
-   the background steps' output goes to reports/<step>.log, its tail printed when the step fails;
+   the background steps (all but the GPU layers, which set the cold run's wall) run at
+   BACKGROUND_NICENESS; their output goes to reports/<step>.log, its tail printed when the step fails;
 3. `pytest tests/perf` alone on one GPU and an otherwise idle machine (pytest-benchmark times
    nothing under xdist, and a timed row shares nothing); with --perf-early (the default with a GPU
    and 8+ cores) as soon as the GPU steps are done, on PERF_CORES cores of its own, while the CPU
@@ -114,8 +116,9 @@ class GateUsageError(Exception):
 
 
 def spare_cores(cores: int, other_processes: int) -> int:
-    """The cores left to the CPU layers: one goes to each process of the other steps running beside
-    them (GPU-layer workers, checks), one to the gate and inductor's compile helpers."""
+    """The cores left to the CPU layers: one goes to each GPU-layer worker, one to the gate and
+    inductor's compile helpers. The checks are not counted: they run at BACKGROUND_NICENESS as the
+    CPU layers do, and end long before them (H100, warm: ~100 s of the CPU layers' ~250 s)."""
     return max(1, cores - other_processes - 1)
 
 
@@ -131,6 +134,11 @@ def check_env(environ=os.environ) -> dict[str, str]:
     return {"SAMFAST_COMPILE_MODE": "default", **environ}
 
 
+# The steps off the critical path (the CPU layers and the checks) run at this niceness: the GPU layers
+# and then perf set the cold gate's wall (H100 at a833d93: GPU layers 438 s while compiling beside
+# 7 CPU workers and 3 checks, perf after them), and the CPU layers, which end last on a warm cache,
+# still get every cycle the GPU layers leave.
+BACKGROUND_NICENESS = 10
 # With --perf-early, the cores perf keeps to itself while the CPU layers finish on the others.
 PERF_CORES = 2
 # --perf-early is the default with a GPU and at least this many cores (6 left to the other steps).
@@ -201,26 +209,38 @@ def split_cores(available: set[int], perf_early: bool) -> tuple[set[int] | None,
     return set(ordered[-PERF_CORES:]), set(ordered[:-PERF_CORES])
 
 
-def _pin(cores: set[int] | None):
-    """A preexec_fn that keeps a child (and everything it starts) on `cores`; None: no pinning."""
-    return None if cores is None else (lambda: os.sched_setaffinity(0, cores))
+def _start_in(cores: set[int] | None, niceness: int = 0):
+    """A preexec_fn that keeps a child (and everything it starts) on `cores` (None: no pinning) at
+    `niceness` above the gate's; None when there is nothing to set."""
+    if cores is None and not niceness:
+        return None
+
+    def start() -> None:
+        if cores is not None:
+            os.sched_setaffinity(0, cores)
+        if niceness:
+            os.nice(niceness)
+
+    return start
 
 
 def _timed(cmd: list[str], env: dict[str, str] | None = None, cores: set[int] | None = None) -> tuple[int, float]:
     print("+ " + " ".join(cmd), flush=True)
     start = time.perf_counter()
-    code = subprocess.call(cmd, env=env, preexec_fn=_pin(cores))
+    code = subprocess.call(cmd, env=env, preexec_fn=_start_in(cores))
     return code, time.perf_counter() - start
 
 
 class Background:
-    """A command running beside the gate's other steps, its output in a log file; wait() gives (code, seconds)."""
+    """A command running beside the gate's other steps, at BACKGROUND_NICENESS, its output in a log file;
+    wait() gives (code, seconds)."""
 
     def __init__(self, cmd: list[str], env: dict[str, str], log: Path, cores: set[int] | None = None):
         print(f"+ (in the background, output in {log}) " + " ".join(cmd), flush=True)
         self.log, self.start = log, time.perf_counter()
         with open(log, "wb") as out:
-            self.process = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_pin(cores))
+            self.process = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                            preexec_fn=_start_in(cores, BACKGROUND_NICENESS))
         # The steps are waited for one after another; a step that ended while the gate waited for
         # another must report when it ended, not when the gate got round to it.
         self.ended = threading.Thread(target=self._stamp_end, daemon=True)
@@ -257,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers-per-gpu", type=int, default=3, help="xdist workers per GPU for the untimed GPU "
                         "layers (default 3: their time is mostly compiling, CPU work; perf runs alone afterwards)")
     parser.add_argument("--cpu-workers", type=int, help="pytest-xdist workers for the tests not marked gpu "
-                        "(default: one per core left over by the other steps, at most 16)")
+                        "(default: one per core left over by the GPU-layer workers, at most 16)")
     parser.add_argument("--report-dir", type=Path, default=Path("reports"))
     parser.add_argument("--perf-args", default="", help="more pytest options for the perf run, e.g. "
                         "'--benchmark-compare=0001 --benchmark-compare-fail=mean:15%%'")
@@ -287,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         args.perf_early = choose_perf_early(args.perf_early, gpus, len(available))
         perf_cores, other_cores = split_cores(available, args.perf_early)
         cores = len(other_cores or available)
-        spare = spare_cores(cores, other_processes=workers + len(checks))
+        spare = spare_cores(cores, other_processes=workers)
         cpu_workers = choose_cpu_workers(args.cpu_workers, spare, have_xdist)
         runner = time_budget.runner_class(gpu_names() if gpus else [])  # visible_gpus gives indices
         if args.strict_time and time_budget.load(runner, "cold") is None:
@@ -343,7 +363,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = gate_time.summarize(tests, check_rows)
     notes = [f"compile cache {CACHE_STATES[state]}: {cache.path}",
              f"pytest workers: {workers} for the gpu tests ({why}); {cpu_workers} for the others, with CUDA hidden "
-             f"({cores} CPU cores); these and the checks at the same time, then perf "
+             f"({cores} CPU cores); these and the checks at the same time (the CPU layers and the checks at "
+             f"niceness {BACKGROUND_NICENESS}), then perf "
              + (f"on cores {sorted(perf_cores)} of its own while the CPU layers finished" if perf_cores else "alone")
              + " (wall times overlap)",
              f"checks compiled in mode {check_env()['SAMFAST_COMPILE_MODE']} (SAMFAST_COMPILE_MODE)",
