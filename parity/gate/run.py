@@ -17,8 +17,8 @@
      then left to this step). Not inside pytest: their models (the trained vit_tiny) are not the
      GPU layers' (the two-block vit_b_2block and, in perf, vit_b and vit_h, seeded), so they would share no build, and their exit codes keep
      their meaning (2 = bad input);
-   the background steps (all but the GPU layers, which set the cold run's wall) run at
-   BACKGROUND_NICENESS; their output goes to reports/<step>.log, its tail printed when the step fails;
+   the CPU layers run at CPU_LAYERS_NICENESS (perf waits for the GPU steps, not for them); the
+   background steps' output goes to reports/<step>.log, its tail printed when the step fails;
 3. `pytest tests/perf` alone on one GPU and an otherwise idle machine (pytest-benchmark times
    nothing under xdist, and a timed row shares nothing); with --perf-early (the default with a GPU
    and 8+ cores) as soon as the GPU steps are done, on PERF_CORES cores of its own, while the CPU
@@ -117,8 +117,8 @@ class GateUsageError(Exception):
 
 def spare_cores(cores: int, other_processes: int) -> int:
     """The cores left to the CPU layers: one goes to each GPU-layer worker, one to the gate and
-    inductor's compile helpers. The checks are not counted: they run at BACKGROUND_NICENESS as the
-    CPU layers do, and end long before them (H100, warm: ~100 s of the CPU layers' ~250 s)."""
+    inductor's compile helpers. The checks are not counted: they end long before the CPU layers
+    (H100, warm: ~100 s of the CPU layers' ~250 s), which then have every core."""
     return max(1, cores - other_processes - 1)
 
 
@@ -134,11 +134,11 @@ def check_env(environ=os.environ) -> dict[str, str]:
     return {"SAMFAST_COMPILE_MODE": "default", **environ}
 
 
-# The steps off the critical path (the CPU layers and the checks) run at this niceness: the GPU layers
-# and then perf set the cold gate's wall (H100 at a833d93: GPU layers 438 s while compiling beside
-# 7 CPU workers and 3 checks, perf after them), and the CPU layers, which end last on a warm cache,
-# still get every cycle the GPU layers leave.
-BACKGROUND_NICENESS = 10
+# The CPU layers run at this niceness. perf starts when the GPU layers and the checks are done, so
+# those set the cold gate's wall (H100 at a833d93: GPU layers 438 s while compiling beside 7 CPU
+# workers and 3 checks, perf after them); the CPU layers, which perf does not wait for, still get
+# every cycle the others leave.
+CPU_LAYERS_NICENESS = 10
 # With --perf-early, the cores perf keeps to itself while the CPU layers finish on the others.
 PERF_CORES = 2
 # --perf-early is the default with a GPU and at least this many cores (6 left to the other steps).
@@ -232,15 +232,16 @@ def _timed(cmd: list[str], env: dict[str, str] | None = None, cores: set[int] | 
 
 
 class Background:
-    """A command running beside the gate's other steps, at BACKGROUND_NICENESS, its output in a log file;
-    wait() gives (code, seconds)."""
+    """A command running beside the gate's other steps (`niceness` above the gate's), its output in a
+    log file; wait() gives (code, seconds)."""
 
-    def __init__(self, cmd: list[str], env: dict[str, str], log: Path, cores: set[int] | None = None):
+    def __init__(self, cmd: list[str], env: dict[str, str], log: Path, cores: set[int] | None = None,
+                 niceness: int = 0):
         print(f"+ (in the background, output in {log}) " + " ".join(cmd), flush=True)
         self.log, self.start = log, time.perf_counter()
         with open(log, "wb") as out:
             self.process = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                            preexec_fn=_start_in(cores, BACKGROUND_NICENESS))
+                                            preexec_fn=_start_in(cores, niceness))
         # The steps are waited for one after another; a step that ended while the gate waited for
         # another must report when it ended, not when the gate got round to it.
         self.ended = threading.Thread(target=self._stamp_end, daemon=True)
@@ -330,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     # Everything untimed at once: CPU layers, GPU layers and the two checks (compiling is CPU work, and
     # the GPU has room for all); perf after, alone (or, --perf-early, once the GPU is free).
     background = {"pytest cpu": Background(commands["cpu"], cpu_layers_env(cpu_workers, spare),
-                                           args.report_dir / "pytest-cpu.log", other_cores)}
+                                           args.report_dir / "pytest-cpu.log", other_cores, CPU_LAYERS_NICENESS)}
     for key, step in checks.items():
         background[step.layer] = Background([sys.executable, "-m", "parity.gate", "--_check-step",
                                              str(args.report_dir / f"gate-time-{key}.json"), "--report-dir",
@@ -363,8 +364,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = gate_time.summarize(tests, check_rows)
     notes = [f"compile cache {CACHE_STATES[state]}: {cache.path}",
              f"pytest workers: {workers} for the gpu tests ({why}); {cpu_workers} for the others, with CUDA hidden "
-             f"({cores} CPU cores); these and the checks at the same time (the CPU layers and the checks at "
-             f"niceness {BACKGROUND_NICENESS}), then perf "
+             f"({cores} CPU cores); these and the checks at the same time (the CPU layers at "
+             f"niceness {CPU_LAYERS_NICENESS}), then perf "
              + (f"on cores {sorted(perf_cores)} of its own while the CPU layers finished" if perf_cores else "alone")
              + " (wall times overlap)",
              f"checks compiled in mode {check_env()['SAMFAST_COMPILE_MODE']} (SAMFAST_COMPILE_MODE)",

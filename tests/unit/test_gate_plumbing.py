@@ -189,7 +189,7 @@ def test_perf_early_times_perf_while_the_cpu_layers_still_run(tmp_path, monkeypa
     assert gate.main(["--perf-early", "--report-dir", str(tmp_path / "reports")]) == 0
     saw = json.loads(cpu_saw.read_text())
     # the CPU layers yield the CPU to the GPU layers (which set a cold run's wall)
-    niceness = min(19, os.nice(0) + gate.BACKGROUND_NICENESS)
+    niceness = min(19, os.nice(0) + gate.CPU_LAYERS_NICENESS)
     assert saw == {"perf_done_first": True, "cores": [first], "niceness": niceness}
     assert json.loads(perf_done.read_text()) == [last]
     assert "of its own while the CPU layers finished" in (tmp_path / "reports" / "gate-time.md").read_text()
