@@ -13,7 +13,11 @@ settings below. A tracker of the same design with another backbone (SAM 3's) mix
 Each step reads one object's memory from a MemoryBank (samfast.video.memory_bank): the conditioning
 frames (those with prompts), the last num_maskmem - 1 tracked frames, and up to 16 object pointers.
 Objects whose steps read the same frames in the same roles (memory_selection_key) take one step as a
-batch, reading their banks through a StackedMemoryBanks.
+batch, reading their banks through a StackedMemoryBanks. With fixed_capacity_memory (the compile
+switch) the memory attention always reads the memory at its capacity (num_maskmem frames and
+max_obj_ptrs_in_encoder pointers with one conditioning frame), the missing slots zero tokens that a
+key mask takes out of the cross-attention: one shape from the first tracked frame on, so a compiled
+memory attention does not recompile as the video grows (sam2's vos_optimized compiles it dynamic).
 What is fixed in every SAM 2 config (object pointers through a 3-layer MLP, an object-score head
 whose "absent" replaces the pointer by no_obj_ptr and the mask by NO_OBJ_SCORE, the mask input used
 as the output on frames given a mask, high-resolution features in the decoder, no_mem_embed added
@@ -80,6 +84,9 @@ class SAM2Tracking:
     """The tracking step of SAM 2's design; mixed into samfast.sam2.SAM2Base."""
 
     tracking: TrackingSettings
+    # True: the memory attention reads the memory at its fixed capacity, padded and masked
+    # (_at_fixed_capacity), one shape for every step of a video; the compile switch sets it
+    fixed_capacity_memory: bool = False
 
     # --- the SAM heads on one frame
 
@@ -224,20 +231,59 @@ class SAM2Tracking:
         obj_ptrs, obj_pos = self._object_pointers(
             frame_idx, selected_cond, pointers, num_frames, track_in_reverse, B, device
         )
-        num_obj_ptr_tokens = 0
-        if obj_ptrs is not None:
-            memory.append(obj_ptrs)
-            memory_pos.append(obj_pos)
-            num_obj_ptr_tokens = obj_ptrs.shape[0]
+        if self.fixed_capacity_memory:
+            memory, memory_pos, num_obj_ptr_tokens, memory_mask = self._at_fixed_capacity(
+                memory, memory_pos, obj_ptrs, obj_pos, num_cond=len(selected_cond)
+            )
+        else:
+            num_obj_ptr_tokens, memory_mask = 0, None
+            if obj_ptrs is not None:
+                memory.append(obj_ptrs)
+                memory_pos.append(obj_pos)
+                num_obj_ptr_tokens = obj_ptrs.shape[0]
+            memory, memory_pos = torch.cat(memory, dim=0), torch.cat(memory_pos, dim=0)
 
         pix_feat_with_mem = self.memory_attention(
             curr=current_vision_feats,
             curr_pos=current_vision_pos_embeds,
-            memory=torch.cat(memory, dim=0),
-            memory_pos=torch.cat(memory_pos, dim=0),
+            memory=memory,
+            memory_pos=memory_pos,
             num_obj_ptr_tokens=num_obj_ptr_tokens,
+            memory_mask=memory_mask,
         )
         return pix_feat_with_mem.permute(1, 2, 0).view(B, C, H, W)
+
+    def _at_fixed_capacity(
+        self,
+        memory: list[torch.Tensor],
+        memory_pos: list[torch.Tensor],
+        obj_ptrs: torch.Tensor | None,
+        obj_pos: torch.Tensor | None,
+        num_cond: int,
+    ) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor]:
+        """The memory at the fixed capacity of a step with num_cond conditioning frames: num_cond +
+        num_maskmem - 1 frame slots, then num_cond + max_obj_ptrs_in_encoder - 1 pointer slots, each
+        part's real tokens first (in sam2's order, with sam2's encodings), zero tokens after them:
+        (memory, memory_pos, the pointer tokens' count, key mask (B, tokens): False for padding).
+        The rotations reach the same frame tokens, since every frame slot is rotated alike."""
+        B = memory[0].shape[1]
+        frame_tokens = memory[0].shape[0]
+        ptr_tokens = max(self.hidden_dim // self.mem_dim, 1)  # tokens a pointer is split into
+        frames = (num_cond + self.num_maskmem - 1) * frame_tokens
+        ptrs = (num_cond + self.tracking.max_obj_ptrs_in_encoder - 1) * ptr_tokens
+        real_frames = len(memory) * frame_tokens
+        real_ptrs = 0 if obj_ptrs is None else obj_ptrs.shape[0]
+        ptr_parts = [] if obj_ptrs is None else [(obj_ptrs, obj_pos)]
+        parts = [
+            *zip(memory, memory_pos),
+            _zeros(memory[0], frames - real_frames),
+            *ptr_parts,
+            _zeros(memory[0], ptrs - real_ptrs),
+        ]
+        tokens, pos = (torch.cat(column, dim=0) for column in zip(*parts))
+        index = torch.arange(frames + ptrs, device=tokens.device)
+        real = (index < real_frames) | ((index >= frames) & (index < frames + real_ptrs))
+        return tokens, pos, ptrs, real.expand(B, -1)
 
     def _memory_reads(
         self, output_dict: MemoryBank, frame_idx: int, num_frames: int, track_in_reverse: bool
@@ -465,3 +511,11 @@ class SAM2Tracking:
                 is_mask_from_pts=point_inputs is not None,
             )
         return current_out
+
+
+def _zeros(like: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """count padding tokens of a memory like `like` (tokens, B, C), and their encodings: zeros."""
+    if count < 0:
+        raise ValueError(f"the memory holds {-count} token(s) more than its fixed capacity")
+    zeros = like.new_zeros(count, *like.shape[1:])
+    return zeros, zeros

@@ -9,11 +9,14 @@ StackedMemoryBanks offers the same three readers over several objects' banks, so
 steps read the same frames in the same roles take one batched step.
 
 Like sam2's, the bank grows by one entry per tracked frame and never evicts: the predictor also
-looks up a frame's earlier output in it (correction clicks, consolidating objects). The place to
-make it fixed-capacity (the conditioning frames plus a ring of the num_maskmem - 1 latest memories
-and max_obj_ptrs_in_encoder - 1 latest pointers, in preallocated tensors that a compiled step can
-read without recompiling) is this class: the three readers above keep their meaning, the
-per-frame outputs that only the predictor needs move beside it.
+looks up a frame's earlier output in it (correction clicks, consolidating objects). What a step
+reads has a fixed capacity all the same: the selected conditioning frames, at most num_maskmem - 1
+recent memories and max_obj_ptrs_in_encoder - 1 recent pointers. With fixed_capacity_memory (the
+compile switch) the tracker pads what the three readers pick to that capacity and masks the padding
+out of the cross-attention (samfast.sam2.tracker SAM2Tracking._at_fixed_capacity), so a compiled
+memory attention sees one shape from the first tracked frame on. Not built: preallocated per-object
+rings of those memories and pointers that a step reads in place, instead of concatenating the picks
+into a new memory tensor each step; they would live in this class, the readers keeping their meaning.
 """
 
 from __future__ import annotations

@@ -409,6 +409,27 @@ def test_reverse_propagation_of_objects_together(predictors, clip_dir, monkeypat
     assert steps == [(t, 2, 2) for t in reversed(range(4))]
 
 
+def test_fixed_capacity_memory(predictors, clip_dir, monkeypatch):
+    """The compile switch's memory in the eager step: every step reads the memory at its fixed capacity,
+    padded and masked (tests/unit/test_fixed_capacity_memory.py). Two objects tracked as one batch, then a
+    correction click on frame 3 made a second conditioning frame of object 1 (its capacity grows by a
+    frame and a pointer slot), tracked on forwards and backwards from there: sam2's masks, pointers, scores
+    and memories within BATCHED_TOLERANCE (the padding changes the rounding, as the batch does; measured
+    here, batch and padding together: logits 1.6e-4, pointers 3.2e-5, object scores 1.7e-5, memories one
+    bf16 step, 0.031)."""
+    monkeypatch.setattr(predictors[0].model, "fixed_capacity_memory", True)
+    for predictor in predictors:
+        monkeypatch.setattr(predictor, "add_all_frames_to_correct_as_cond", True)
+    session = Session(predictors, clip_dir, batched=True)
+    session.prompt("add_new_points_or_box", frame_idx=0, obj_id=1, points=[[80, 100]], labels=[1])
+    session.prompt("add_new_points_or_box", frame_idx=0, obj_id=2, box=[200, 150, 280, 210])
+    session.propagate()
+    session.prompt("add_new_points_or_box", frame_idx=3, obj_id=1, points=[[125, 100]], labels=[1], clear_old_points=False)
+    session.propagate(start_frame_idx=3)
+    session.propagate(start_frame_idx=3, reverse=True)
+    assert len(session.ours_state.objects[0].memory.cond_frame_outputs) == 2
+
+
 def test_stacked_banks_refuse_different_selections():
     """Banks that pick different memories cannot be read as one batch: an error, not a wrong batch."""
     out = FrameOutput(pred_masks=torch.zeros(1, 1, 4, 4), obj_ptr=torch.zeros(1, 8), object_score_logits=torch.ones(1, 1))

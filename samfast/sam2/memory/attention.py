@@ -3,6 +3,11 @@
 Layers of pre-norm self-attention, cross-attention to the memory tokens (both with 2-D rotary
 encodings; the object-pointer tokens at the end of the memory are not rotated) and a ReLU MLP,
 then a final LayerNorm. Inputs are sequence-first (L, B, C), as sam2 passes them.
+
+The rotations follow the feature map's size (16 x 16 at a 256 input, 64 x 64 at 1024): computed in
+forward for a new size, outside the layers, so a compiled graph of the layers (compile_static) reads
+them as an input and never sees a module attribute change. A memory padded to a fixed capacity
+(samfast.sam2.tracker) comes with a key mask that takes the padding out of the cross-attention.
 """
 
 from __future__ import annotations
@@ -15,6 +20,9 @@ from torch import nn
 
 from samfast.sam2.memory.rope import apply_rotary_enc, compute_axial_cis
 
+ROPE_THETA = 10000.0
+ROPE_FEAT_SIZES = (64, 64)  # the feature map at sam2's 1024 input
+
 
 class RoPEAttention(nn.Module):
     def __init__(
@@ -23,9 +31,7 @@ class RoPEAttention(nn.Module):
         num_heads: int,
         dropout: float = 0.1,
         kv_in_dim: int | None = None,
-        rope_theta: float = 10000.0,
         rope_k_repeat: bool = False,
-        feat_sizes: tuple[int, int] = (64, 64),
     ) -> None:
         super().__init__()
         kv_in_dim = kv_in_dim or embedding_dim
@@ -35,26 +41,32 @@ class RoPEAttention(nn.Module):
         self.v_proj = nn.Linear(kv_in_dim, embedding_dim)
         self.out_proj = nn.Linear(embedding_dim, embedding_dim)
         self.dropout_p = dropout
-        self.rope_theta = rope_theta
         self.rope_k_repeat = rope_k_repeat
-        self.freqs_cis = compute_axial_cis(embedding_dim // num_heads, *feat_sizes, theta=rope_theta)
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         b, n, c = x.shape
         return x.reshape(b, n, self.num_heads, c // self.num_heads).transpose(1, 2)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_k_exclude_rope: int = 0) -> torch.Tensor:
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        freqs_cis: torch.Tensor,
+        num_k_exclude_rope: int = 0,
+        key_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """freqs_cis: the rotations of the queries' map (MemoryAttention.rotations); key_mask (B, keys)
+        bool, False for a key that must take no part (a padded memory slot), None: every key."""
         q, k, v = self._heads(self.q_proj(q)), self._heads(self.k_proj(k)), self._heads(self.v_proj(v))
-        if self.freqs_cis.shape[0] != q.shape[-2]:  # a square map of another size
-            side = math.sqrt(q.shape[-2])
-            self.freqs_cis = compute_axial_cis(q.shape[-1], side, side, theta=self.rope_theta)
-        self.freqs_cis = self.freqs_cis.to(q.device)
         if q.shape[-2] != k.shape[-2] and not self.rope_k_repeat:
             raise ValueError("keys longer than the queries need rope_k_repeat (memory cross-attention)")
         num_k_rope = k.shape[-2] - num_k_exclude_rope
-        q, k_rope = apply_rotary_enc(q, k[:, :, :num_k_rope], self.freqs_cis, repeat_freqs_k=self.rope_k_repeat)
+        q, k_rope = apply_rotary_enc(q, k[:, :, :num_k_rope], freqs_cis, repeat_freqs_k=self.rope_k_repeat)
         k = torch.cat([k_rope, k[:, :, num_k_rope:]], dim=2)
-        out = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout_p if self.training else 0.0)
+        attn_mask = None if key_mask is None else key_mask[:, None, None, :]
+        dropout_p = self.dropout_p if self.training else 0.0
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
         b, heads, n, c = out.shape
         return self.out_proj(out.transpose(1, 2).reshape(b, n, heads * c))
 
@@ -74,13 +86,21 @@ class MemoryAttentionLayer(nn.Module):
         self.dropout2 = nn.Dropout(dropout)
         self.dropout3 = nn.Dropout(dropout)
 
-    def forward(self, tgt: torch.Tensor, memory: torch.Tensor, pos: torch.Tensor, num_k_exclude_rope: int = 0) -> torch.Tensor:
+    def forward(
+        self,
+        tgt: torch.Tensor,
+        memory: torch.Tensor,
+        pos: torch.Tensor,
+        freqs_cis: torch.Tensor,
+        num_k_exclude_rope: int = 0,
+        memory_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         # every config: no positional encoding in self-attention nor on the cross-attention queries,
         # the memory's on its keys
         tgt2 = self.norm1(tgt)
-        tgt = tgt + self.dropout1(self.self_attn(tgt2, tgt2, v=tgt2))
+        tgt = tgt + self.dropout1(self.self_attn(tgt2, tgt2, tgt2, freqs_cis))
         tgt2 = self.norm2(tgt)
-        tgt2 = self.cross_attn_image(q=tgt2, k=memory + pos, v=memory, num_k_exclude_rope=num_k_exclude_rope)
+        tgt2 = self.cross_attn_image(tgt2, memory + pos, memory, freqs_cis, num_k_exclude_rope, memory_mask)
         tgt = tgt + self.dropout2(tgt2)
         tgt2 = self.linear2(self.dropout(F.relu(self.linear1(self.norm3(tgt)))))
         return tgt + self.dropout3(tgt2)
@@ -92,6 +112,23 @@ class MemoryAttention(nn.Module):
         self.d_model = d_model
         self.layers = nn.ModuleList(MemoryAttentionLayer(d_model, dim_feedforward, mem_dim) for _ in range(num_layers))
         self.norm = nn.LayerNorm(d_model)
+        # one head in every layer's attentions: the rotations of a head of d_model channels, shared by all
+        self.freqs_cis = compute_axial_cis(d_model, *ROPE_FEAT_SIZES, theta=ROPE_THETA)
+        self.compiled_attend = None  # set by compile_static (the compile switch)
+
+    def compile_static(self, mode: str) -> None:
+        """torch.compile the layers into one graph per shape (fullgraph, static): the tracker pads the
+        memory to a fixed capacity, so a video's steps share one shape."""
+        self.compiled_attend = torch.compile(self.attend, mode=mode, fullgraph=True, dynamic=False)
+
+    def rotations(self, num_tokens: int, device: torch.device) -> torch.Tensor:
+        """The rotations of a square map of num_tokens tokens (kept for the next call of that size)."""
+        if self.freqs_cis.shape[0] != num_tokens:
+            side = math.sqrt(num_tokens)
+            self.freqs_cis = compute_axial_cis(self.d_model, side, side, theta=ROPE_THETA)
+        if self.freqs_cis.device != device:
+            self.freqs_cis = self.freqs_cis.to(device)
+        return self.freqs_cis
 
     def forward(
         self,
@@ -100,12 +137,28 @@ class MemoryAttention(nn.Module):
         curr_pos: torch.Tensor,
         memory_pos: torch.Tensor,
         num_obj_ptr_tokens: int = 0,
+        memory_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """curr, curr_pos (L, B, C); memory, memory_pos (M, B, mem_dim) -> (L, B, C)."""
+        """curr, curr_pos (L, B, C); memory, memory_pos (M, B, mem_dim), the last num_obj_ptr_tokens
+        of them object pointers; memory_mask (B, M) bool, False for a padded memory token -> (L, B, C)."""
         if isinstance(curr, list):  # sam2 passes one-element lists
             (curr,), (curr_pos,) = curr, curr_pos
+        attend = self.attend if self.compiled_attend is None else self.compiled_attend
+        freqs_cis = self.rotations(curr.shape[0], curr.device)
+        return attend(curr, memory, curr_pos, memory_pos, freqs_cis, num_obj_ptr_tokens, memory_mask)
+
+    def attend(
+        self,
+        curr: torch.Tensor,
+        memory: torch.Tensor,
+        curr_pos: torch.Tensor,
+        memory_pos: torch.Tensor,
+        freqs_cis: torch.Tensor,
+        num_obj_ptr_tokens: int,
+        memory_mask: torch.Tensor | None,
+    ) -> torch.Tensor:
         output = (curr + 0.1 * curr_pos).transpose(0, 1)  # pos_enc_at_input in every config
         memory, memory_pos = memory.transpose(0, 1), memory_pos.transpose(0, 1)
         for layer in self.layers:
-            output = layer(output, memory, memory_pos, num_k_exclude_rope=num_obj_ptr_tokens)
+            output = layer(output, memory, memory_pos, freqs_cis, num_obj_ptr_tokens, memory_mask)
         return self.norm(output).transpose(0, 1)
