@@ -10,16 +10,19 @@ import torch
 from samfast.errors import StageError
 from samfast.sam2.build import build_sam2_model
 from samfast.sam2.config import SAM2_MODEL_TYPES, is_sam2_type
+from samfast.sam2.sam2_base import SAM2Base
 from samfast.sam2.video_predictor import VIDEO_FILL_HOLE_AREA, SAM2VideoPredictor, apply_video_postprocessing
-from samfast.stages import SWITCHES, parse_stages
+from samfast.stages import SWITCHES, compile_mode, parse_stages
 
 # The switches the tracking step is built for so far. bf16: weights in bf16 as for images; the step
 # casts what it makes in fp32 (masks into the memory encoder, the pointers' sine encodings) to the
-# model's dtype where sam2 leaves that to CUDA autocast. Not yet: compile (the image encoder and
-# decoder would compile, but the memory's shapes grow with the video: issue 37's fixed-capacity bank).
-VIDEO_SWITCHES = frozenset({"bf16", "sdpa"})
-# every stage those switches make, in ladder order: what the video gate runs unless told
-VIDEO_STAGES = ("fp32", "fp32+sdpa", "bf16", "bf16+sdpa")
+# model's dtype where sam2 leaves that to CUDA autocast. compile: the image encoder (one frame per
+# call) and the decoder as for images, plus the memory attention and the memory encoder with static
+# shapes (compile_tracking): the memory read at its fixed capacity, padded and masked.
+VIDEO_SWITCHES = frozenset({"bf16", "compile", "sdpa"})
+# the stages the video gate runs unless told, from the baseline up: each switch alone on fp32, then
+# stacked on bf16 (on a CPU the gate leaves the compiled ones out: parity.tasks.video.runner.default_stages)
+VIDEO_STAGES = ("fp32", "fp32+sdpa", "bf16", "bf16+sdpa", "fp32+compile", "bf16+compile+sdpa")
 
 
 def build_sam_video(
@@ -32,8 +35,8 @@ def build_sam_video(
 ) -> SAM2VideoPredictor:
     """A video predictor (init_state, add_new_points_or_box, propagate_in_video, ...) of a model
     type with memory (the SAM 2 types), with sam2's video settings (build_sam2_video_predictor's
-    defaults). checkpoint, seed and device as samfast.build_sam takes them; stages: one of
-    VIDEO_STAGES so far."""
+    defaults). checkpoint, seed and device as samfast.build_sam takes them; stages: fp32 or any
+    combination of VIDEO_SWITCHES (VIDEO_STAGES lists the gate's)."""
     if not is_sam2_type(model_type):
         raise ValueError(
             f"{model_type!r} has no memory to track objects with; video tracking takes a SAM 2 type: "
@@ -44,6 +47,22 @@ def build_sam_video(
             f"stages={stages!r}: the {', '.join(unbuilt)} switch(es) are not built for video tracking yet "
             f"(issue 37); build_sam_video takes {', '.join(map(repr, VIDEO_STAGES))}"
         )
-    model = build_sam2_model(model_type, checkpoint, seed=seed, device=device, stages=stages)
+    # one frame per image-encoder call: a static batch of one
+    model = build_sam2_model(model_type, checkpoint, seed=seed, device=device, stages=stages, batch_size=1)
+    if "compile" in parse_stages(stages):
+        compile_tracking(model)
     apply_video_postprocessing(model)
     return SAM2VideoPredictor(model, fill_hole_area=VIDEO_FILL_HOLE_AREA)
+
+
+def compile_tracking(model: SAM2Base) -> None:
+    """The compile switch's tracking half (build_sam2_model compiled the image encoder and the decoder):
+    the memory read at its fixed capacity, so that the memory attention compiles into one graph
+    (fullgraph, static shapes) per batch of objects and number of conditioning frames, the memory
+    encoder into one per batch (the prompts' memories are encoded one object at a time, the tracked
+    frames' a group at once), and neither recompiles as the video grows. Mode: SAMFAST_COMPILE_MODE,
+    else max-autotune on a GPU and inductor's default on a CPU, as for images."""
+    model.fixed_capacity_memory = True
+    mode = compile_mode(model.device)
+    model.memory_attention.compile_static(mode)
+    model.memory_encoder.compile_static(mode)

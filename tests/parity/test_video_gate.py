@@ -164,7 +164,15 @@ def test_coco_flags_are_refused_for_the_video_task(capsys):
 
 
 def test_stage_not_built_for_tracking_is_refused_by_name(golden, tmp_path, capsys):
-    code = main(["check", *CLI_ARGS, "--seed", "0", "--golden", str(golden), "--stages", "bf16+compile",
+    code = main(["check", *CLI_ARGS, "--seed", "0", "--golden", str(golden), "--stages", "bf16+triton",
                  "--report-dir", str(tmp_path)])
     assert code == 2
-    assert "not built for video tracking" in capsys.readouterr().err
+    err = capsys.readouterr().err  # SAM 2 builds no triton switch either: the family's refusal comes first
+    assert "triton" in err and "not built" in err
+
+
+def test_compiled_stages_run_by_default_on_a_gpu_only():
+    """Minutes of inductor's C++ compile on a CPU (tests/system/test_video_compile.py runs one there)."""
+    assert runner.default_stages(torch.device("cpu")) == ["fp32", "fp32+sdpa", "bf16", "bf16+sdpa"]
+    assert runner.default_stages(torch.device("cuda")) == [*runner.default_stages(torch.device("cpu")),
+                                                          "fp32+compile", "bf16+compile+sdpa"]

@@ -98,6 +98,12 @@ def build_predictor(source: ModelSource, stages: str, device: torch.device, inpu
     return predictor
 
 
+def default_stages(device: torch.device) -> list[str]:
+    """The stages a check runs unless told: VIDEO_STAGES, less the compiled ones on a CPU (inductor's C++
+    compile of the tracker costs about 100 s a stage there cold, tests/system/test_video_compile.py)."""
+    return [stage for stage in VIDEO_STAGES if device.type == "cuda" or "compile" not in parse_stages(stage)]
+
+
 def unbuilt(stage: str) -> list[str]:
     """The stage's switches that video tracking is not built for (samfast/video/build.py)."""
     return sorted(parse_stages(stage) - VIDEO_SWITCHES, key=SWITCHES.index)

@@ -1,8 +1,8 @@
 """The video task: SAM 2's tracker over generated clips (--data scenes) or DAVIS-layout folders (--data davis),
 every stage's per-frame masks, logits and object scores against the fp32 golden's (J&F, drift, objects
-lost). The stages of fp32, bf16 and sdpa are built for tracking (samfast.video.build.VIDEO_STAGES): a
-stage with another switch asked for by name is refused (exit 2); left out of the default stages, it is
-named in the report as not built."""
+lost). The stages of fp32, bf16, compile and sdpa are built for tracking (samfast.video.build.VIDEO_STAGES;
+the compiled ones run by default on a GPU only, runner.default_stages): a stage with another switch asked
+for by name is refused (exit 2); left out of the default stages, it is named in the report as not built."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from parity.tasks.source import ModelSource
 from parity.tasks.task import Task, positive_int
 from parity.tasks.video import golden as video_golden
 from parity.tasks.video import runner
-from samfast.video.build import VIDEO_STAGES
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> list[str]:
@@ -44,10 +43,10 @@ def _run_check(args, source: ModelSource, dataset: Dataset | None, data_args: st
     not_built = ()
     if args.stages is None:
         # the device's default stages that tracking has no build of are named in the report; what runs is
-        # every stage built for tracking (on a GPU the defaults are ladder stages, bf16 and up, so fp32+sdpa
+        # the stages built for tracking (on a GPU the defaults are ladder stages, bf16 and up, so fp32+sdpa
         # would otherwise never run there)
         not_built = tuple(s for s in stages if runner.unbuilt(s))
-        stages = list(VIDEO_STAGES)
+        stages = runner.default_stages(device)
     return runner.run_check(source, spec(args), stages, device=device, golden=args.golden,
                             report_dir=args.report_dir / "video", require_gpu=args.require_gpu, not_built=not_built)
 

@@ -66,11 +66,27 @@ class MemoryEncoder(nn.Module):
         self.fuser = Fuser(in_dim)
         self.position_encoding = PositionEmbeddingSine(out_dim)
         self.out_proj = nn.Conv2d(in_dim, out_dim, kernel_size=1)
+        self.compiled_encode = None  # set by compile_static (the compile switch)
+
+    def compile_static(self, mode: str) -> None:
+        """torch.compile the encoder into one graph per batch size (fullgraph, static shapes)."""
+        self.compiled_encode = torch.compile(self.encode, mode=mode, fullgraph=True, dynamic=False)
 
     def forward(
         self, pix_feat: torch.Tensor, masks: torch.Tensor, skip_mask_sigmoid: bool = False
     ) -> dict[str, torch.Tensor | list[torch.Tensor]]:
         """pix_feat (B, 256, 64, 64), mask logits (B, 1, 1024, 1024) -> sam2's dict of the memory and its encoding."""
+        if self.compiled_encode is None:
+            return self.encode(pix_feat, masks, skip_mask_sigmoid)
+        out = self.compiled_encode(pix_feat, masks, skip_mask_sigmoid)
+        # copies: compiled with CUDA graphs (max-autotune on a GPU) the next call reuses the outputs' buffers,
+        # and the bank keeps every frame's memory (sam2's vos_optimized clones them too)
+        return {"vision_features": out["vision_features"].clone(),
+                "vision_pos_enc": [pos.clone() for pos in out["vision_pos_enc"]]}
+
+    def encode(
+        self, pix_feat: torch.Tensor, masks: torch.Tensor, skip_mask_sigmoid: bool
+    ) -> dict[str, torch.Tensor | list[torch.Tensor]]:
         if not skip_mask_sigmoid:
             masks = torch.sigmoid(masks)
         masks = self.mask_downsampler(masks)
