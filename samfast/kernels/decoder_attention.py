@@ -88,7 +88,7 @@ def _token_to_image_fwd(
     stride_pl,
     stride_mp, stride_mc,
     stride_op, stride_oq,
-    L,
+    L: tl.constexpr,  # image tokens (4096 for every SAM): a loop bound, so a constant (see the loop)
     C: tl.constexpr,
     NQ: tl.constexpr,  # heads x padded tokens
     PRECISION: tl.constexpr,  # tl.dot's input_precision (dispatch.dot_precision)
@@ -105,6 +105,8 @@ def _token_to_image_fwd(
     l_i = tl.full([NQ], 0.0, dtype=tl.float32)
     acc = tl.full([NQ, C], 0.0, dtype=tl.float32)
     x_base = X + image * stride_xb
+    # A runtime bound here fails in Triton 3.6's interpreter under numpy >= 2.4 (range() takes the
+    # argument's one-element array as an index): the H100 runner's Triton.
     for start in range(0, L, BLOCK_L):
         offs_l = start + tl.arange(0, BLOCK_L)
         l_mask = offs_l < L
@@ -191,7 +193,7 @@ _IMAGE_TO_TOKEN_CONFIGS = (
     else []
 )
 
-_TOKEN_TO_IMAGE = TritonKernel(_token_to_image_fwd, _TOKEN_TO_IMAGE_CONFIGS, key=["C", "NQ"])
+_TOKEN_TO_IMAGE = TritonKernel(_token_to_image_fwd, _TOKEN_TO_IMAGE_CONFIGS, key=["L", "C", "NQ"])
 _IMAGE_TO_TOKEN = TritonKernel(_image_to_token_fwd, _IMAGE_TO_TOKEN_CONFIGS, key=["C", "NQ", "T_PAD"])
 
 
@@ -203,7 +205,7 @@ def _launch_token_to_image(keys, pe, m, index, out) -> None:
         pe.stride(0),
         m.stride(0), m.stride(1),
         out.stride(0), out.stride(1),
-        keys.shape[1],
+        L=keys.shape[1],
         C=keys.shape[2],
         NQ=m.shape[2],
         PRECISION=dot_precision(keys.dtype),
