@@ -19,8 +19,9 @@ frame's image features are computed once for all objects. Unlike sam2 (one objec
 objects whose steps on a frame read the same memory selection (the same conditioning frames, recent
 memories and pointers: objects prompted on the same frames and tracked together) take one step as a
 batch, the frame's features expanded to it and their memories stacked, and each object's output goes
-back to its own bank; objects with other selections form their own batches. The batch changes only
-the float rounding of the batched matmuls (tests/unit/test_sam2_video.py says how much).
+back to its own bank; objects with other selections form their own batches. Likewise the pending
+results of the objects prompted on one frame have their memories encoded in one batch. The batch
+changes only the float rounding of the batched matmuls (tests/unit/test_sam2_video.py says how much).
 """
 
 from __future__ import annotations
@@ -389,27 +390,14 @@ class VideoPredictor:
 
     @torch.inference_mode()
     def propagate_in_video_preflight(self, inference_state: InferenceState) -> None:
-        """Encode the memory of every pending prompt result and move it into the object's bank."""
+        """Encode the memory of every pending prompt result (one batch per frame) and move it into the
+        object's bank."""
         if self._get_obj_num(inference_state) == 0:
             raise RuntimeError("No input points or masks are provided for any object; please add inputs first.")
+        self._encode_pending_memories(inference_state)
         for obj_idx, obj in enumerate(inference_state.objects):
             for is_cond, pending in obj.pending:
                 for frame_idx, out in pending.items():
-                    if out.maskmem_features is None:
-                        high_res_masks = F.interpolate(
-                            out.pred_masks.to(inference_state.device),
-                            size=(self.image_size, self.image_size),
-                            mode="bilinear",
-                            align_corners=False,
-                        )
-                        out.maskmem_features, out.maskmem_pos_enc = self._run_memory_encoder(
-                            inference_state=inference_state,
-                            frame_idx=frame_idx,
-                            batch_size=1,
-                            high_res_masks=high_res_masks,
-                            object_score_logits=out.object_score_logits,
-                            is_mask_from_pts=True,  # frames the user prompted
-                        )
                     obj.memory.storage(is_cond)[frame_idx] = out
                     if self.clear_non_cond_mem_around_input:
                         self._clear_obj_non_cond_mem_around_input(inference_state, frame_idx, obj_idx)
@@ -421,6 +409,48 @@ class VideoPredictor:
             # a frame that became a conditioning frame is no longer a tracked one
             for frame_idx in obj.memory.cond_frame_outputs:
                 obj.memory.non_cond_frame_outputs.pop(frame_idx, None)
+
+    def _encode_pending_memories(self, inference_state: InferenceState) -> None:
+        """Encode the memory of every pending prompt result that has none, the objects' results on
+        one frame in one batch (sam2 encodes them one object at a time): one memory-encoder call per
+        prompted frame, at the batch the tracked frames use when the objects were prompted together
+        (one compiled graph for both)."""
+        pending_per_frame: dict[int, list[FrameOutput]] = {}
+        for obj in inference_state.objects:
+            for _, pending in obj.pending:
+                for frame_idx, out in pending.items():
+                    if out.maskmem_features is None:
+                        pending_per_frame.setdefault(frame_idx, []).append(out)
+        for frame_idx, outs in sorted(pending_per_frame.items()):
+            batches = [outs] if self._objects_batch else [[out] for out in outs]
+            for batch in batches:
+                self._encode_prompted_memories(inference_state, frame_idx, batch)
+
+    def _encode_prompted_memories(self, inference_state: InferenceState, frame_idx: int, outs: list[FrameOutput]) -> None:
+        """The memories of prompt results on one frame (one object each), encoded as one batch and
+        handed back to each result."""
+        low_res_masks = torch.cat([out.pred_masks.to(inference_state.device) for out in outs])
+        high_res_masks = F.interpolate(
+            low_res_masks, size=(self.image_size, self.image_size), mode="bilinear", align_corners=False
+        )
+        maskmem_features, maskmem_pos_enc = self._run_memory_encoder(
+            inference_state=inference_state,
+            frame_idx=frame_idx,
+            batch_size=len(outs),
+            high_res_masks=high_res_masks,
+            object_score_logits=torch.cat([out.object_score_logits for out in outs]),
+            is_mask_from_pts=True,  # frames the user prompted
+        )
+        for i, out in enumerate(outs):
+            out.maskmem_features = maskmem_features[i : i + 1]
+            out.maskmem_pos_enc = [x[i : i + 1] for x in maskmem_pos_enc]
+
+    @property
+    def _objects_batch(self) -> bool:
+        """Whether several objects may share a step or a memory encoding: not with the tracker's
+        non_overlap_masks_for_mem_enc, a constraint across the batch's objects where sam2 (one
+        object at a time) never applies it across objects."""
+        return not self.model.tracking.non_overlap_masks_for_mem_enc
 
     @torch.inference_mode()
     def propagate_in_video(
@@ -477,9 +507,7 @@ class VideoPredictor:
         """The objects to track on a frame, grouped by what their step reads from memory
         (memory_selection_key): a group takes one batched step. Objects prompted on the same
         frames and tracked together, the common case, form one group."""
-        if self.model.tracking.non_overlap_masks_for_mem_enc:
-            # sam2 encodes each object's memory alone, where this constraint across objects is a
-            # no-op; in a batch it would act across the group
+        if not self._objects_batch:
             return [[obj_idx] for obj_idx in obj_indices]
         groups: dict[tuple, list[int]] = {}
         for obj_idx in obj_indices:

@@ -365,6 +365,31 @@ def test_objects_prompted_together_take_one_step_per_frame(predictors, clip_dir,
     assert steps == [(t, 4, 4) for t in range(1, NUM_FRAMES)]
 
 
+def test_prompted_frames_memories_encoded_in_one_batch(predictors, clip_dir, monkeypatch):
+    """propagate_in_video_preflight encodes the memories of the objects prompted on one frame in one
+    batch (sam2: one object at a time): objects 1 and 2 prompted on frame 0, objects 1 and 3 on frame 3
+    give one memory encoding of two per frame, and every object's memories are sam2's (measured here:
+    bit-equal, the memory encoder's convolutions round alike at batch 1 and 2; compared within
+    BATCHED_TOLERANCE all the same, since another CPU's kernels may pick another algorithm per batch)."""
+    session = Session(predictors, clip_dir, batched=True)
+    session.prompt("add_new_points_or_box", frame_idx=0, obj_id=1, points=[[80, 100]], labels=[1])
+    session.prompt("add_new_points_or_box", frame_idx=0, obj_id=2, box=[200, 150, 280, 210])
+    session.prompt("add_new_points_or_box", frame_idx=3, obj_id=1, points=[[125, 100]], labels=[1])
+    session.prompt("add_new_points_or_box", frame_idx=3, obj_id=3, points=[[300, 20]], labels=[1])
+    model = session.ours.model
+    encode, batches = model._encode_new_memory, []
+
+    def counted_encode(*args, **kwargs):
+        batches.append(kwargs["current_vision_feats"][-1].size(1))
+        return encode(*args, **kwargs)
+
+    monkeypatch.setattr(model, "_encode_new_memory", counted_encode)
+    session._call("propagate_in_video_preflight")
+    assert batches == [2, 2]
+    session.assert_same_memory()
+    assert [sorted(obj.memory.cond_frame_outputs) for obj in session.ours_state.objects] == [[0, 3], [0], [3]]
+
+
 def test_objects_prompted_on_different_frames_form_groups(predictors, clip_dir, monkeypatch):
     """Objects 1 and 2 prompted on frame 0 and tracked to frame 2, object 3 first prompted on
     frame 2: from there objects 1 and 2 (conditioned on frame 0) take one step per frame and
