@@ -79,20 +79,27 @@ def test_sam2_stage_is_sync_free(stages, scene, tmp_path, model_cache):
     assert_no_syncs(trace)
 
 
+IMAGES_WITHOUT_RECOMPILE = 100  # issue 36's target: 0 recompiles over 1..16 points and over 100 images
+
+
 @shared("sdpa")
 def test_sam2_compiled_never_recompiles_over_points_boxes_and_images(model_cache):
-    """sam2 issue #517: its compiled prompt encoder recompiles per point count. Here: 1..16 points per
-    prompt, one or several prompts, a box, and four image sizes after the warm-up, with nothing new compiled."""
+    """sam2 issue #517: its compiled prompt encoder recompiles per point count. Here, after the warm-up,
+    100 images of 20 sizes, each given 1..16 points in one prompt (every count six times or more, with
+    and without multimask output), every fifth a box too: nothing new compiled."""
     entry = _entry(model_cache, "sdpa")
     predictor = SamPredictor(entry.model)
     rng = np.random.default_rng(1)
+    sizes = [(int(h), int(w)) for h, w in rng.integers(200, 1400, (20, 2))]
     with watch() as seen:
-        for i, (h, w) in enumerate([(480, 640), (640, 480), (333, 999), (1024, 1024)]):
+        for i in range(IMAGES_WITHOUT_RECOMPILE):
+            h, w = sizes[i % len(sizes)]
             predictor.set_image(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
-            for n in range(1 + 4 * i, 5 + 4 * i):  # 1..16 points over the four images
-                predictor.predict(point_coords=rng.uniform(0, min(h, w) - 1, (n, 2)), point_labels=np.ones(n),
-                                  multimask_output=n % 2 == 0)
-            predictor.predict(box=np.array([10, 20, w / 2, h / 2]))
+            n = 1 + i % 16
+            predictor.predict(point_coords=rng.uniform(0, min(h, w) - 1, (n, 2)), point_labels=np.ones(n),
+                              multimask_output=(i // 16) % 2 == 0)
+            if i % 5 == 0:
+                predictor.predict(box=np.array([10, 20, w / 2, h / 2]))
     seen.assert_clean()
     assert seen.graphs_compiled == 0, f"{seen.graphs_compiled} graph(s) compiled after the warm-up"
 

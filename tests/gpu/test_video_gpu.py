@@ -1,0 +1,111 @@
+"""Video tracking on the GPU (issue 37 item 3): the CUDA stages against an fp32 golden, host-device syncs
+that grow by a fixed number per tracked frame and never with the memory, and the compiled tracker over
+100 frames without a recompile after its first frames.
+
+Seeded sam2.1_hiera_nano at the video gate's 256 input (parity.tasks.video.track), the gate's generated
+clips, compile mode `default` (as the other GPU layers: max-autotune's search costs minutes and gates no
+threshold). The CPU layers hold the same predictor to sam2's (tests/unit/test_sam2_video.py), the fp32
+stages to the video golden (tests/parity/test_video_gate.py) and the compiled tracker to eager
+(tests/system/test_video_compile.py); here the parts only CUDA has: bf16 on tensor cores, syncs, and
+inductor's Triton graphs.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from parity.checks.compile import watch
+from parity.checks.syncs import find_syncs, profile_region
+from parity.golden.videos import generate_clip
+from parity.tasks.source import ModelSource
+from parity.tasks.video import runner
+from parity.tasks.video.track import DEFAULT_INPUT_SIZE, prompts
+from samfast.stages import parse_stages
+
+pytestmark = [pytest.mark.gpu, pytest.mark.xdist_group("video-nano-cuda")]  # the compiled tests share inductor's graphs
+
+DEVICE = "cuda"
+SOURCE = ModelSource("sam2.1_hiera_nano", None, 0)
+SPEC = runner.VideoSpec(videos=1, frames=8)
+COMPILED = "bf16+compile+sdpa"
+FIRST_FRAMES = 2  # the prompted frame and the first tracking step: where the tracker's graphs compile
+LONG_VIDEO = 100  # frames the compiled tracker runs without compiling anything after FIRST_FRAMES
+# The hand-out: a tracked frame's masks may reach the host once (the caller's copy); nothing inside a
+# step may wait for the GPU, and nothing may grow with the memory.
+MAX_SYNCS_PER_FRAME = 1
+
+
+@pytest.fixture(autouse=True)
+def _default_compile_mode(monkeypatch):
+    monkeypatch.setenv("SAMFAST_COMPILE_MODE", "default")
+
+
+def predictor(stages: str):
+    return runner.build_predictor(SOURCE, stages, torch.device(DEVICE), DEFAULT_INPUT_SIZE)
+
+
+def clicked_state(tracker, clip, frames: int):
+    """A state of the clip's first `frames` frames, each object visible on frame 0 clicked at its centre
+    there: one group of objects for the whole video (an object clicked on a later frame starts a group of
+    its own, a batch size of its own for the compiled graphs, and a step in the sync count)."""
+    state = tracker.init_state(list(clip.frames[:frames]))
+    clicks = [(obj_id, x, y) for obj_id, frame, (x, y) in prompts(clip) if frame == 0]
+    assert clicks, "no object visible on the clip's first frame"
+    for obj_id, x, y in clicks:
+        tracker.add_new_points_or_box(state, 0, obj_id, points=np.array([[x, y]], dtype=np.float32),
+                                      labels=np.array([1], dtype=np.int32))
+    return state
+
+
+@pytest.fixture(scope="module")
+def golden(tmp_path_factory):
+    return runner.make_golden(SOURCE, SPEC, device=DEVICE, root=tmp_path_factory.mktemp("golden"))
+
+
+def test_cuda_stages_pass_against_the_fp32_golden(golden, tmp_path):
+    stages = [s for s in runner.default_stages(torch.device(DEVICE)) if s != "fp32"]
+    assert COMPILED in stages and any("compile" in parse_stages(s) for s in stages)
+    results, _ = runner.run_check(SOURCE, SPEC, stages, device=DEVICE, golden=golden, report_dir=tmp_path,
+                                  require_gpu=True)
+    failed = {r.stage: r.error or r.gates for r in results if not r.passed}
+    assert not failed, failed
+
+
+@torch.inference_mode()
+def test_syncs_grow_by_a_fixed_number_per_frame_never_with_the_memory(tmp_path):
+    """Syncs of a whole propagation over 4, 8 and 12 frames: the same step from 4 to 8 as from 8 to 12
+    (the memory reaches its num_maskmem frames at 7, the pointers keep growing to 12: a sync per memory
+    entry would show), and at most MAX_SYNCS_PER_FRAME a frame."""
+    tracker, clip = predictor("bf16+sdpa"), generate_clip(1, frames=12)
+    counts, where = {}, {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # fill-hole warnings without sam2's CUDA extension
+        for frames in (4, 8, 12):
+            state = clicked_state(tracker, clip, frames)
+            trace = profile_region(lambda: list(tracker.propagate_in_video(state)),
+                                   trace_path=tmp_path / f"propagate-{frames}.json.gz")
+            syncs = find_syncs(trace)
+            counts[frames], where[frames] = len(syncs), sorted({s["python_frame"] or s["name"] for s in syncs})
+    per_frame = (counts[8] - counts[4]) / 4
+    assert counts[12] - counts[8] == counts[8] - counts[4], f"syncs grow with the memory: {counts}; at {where[12]}"
+    assert per_frame <= MAX_SYNCS_PER_FRAME, f"{per_frame} syncs per tracked frame ({counts}), at {where[12]}"
+
+
+@torch.inference_mode()
+def test_compiled_tracker_never_recompiles_over_100_frames():
+    tracker, clip = predictor(COMPILED), generate_clip(2, frames=LONG_VIDEO)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with watch() as first:
+            tracked = tracker.propagate_in_video(clicked_state(tracker, clip, LONG_VIDEO), start_frame_idx=0)
+            [next(tracked) for _ in range(FIRST_FRAMES)]
+        with watch() as later:
+            frames = sum(1 for _ in tracked)
+    assert frames == LONG_VIDEO - FIRST_FRAMES
+    assert first.graphs_compiled >= 4, "compile is on, yet the tracker's modules did not all compile"
+    later.assert_clean()
+    assert later.graphs_compiled == 0, f"{later.graphs_compiled} graph(s) compiled after frame {FIRST_FRAMES}"
