@@ -13,11 +13,12 @@ settings below. A tracker of the same design with another backbone (SAM 3's) mix
 Each step reads one object's memory from a MemoryBank (samfast.video.memory_bank): the conditioning
 frames (those with prompts), the last num_maskmem - 1 tracked frames, and up to 16 object pointers.
 Objects whose steps read the same frames in the same roles (memory_selection_key) take one step as a
-batch, reading their banks through a StackedMemoryBanks. With fixed_capacity_memory (the compile
-switch) the memory attention always reads the memory at its capacity (num_maskmem frames and
-max_obj_ptrs_in_encoder pointers with one conditioning frame), the missing slots zero tokens that a
-key mask takes out of the cross-attention: one shape from the first tracked frame on, so a compiled
-memory attention does not recompile as the video grows (sam2's vos_optimized compiles it dynamic).
+batch, of one video or of several, reading their banks through a StackedMemoryBanks. With
+fixed_capacity_memory (the compile switch) the memory attention always reads the memory at its
+capacity (num_maskmem frames and max_obj_ptrs_in_encoder pointers with one conditioning frame), the
+missing slots zero tokens that a key mask takes out of the cross-attention: one shape from the first
+tracked frame on, so a compiled memory attention does not recompile as the video grows (sam2's
+vos_optimized compiles it dynamic).
 What is fixed in every SAM 2 config (object pointers through a 3-layer MLP, an object-score head
 whose "absent" replaces the pointer by no_obj_ptr and the mask by NO_OBJ_SCORE, the mask input used
 as the output on frames given a mask, high-resolution features in the decoder, no_mem_embed added
@@ -306,10 +307,19 @@ class SAM2Tracking:
         """Which of the bank's frames a step on frame_idx (one that is not an initial conditioning
         frame) reads, and in which roles: the selected conditioning frames, the recent memories'
         temporal positions and the recent pointers' distances (a position or a distance names its
-        frame). Objects whose keys are equal can take the step as one batch, their memories
-        stacked (samfast.video.memory_bank.StackedMemoryBanks)."""
+        frame); with the frame and the pointers' reach (the video's length up to
+        max_obj_ptrs_in_encoder, which normalizes their temporal encoding). Objects whose keys are
+        equal, of one video or of several, can take the step as one batch, their memories stacked
+        (samfast.video.memory_bank.StackedMemoryBanks), given any of their videos' num_frames: past
+        the reach the length only ends the pointers' search, where equal keys found the same."""
         selected_cond, memories, pointers = self._memory_reads(output_dict, frame_idx, num_frames, track_in_reverse)
-        return tuple(selected_cond), tuple(t_pos for t_pos, _ in memories), tuple(t_diff for t_diff, _ in pointers)
+        return (
+            frame_idx,
+            min(num_frames, self.tracking.max_obj_ptrs_in_encoder),
+            tuple(selected_cond),
+            tuple(t_pos for t_pos, _ in memories),
+            tuple(t_diff for t_diff, _ in pointers),
+        )
 
     def _spatial_memories(
         self,

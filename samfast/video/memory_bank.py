@@ -21,6 +21,7 @@ into a new memory tensor each step; they would live in this class, the readers k
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
@@ -48,20 +49,23 @@ class FrameOutput:
     point_inputs: dict | None = None
     mask_inputs: torch.Tensor | None = None
 
-    def split(self) -> list[FrameOutput]:
-        """A compact output of a batch of objects as one output per object (views of its tensors)."""
-        batch_size = self.pred_masks.size(0)
-        if batch_size == 1:
+    def split(self, sizes: list[int] | None = None) -> list[FrameOutput]:
+        """The compact output of a batch of objects in parts of `sizes` objects (default: one output
+        per object), views of its tensors; a single part is the output itself."""
+        if sizes is None:
+            sizes = [1] * self.pred_masks.size(0)
+        if len(sizes) == 1:
             return [self]
+        starts = itertools.accumulate(sizes[:-1], initial=0)
         return [
             FrameOutput(
-                pred_masks=self.pred_masks[i : i + 1],
-                obj_ptr=self.obj_ptr[i : i + 1],
-                object_score_logits=self.object_score_logits[i : i + 1],
-                maskmem_features=None if self.maskmem_features is None else self.maskmem_features[i : i + 1],
-                maskmem_pos_enc=None if self.maskmem_pos_enc is None else [x[i : i + 1] for x in self.maskmem_pos_enc],
+                pred_masks=self.pred_masks[i : i + n],
+                obj_ptr=self.obj_ptr[i : i + n],
+                object_score_logits=self.object_score_logits[i : i + n],
+                maskmem_features=None if self.maskmem_features is None else self.maskmem_features[i : i + n],
+                maskmem_pos_enc=None if self.maskmem_pos_enc is None else [x[i : i + n] for x in self.maskmem_pos_enc],
             )
-            for i in range(batch_size)
+            for i, n in zip(starts, sizes)
         ]
 
 

@@ -22,12 +22,15 @@ batch, the frame's features expanded to it and their memories stacked, and each 
 back to its own bank; objects with other selections form their own batches. Likewise the pending
 results of the objects prompted on one frame have their memories encoded in one batch. The batch
 changes only the float rounding of the batched matmuls (tests/unit/test_sam2_video.py says how much).
+propagate_in_videos tracks several videos' states in one call, batching the objects of different
+videos on the same frame as those of one video (propagate_in_video is its one-video case).
 """
 
 from __future__ import annotations
 
+import itertools
 import warnings
-from collections.abc import Hashable, Iterator
+from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -464,8 +467,46 @@ class VideoPredictor:
         (num objects, 1, H, W) logits) frame by frame, from start_frame_idx (default: the first
         prompted frame) for max_frame_num_to_track more frames (default: to the end), backwards
         with reverse. Prompted frames give their prompt's result."""
-        self.propagate_in_video_preflight(inference_state)
-        obj_ids = inference_state.obj_ids
+        for _, frame_idx, obj_ids, video_res_masks in self.propagate_in_videos(
+            [inference_state], start_frame_idx, max_frame_num_to_track, reverse
+        ):
+            yield frame_idx, obj_ids, video_res_masks
+
+    @torch.inference_mode()
+    def propagate_in_videos(
+        self,
+        inference_states: Sequence[InferenceState],
+        start_frame_idx: int | None = None,
+        max_frame_num_to_track: int | None = None,
+        reverse: bool = False,
+    ) -> Iterator[tuple[int, int, list, torch.Tensor]]:
+        """Track every object of several videos in one call (sam2 issue #399): yields (video, frame_idx,
+        obj_ids, video_res_masks), video the state's index in inference_states, the rest as
+        propagate_in_video yields them for that video. Each video tracks the frames propagate_in_video
+        would (start_frame_idx None: the video's own first prompted frame; an int: the same frame in
+        every video); they go frame index by frame index (descending with reverse), the videos on a
+        frame in their order, so that the objects of different videos on the same frame whose steps read
+        the same memory selection take one batched step, as the objects of one video do: videos prompted
+        on the same frames take one step per frame for all their objects. Each video's outputs are those
+        of tracking it alone but for the batch's rounding (tests/unit/test_video_many.py)."""
+        states = list(inference_states)
+        if len({id(state) for state in states}) < len(states):
+            raise ValueError("propagate_in_videos takes each video's state once")
+        orders = []
+        for state in states:
+            self.propagate_in_video_preflight(state)
+            orders.append(self._processing_order(state, start_frame_idx, max_frame_num_to_track, reverse))
+        obj_ids = [state.obj_ids for state in states]
+        for frame_idx in sorted(set().union(*orders), reverse=reverse):
+            videos = [video for video, order in enumerate(orders) if frame_idx in order]
+            all_pred_masks = self._propagate_frame([states[video] for video in videos], frame_idx, reverse)
+            for video, pred_masks in zip(videos, all_pred_masks):
+                yield video, frame_idx, obj_ids[video], self._get_orig_video_res_output(states[video], pred_masks)
+
+    def _processing_order(
+        self, inference_state: InferenceState, start_frame_idx: int | None, max_frame_num_to_track: int | None, reverse: bool
+    ) -> range:
+        """The frames propagate_in_video tracks, in its order."""
         num_frames = inference_state.num_frames
         if start_frame_idx is None:
             start_frame_idx = min(t for obj in inference_state.objects for t in obj.memory.cond_frame_outputs)
@@ -474,70 +515,86 @@ class VideoPredictor:
         if reverse:
             end_frame_idx = max(start_frame_idx - max_frame_num_to_track, 0)
             # nothing to track backwards from frame 0
-            processing_order = range(start_frame_idx, end_frame_idx - 1, -1) if start_frame_idx > 0 else []
-        else:
-            end_frame_idx = min(start_frame_idx + max_frame_num_to_track, num_frames - 1)
-            processing_order = range(start_frame_idx, end_frame_idx + 1)
+            return range(start_frame_idx, end_frame_idx - 1, -1) if start_frame_idx > 0 else range(0)
+        end_frame_idx = min(start_frame_idx + max_frame_num_to_track, num_frames - 1)
+        return range(start_frame_idx, end_frame_idx + 1)
 
-        for frame_idx in processing_order:
-            pred_masks_per_obj = [None] * self._get_obj_num(inference_state)
-            to_track = []
-            for obj_idx, obj in enumerate(inference_state.objects):
+    def _propagate_frame(self, states: list[InferenceState], frame_idx: int, reverse: bool) -> list[torch.Tensor]:
+        """One frame of each state's video: per video, every object's (num objects, 1, h, w) low-res
+        logits, a prompted object's from its prompt, the others tracked in groups across the videos."""
+        pred_masks_per_obj = [[None] * self._get_obj_num(state) for state in states]
+        to_track = []  # (video, obj_idx)
+        for video, state in enumerate(states):
+            for obj_idx, obj in enumerate(state.objects):
                 if frame_idx in obj.memory.cond_frame_outputs:
                     # a prompted frame: its result is already there (prompts differ per object,
                     # so these are not rerun)
                     pred_masks = obj.memory.cond_frame_outputs[frame_idx].pred_masks
-                    pred_masks_per_obj[obj_idx] = pred_masks.to(inference_state.device, non_blocking=True)
+                    pred_masks_per_obj[video][obj_idx] = pred_masks.to(state.device, non_blocking=True)
                     if self.clear_non_cond_mem_around_input:
-                        self._clear_obj_non_cond_mem_around_input(inference_state, frame_idx, obj_idx)
+                        self._clear_obj_non_cond_mem_around_input(state, frame_idx, obj_idx)
                 else:
-                    to_track.append(obj_idx)
-            for group in self._group_by_memory_selection(inference_state, to_track, frame_idx, reverse):
-                pred_masks = self._track_group(inference_state, group, frame_idx, reverse)
-                for i, obj_idx in enumerate(group):
-                    pred_masks_per_obj[obj_idx] = pred_masks[i : i + 1]
-            for obj in inference_state.objects:
+                    to_track.append((video, obj_idx))
+        for group in self._group_by_memory_selection(states, to_track, frame_idx, reverse):
+            pred_masks = self._track_group(states, group, frame_idx, reverse)
+            for i, (video, obj_idx) in enumerate(group):
+                pred_masks_per_obj[video][obj_idx] = pred_masks[i : i + 1]
+        for state in states:
+            for obj in state.objects:
                 obj.frames_tracked[frame_idx] = {"reverse": reverse}
-            all_pred_masks = torch.cat(pred_masks_per_obj, dim=0) if len(pred_masks_per_obj) > 1 else pred_masks_per_obj[0]
-            yield frame_idx, obj_ids, self._get_orig_video_res_output(inference_state, all_pred_masks)
+        return [torch.cat(masks, dim=0) if len(masks) > 1 else masks[0] for masks in pred_masks_per_obj]
 
     def _group_by_memory_selection(
-        self, inference_state: InferenceState, obj_indices: list[int], frame_idx: int, reverse: bool
-    ) -> list[list[int]]:
-        """The objects to track on a frame, grouped by what their step reads from memory
-        (memory_selection_key): a group takes one batched step. Objects prompted on the same
-        frames and tracked together, the common case, form one group."""
+        self, states: list[InferenceState], members: list[tuple[int, int]], frame_idx: int, reverse: bool
+    ) -> list[list[tuple[int, int]]]:
+        """The objects to track on a frame, (video, obj_idx) in states, grouped by what their step
+        reads from memory (memory_selection_key): a group takes one batched step. Objects prompted
+        on the same frames and tracked together, the common case, form one group, of one video or
+        of several; a group lists its members in the order given."""
         if not self._objects_batch:
-            return [[obj_idx] for obj_idx in obj_indices]
-        groups: dict[tuple, list[int]] = {}
-        for obj_idx in obj_indices:
-            key = self.model.memory_selection_key(
-                inference_state.objects[obj_idx].memory, frame_idx, inference_state.num_frames, reverse
-            )
-            groups.setdefault(key, []).append(obj_idx)
+            return [[member] for member in members]
+        groups: dict[tuple, list[tuple[int, int]]] = {}
+        for video, obj_idx in members:
+            state = states[video]
+            key = self.model.memory_selection_key(state.objects[obj_idx].memory, frame_idx, state.num_frames, reverse)
+            groups.setdefault(key, []).append((video, obj_idx))
         return list(groups.values())
 
     def _track_group(
-        self, inference_state: InferenceState, obj_indices: list[int], frame_idx: int, reverse: bool
+        self, states: list[InferenceState], group: list[tuple[int, int]], frame_idx: int, reverse: bool
     ) -> torch.Tensor:
-        """One tracking step on a frame for a group of objects whose memory selections are equal:
-        the frame's features expanded to the group, the objects' memories stacked; each object's
-        output goes to its own bank. The group's (N, 1, h, w) low-res logits."""
-        banks = [inference_state.objects[obj_idx].memory for obj_idx in obj_indices]
-        current_out, pred_masks = self._run_single_frame_inference(
-            inference_state=inference_state,
-            output_dict=banks[0] if len(banks) == 1 else StackedMemoryBanks(banks),
+        """One tracking step on a frame for a group of objects whose memory selections are equal
+        (members (video, obj_idx), each video's together): each video's frame features expanded to
+        its objects and the videos' concatenated, the objects' memories stacked; each object's output
+        goes to its own bank. The group's (N, 1, h, w) low-res logits."""
+        per_video = [
+            (states[video], [obj_idx for _, obj_idx in members])
+            for video, members in itertools.groupby(group, key=lambda member: member[0])
+        ]
+        banks = [state.objects[obj_idx].memory for state, obj_indices in per_video for obj_idx in obj_indices]
+        current_vision_feats, current_vision_pos_embeds, feat_sizes = self._group_image_features(per_video, frame_idx)
+        current_out = self.model.track_step(
             frame_idx=frame_idx,
-            batch_size=len(banks),
             is_init_cond_frame=False,
+            current_vision_feats=current_vision_feats,
+            current_vision_pos_embeds=current_vision_pos_embeds,
+            feat_sizes=feat_sizes,
             point_inputs=None,
             mask_inputs=None,
-            reverse=reverse,
+            output_dict=banks[0] if len(banks) == 1 else StackedMemoryBanks(banks),
+            # any of the videos' lengths: equal memory_selection_keys read the same (its docstring)
+            num_frames=per_video[0][0].num_frames,
+            track_in_reverse=reverse,
             run_mem_encoder=True,
         )
-        for bank, out in zip(banks, current_out.split()):
-            bank.non_cond_frame_outputs[frame_idx] = out
-        return pred_masks
+        pred_masks = []
+        video_outs = current_out.split([len(obj_indices) for _, obj_indices in per_video])
+        for (state, obj_indices), video_out in zip(per_video, video_outs):
+            compact_out, video_pred_masks = self._compact_output(state, video_out)
+            for obj_idx, out in zip(obj_indices, compact_out.split()):
+                state.objects[obj_idx].memory.non_cond_frame_outputs[frame_idx] = out
+            pred_masks.append(video_pred_masks)
+        return torch.cat(pred_masks, dim=0) if len(pred_masks) > 1 else pred_masks[0]
 
     # --- removing prompts and objects
 
@@ -623,23 +680,43 @@ class VideoPredictor:
     def _get_image_feature(self, inference_state: InferenceState, frame_idx: int, batch_size: int) -> tuple:
         """(image, backbone_out, vision_feats, vision_pos_embeds, feat_sizes) of a frame, for
         batch_size objects; the latest frame's features are cached."""
+        image, backbone_out = self._frame_backbone_out(inference_state, frame_idx)
+        expanded_image = image.expand(batch_size, -1, -1, -1)
+        return (expanded_image,) + self.model._prepare_backbone_features(_expand_backbone_out(backbone_out, batch_size))
+
+    def _frame_backbone_out(self, inference_state: InferenceState, frame_idx: int) -> tuple[torch.Tensor, dict]:
+        """(image, backbone_out) of a frame, one batch entry; the latest frame's are cached."""
         image, backbone_out = inference_state.cached_features.get(frame_idx, (None, None))
         if backbone_out is None:
             device = inference_state.device
             image = inference_state.images[frame_idx].to(device).float().unsqueeze(0)
             backbone_out = self.model.forward_image(image)
             inference_state.cached_features = {frame_idx: (image, backbone_out)}
-        expanded_image = image.expand(batch_size, -1, -1, -1)
-        expanded_backbone_out = {
-            "backbone_fpn": [feat.expand(batch_size, -1, -1, -1) for feat in backbone_out["backbone_fpn"]],
-            "vision_pos_enc": [pos.expand(batch_size, -1, -1, -1) for pos in backbone_out["vision_pos_enc"]],
-        }
-        return (expanded_image,) + self.model._prepare_backbone_features(expanded_backbone_out)
+        return image, backbone_out
+
+    def _group_image_features(
+        self, per_video: list[tuple[InferenceState, list[int]]], frame_idx: int
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[tuple[int, int]]]:
+        """(vision_feats, vision_pos_embeds, feat_sizes) of a frame for a group of objects: each
+        video's frame expanded to its objects, the videos' concatenated on the batch (a copy, where
+        one video's objects share its features)."""
+        backbone_outs = [
+            _expand_backbone_out(self._frame_backbone_out(state, frame_idx)[1], len(obj_indices))
+            for state, obj_indices in per_video
+        ]
+        if len(backbone_outs) == 1:
+            backbone_out = backbone_outs[0]
+        else:
+            backbone_out = {
+                key: [torch.cat(levels, dim=0) for levels in zip(*(out[key] for out in backbone_outs))]
+                for key in ("backbone_fpn", "vision_pos_enc")
+            }
+        return self.model._prepare_backbone_features(backbone_out)[1:]
 
     def _run_single_frame_inference(
         self,
         inference_state: InferenceState,
-        output_dict: MemoryBank | StackedMemoryBanks,
+        output_dict: MemoryBank,
         frame_idx: int,
         batch_size: int,
         is_init_cond_frame: bool,
@@ -670,6 +747,11 @@ class VideoPredictor:
             run_mem_encoder=run_mem_encoder,
             prev_sam_mask_logits=prev_sam_mask_logits,
         )
+        return self._compact_output(inference_state, current_out)
+
+    def _compact_output(self, inference_state: InferenceState, current_out: FrameOutput) -> tuple[FrameOutput, torch.Tensor]:
+        """What the bank keeps of a step's output (the logits and bf16 memories on the storage device),
+        and the low-res logits on the compute device."""
         storage_device = inference_state.storage_device
         maskmem_features = current_out.maskmem_features
         if maskmem_features is not None:
@@ -719,6 +801,14 @@ class VideoPredictor:
             inference_state.maskmem_pos_enc = [x[0:1].clone() for x in out_maskmem_pos_enc]
         batch_size = out_maskmem_pos_enc[0].size(0)
         return [x.expand(batch_size, -1, -1, -1) for x in inference_state.maskmem_pos_enc]
+
+
+def _expand_backbone_out(backbone_out: dict, batch_size: int) -> dict:
+    """A frame's image features (batch of one) expanded to batch_size objects, without a copy."""
+    return {
+        "backbone_fpn": [feat.expand(batch_size, -1, -1, -1) for feat in backbone_out["backbone_fpn"]],
+        "vision_pos_enc": [pos.expand(batch_size, -1, -1, -1) for pos in backbone_out["vision_pos_enc"]],
+    }
 
 
 def concat_points(old_point_inputs: dict | None, new_points: torch.Tensor, new_labels: torch.Tensor) -> dict:
