@@ -395,9 +395,19 @@ class VideoPredictor:
     def propagate_in_video_preflight(self, inference_state: InferenceState) -> None:
         """Encode the memory of every pending prompt result (one batch per frame) and move it into the
         object's bank."""
-        if self._get_obj_num(inference_state) == 0:
-            raise RuntimeError("No input points or masks are provided for any object; please add inputs first.")
-        self._encode_pending_memories(inference_state)
+        self._preflight([inference_state])
+
+    def _preflight(self, states: list[InferenceState]) -> None:
+        """propagate_in_video_preflight for several videos, the pending results on one frame of every
+        video encoded in one batch."""
+        for state in states:
+            if self._get_obj_num(state) == 0:
+                raise RuntimeError("No input points or masks are provided for any object; please add inputs first.")
+        self._encode_pending_memories(states)
+        for state in states:
+            self._move_pending_into_memory(state)
+
+    def _move_pending_into_memory(self, inference_state: InferenceState) -> None:
         for obj_idx, obj in enumerate(inference_state.objects):
             for is_cond, pending in obj.pending:
                 for frame_idx, out in pending.items():
@@ -413,40 +423,48 @@ class VideoPredictor:
             for frame_idx in obj.memory.cond_frame_outputs:
                 obj.memory.non_cond_frame_outputs.pop(frame_idx, None)
 
-    def _encode_pending_memories(self, inference_state: InferenceState) -> None:
+    def _encode_pending_memories(self, states: list[InferenceState]) -> None:
         """Encode the memory of every pending prompt result that has none, the objects' results on
-        one frame in one batch (sam2 encodes them one object at a time): one memory-encoder call per
-        prompted frame, at the batch the tracked frames use when the objects were prompted together
-        (one compiled graph for both)."""
-        pending_per_frame: dict[int, list[FrameOutput]] = {}
-        for obj in inference_state.objects:
-            for _, pending in obj.pending:
-                for frame_idx, out in pending.items():
-                    if out.maskmem_features is None:
-                        pending_per_frame.setdefault(frame_idx, []).append(out)
-        for frame_idx, outs in sorted(pending_per_frame.items()):
-            batches = [outs] if self._objects_batch else [[out] for out in outs]
+        one frame (of every video) in one batch (sam2 encodes them one object at a time): one
+        memory-encoder call per prompted frame, at the batch the tracked frames use when the objects
+        were prompted together (one compiled graph for both)."""
+        pending_per_frame: dict[int, list[tuple[int, FrameOutput]]] = {}
+        for video, state in enumerate(states):
+            for obj in state.objects:
+                for _, pending in obj.pending:
+                    for frame_idx, out in pending.items():
+                        if out.maskmem_features is None:
+                            pending_per_frame.setdefault(frame_idx, []).append((video, out))
+        for frame_idx, members in sorted(pending_per_frame.items()):
+            batches = [members] if self._objects_batch else [[member] for member in members]
             for batch in batches:
-                self._encode_prompted_memories(inference_state, frame_idx, batch)
+                self._encode_prompted_memories(states, frame_idx, batch)
 
-    def _encode_prompted_memories(self, inference_state: InferenceState, frame_idx: int, outs: list[FrameOutput]) -> None:
-        """The memories of prompt results on one frame (one object each), encoded as one batch and
-        handed back to each result."""
-        low_res_masks = torch.cat([out.pred_masks.to(inference_state.device) for out in outs])
+    def _encode_prompted_memories(
+        self, states: list[InferenceState], frame_idx: int, members: list[tuple[int, FrameOutput]]
+    ) -> None:
+        """The memories of prompt results on one frame ((video, output) of one object each, each
+        video's together), encoded as one batch and handed back to each result."""
+        per_video = [
+            (states[video], [out for _, out in video_members])
+            for video, video_members in itertools.groupby(members, key=lambda member: member[0])
+        ]
+        outs = [out for _, out in members]
+        low_res_masks = torch.cat([out.pred_masks.to(per_video[0][0].device) for out in outs])
         high_res_masks = F.interpolate(
             low_res_masks, size=(self.image_size, self.image_size), mode="bilinear", align_corners=False
         )
-        maskmem_features, maskmem_pos_enc = self._run_memory_encoder(
-            inference_state=inference_state,
-            frame_idx=frame_idx,
-            batch_size=len(outs),
+        memories = self._run_memory_encoder(
+            [(state, len(video_outs)) for state, video_outs in per_video],
+            frame_idx,
             high_res_masks=high_res_masks,
             object_score_logits=torch.cat([out.object_score_logits for out in outs]),
             is_mask_from_pts=True,  # frames the user prompted
         )
-        for i, out in enumerate(outs):
-            out.maskmem_features = maskmem_features[i : i + 1]
-            out.maskmem_pos_enc = [x[i : i + 1] for x in maskmem_pos_enc]
+        for (_, video_outs), (maskmem_features, maskmem_pos_enc) in zip(per_video, memories):
+            for i, out in enumerate(video_outs):
+                out.maskmem_features = maskmem_features[i : i + 1]
+                out.maskmem_pos_enc = [x[i : i + 1] for x in maskmem_pos_enc]
 
     @property
     def _objects_batch(self) -> bool:
@@ -493,8 +511,8 @@ class VideoPredictor:
         if len({id(state) for state in states}) < len(states):
             raise ValueError("propagate_in_videos takes each video's state once")
         orders = []
+        self._preflight(states)
         for state in states:
-            self.propagate_in_video_preflight(state)
             orders.append(self._processing_order(state, start_frame_idx, max_frame_num_to_track, reverse))
         obj_ids = [state.obj_ids for state in states]
         for frame_idx in sorted(set().union(*orders), reverse=reverse):
@@ -572,7 +590,9 @@ class VideoPredictor:
             for video, members in itertools.groupby(group, key=lambda member: member[0])
         ]
         banks = [state.objects[obj_idx].memory for state, obj_indices in per_video for obj_idx in obj_indices]
-        current_vision_feats, current_vision_pos_embeds, feat_sizes = self._group_image_features(per_video, frame_idx)
+        current_vision_feats, current_vision_pos_embeds, feat_sizes = self._group_image_features(
+            [(state, len(obj_indices)) for state, obj_indices in per_video], frame_idx
+        )
         current_out = self.model.track_step(
             frame_idx=frame_idx,
             is_init_cond_frame=False,
@@ -695,14 +715,14 @@ class VideoPredictor:
         return image, backbone_out
 
     def _group_image_features(
-        self, per_video: list[tuple[InferenceState, list[int]]], frame_idx: int
+        self, object_counts: list[tuple[InferenceState, int]], frame_idx: int
     ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[tuple[int, int]]]:
-        """(vision_feats, vision_pos_embeds, feat_sizes) of a frame for a group of objects: each
-        video's frame expanded to its objects, the videos' concatenated on the batch (a copy, where
-        one video's objects share its features)."""
+        """(vision_feats, vision_pos_embeds, feat_sizes) of a frame for a group of objects, (video,
+        its object count): each video's frame expanded to its objects, the videos' concatenated on
+        the batch (a copy, where one video's objects share its features)."""
         backbone_outs = [
-            _expand_backbone_out(self._frame_backbone_out(state, frame_idx)[1], len(obj_indices))
-            for state, obj_indices in per_video
+            _expand_backbone_out(self._frame_backbone_out(state, frame_idx)[1], count)
+            for state, count in object_counts
         ]
         if len(backbone_outs) == 1:
             backbone_out = backbone_outs[0]
@@ -771,15 +791,15 @@ class VideoPredictor:
 
     def _run_memory_encoder(
         self,
-        inference_state: InferenceState,
+        object_counts: list[tuple[InferenceState, int]],
         frame_idx: int,
-        batch_size: int,
         high_res_masks: torch.Tensor,
         object_score_logits: torch.Tensor,
         is_mask_from_pts: bool,
-    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """A frame's memory from (B, 1, S, S) logits: (bf16 features on the storage device, its encoding)."""
-        _, _, current_vision_feats, _, feat_sizes = self._get_image_feature(inference_state, frame_idx, batch_size)
+    ) -> list[tuple[torch.Tensor, list[torch.Tensor]]]:
+        """The memories of a frame of one or several videos, (video, its object count), from (B, 1, S, S)
+        logits, B the counts' sum: per video (bf16 features on its storage device, their encoding)."""
+        current_vision_feats, _, feat_sizes = self._group_image_features(object_counts, frame_idx)
         maskmem_features, maskmem_pos_enc = self.model._encode_new_memory(
             current_vision_feats=current_vision_feats,
             feat_sizes=feat_sizes,
@@ -787,8 +807,13 @@ class VideoPredictor:
             object_score_logits=object_score_logits,
             is_mask_from_pts=is_mask_from_pts,
         )
-        maskmem_features = maskmem_features.to(torch.bfloat16).to(inference_state.storage_device, non_blocking=True)
-        return maskmem_features, self._get_maskmem_pos_enc(inference_state, maskmem_pos_enc)
+        memories = []
+        starts = itertools.accumulate([count for _, count in object_counts], initial=0)
+        for (state, count), start in zip(object_counts, starts):
+            features = maskmem_features[start : start + count].to(torch.bfloat16)
+            pos_enc = [x[start : start + count] for x in maskmem_pos_enc]
+            memories.append((features.to(state.storage_device, non_blocking=True), self._get_maskmem_pos_enc(state, pos_enc)))
+        return memories
 
     def _get_maskmem_pos_enc(
         self, inference_state: InferenceState, out_maskmem_pos_enc: list[torch.Tensor] | None

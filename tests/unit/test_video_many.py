@@ -123,6 +123,22 @@ def test_videos_of_different_lengths(predictor, monkeypatch):
     assert_same_tracks(together, alone)
 
 
+def test_prompted_memories_of_the_videos_encoded_in_one_batch(predictor, monkeypatch):
+    """The memories of frame 0's prompts in both videos (three objects and two): one memory encoding of
+    five, the batch of the tracked frames (with compile: one graph for both)."""
+    states = prompted_states(predictor, [generate_clip(1, frames=3), generate_clip(2, frames=3)], (3, 2))
+    encode, batches = predictor.model._encode_new_memory, []
+
+    def counted_encode(*args, **kwargs):
+        batches.append(kwargs["current_vision_feats"][-1].size(1))
+        return encode(*args, **kwargs)
+
+    monkeypatch.setattr(predictor.model, "_encode_new_memory", counted_encode)
+    tracked = predictor.propagate_in_videos(states)
+    assert [next(tracked)[:2] for _ in states] == [(0, 0), (1, 0)]  # frame 0: the prompts' results
+    assert batches == [5]
+
+
 def test_a_state_given_twice_is_refused(predictor):
     (state,) = prompted_states(predictor, [generate_clip(1, frames=2)], (1,))
     with pytest.raises(ValueError, match="once"):
