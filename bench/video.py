@@ -23,8 +23,10 @@ loaded strictly: "fp32" as shipped, "bf16" under torch.autocast(cuda, bfloat16) 
 it, and with --vos-optimized "bf16 vos_optimized" (SAM2VideoPredictorVOS: every component compiled
 by sam2, max-autotune; minutes of compiling per model). bf16 rows run on CUDA only.
 
---videos N: N inference states of the same clip, opened together (all held in memory), then
-propagated one after another (neither predictor takes a batch of states); fps is per video.
+--videos N: N inference states of the same clip, opened together (all held in memory). samfast tracks
+them in one propagate_in_videos call (the objects of every video on a frame in one batched step);
+sam2 takes one state a call, so its states are propagated one after another. fps: frames of any
+video per second.
 The clip: parity.golden.videos' generated clip at --height x --width, written as a JPEG folder, the
 input both predictors' init_state read. Before timing, one warm-up session per row and object count
 tracks --warmup-frames frames (8), so compiling, cuDNN's and the allocator's first calls are not timed.
@@ -48,6 +50,7 @@ import tempfile
 import time
 import traceback
 import warnings
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -215,32 +218,49 @@ class FrameClock:
         return [end - start for end in self.points[1:]]
 
 
-def propagate(predictor, state, device: torch.device, max_frames: int | None = None) -> list[float]:
-    """Seconds from the start of one forward propagation from frame 0 to each frame it yields; the masks
-    are left on the device."""
+def seconds_to_each(frames: Iterator, device: torch.device) -> list[float]:
+    """Seconds from the start to each item the iterator `frames` yields; the masks are left on the device."""
     clock = FrameClock(device)
-    for _ in predictor.propagate_in_video(state, start_frame_idx=0, max_frame_num_to_track=max_frames):
+    for _ in frames:
         clock.tick()
     return clock.seconds(device)
 
 
+def propagate_each(predictor, states: list, device: torch.device, max_frames: int | None = None) -> list[list[float]]:
+    """One forward propagation from frame 0 per state, one after another: per state, the seconds to each frame."""
+    return [seconds_to_each(predictor.propagate_in_video(state, start_frame_idx=0, max_frame_num_to_track=max_frames),
+                            device) for state in states]
+
+
+def propagate_together(predictor, states: list, device: torch.device, max_frames: int | None = None) -> list[list[float]]:
+    """samfast's propagate_in_videos over every state from frame 0: one run, the seconds to each (video, frame)."""
+    return [seconds_to_each(predictor.propagate_in_videos(states, start_frame_idx=0, max_frame_num_to_track=max_frames),
+                            device)]
+
+
 def measure(row: Row, predictor, clip: BenchClip, device: torch.device, warmup_frames: int) -> None:
-    """One warm-up session, then row.videos timed sessions: fps, first-frame ms, compile s, peak GiB."""
-    state, warm_init, warm_prompt = open_session(predictor, clip, row.objects, device)
-    warm = propagate(predictor, state, device, max_frames=warmup_frames)
-    del state
+    """A warm-up of the same calls over --warmup-frames frames, then row.videos timed sessions: fps,
+    first-frame ms, compile s, peak GiB."""
+    together = row.impl == SAMFAST and row.videos > 1
+    propagate = propagate_together if together else propagate_each
+    warm_count = row.videos if together else 1
+    warm_sessions = [open_session(predictor, clip, row.objects, device) for _ in range(warm_count)]
+    [warm] = propagate(predictor, [state for state, _, _ in warm_sessions], device, max_frames=warmup_frames)
+    warm_opening = sum(init + prompt for _, init, prompt in warm_sessions)
+    del warm_sessions
     sync(device)
     reset_peak(device)
     sessions = [open_session(predictor, clip, row.objects, device) for _ in range(row.videos)]
-    runs = [propagate(predictor, state, device) for state, _, _ in sessions]
+    runs = propagate(predictor, [state for state, _, _ in sessions], device)
     row.peak_gib = peak_gib(device)
     row.fps = sum(len(run) for run in runs) / sum(run[-1] for run in runs)
     row.first_frame_ms = 1e3 * sum(prompt for _, _, prompt in sessions) / len(sessions)
-    # the warm-up's work done again by the first timed session: its init_state, prompts and as many frames
-    _, init_s, prompt_s = sessions[0]
-    row.compile_s = (warm_init + warm_prompt + warm[-1]) - (init_s + prompt_s + runs[0][len(warm) - 1])
-    row.notes["per_video_fps"] = [len(run) / run[-1] for run in runs]
-    row.notes["init_state_s"] = init_s
+    # the warm-up's work done again by the timed sessions: as many sessions opened, as many frames tracked
+    opening = sum(init + prompt for _, init, prompt in sessions[:warm_count])
+    row.compile_s = (warm_opening + warm[-1]) - (opening + runs[0][len(warm) - 1])
+    row.notes["videos_together"] = together
+    row.notes["per_run_fps"] = [len(run) / run[-1] for run in runs]
+    row.notes["init_state_s"] = sessions[0][1]
 
 
 def run_group(rows: list[Row], clip: BenchClip, device: torch.device, args) -> None:
@@ -306,7 +326,8 @@ def environment(device: torch.device, args, clip: BenchClip, argv: list[str]) ->
     }
 
 
-FPS_NOTE = ("fps: frames propagate_in_video yields per second, per video (videos one after another), per-frame "
+FPS_NOTE = ("fps: frames of any video yielded per second (several videos: samfast's in one propagate_in_videos call, "
+            "sam2's one after another), per-frame "
             "image encoding included, init_state and prompts not, masks left on the device")
 COLUMNS_NOTE = ("- first frame ms: the frame-0 add_new_points_or_box calls of all objects; compile s: the warm-up "
                 "session's extra seconds over the first timed session's same work (compiling where a row compiles, else "
@@ -372,7 +393,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="+", default=["sam2.1_hiera_t", "sam2.1_hiera_l"], choices=samfast.SAM2_MODEL_TYPES)
     p.add_argument("--objects", nargs="+", type=int, default=[1, 8], help="object counts, each tracked in its own sessions")
-    p.add_argument("--videos", type=int, default=1, help="inference states per row, opened together, tracked one after another")
+    p.add_argument("--videos", type=int, default=1, help="inference states per row, opened together; samfast tracks them in one "
+                   "propagate_in_videos call, sam2 one after another")
     p.add_argument("--frames", type=int, default=48)
     p.add_argument("--height", type=int, default=480)
     p.add_argument("--width", type=int, default=640)

@@ -14,27 +14,38 @@ from samfast.video.build import VIDEO_SWITCHES
 
 pytest.importorskip("sam2", reason="the SAM 2 reference package sam2==1.1.0 is not installed")
 
-QUICK = ["--cpu", "--models", "sam2.1_hiera_nano", "--objects", "1", "2", "--frames", "3", "--warmup-frames", "1",
-         "--input-size", "256", "--height", "120", "--width", "160"]
+QUICK = ["--cpu", "--models", "sam2.1_hiera_nano", "--frames", "3", "--warmup-frames", "1", "--input-size", "256",
+         "--height", "120", "--width", "160"]
 
 
 # A switch video tracking is not built for yet, whichever that is when the test runs
 UNBUILT = next(switch for switch in SWITCHES if switch != "fp32" and switch not in VIDEO_SWITCHES)
 
 
-@pytest.fixture(scope="module")
-def report(tmp_path_factory):
-    out = tmp_path_factory.mktemp("bench-video")
-    argv = [*QUICK, "--stages", "fp32", UNBUILT, "--reference", "fp32", "bf16", "--out", str(out)]
+def run_bench(out, argv: list[str]) -> tuple[dict, str]:
     # One thread: this checks plumbing, not speed, and two OpenMP threads on two shared cores (another
     # test process beside this one) stall for seconds a step (measured: 75 s instead of 15 s for this run).
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        assert video.main(argv) == 0
+        assert video.main([*argv, "--out", str(out)]) == 0
     finally:
         torch.set_num_threads(threads)
     return json.loads((out / "video.json").read_text()), (out / "video.md").read_text()
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    return run_bench(tmp_path_factory.mktemp("bench-video"), [*QUICK, "--objects", "1", "2", "--stages", "fp32", UNBUILT,
+                                                                  "--reference", "fp32", "bf16"])
+
+
+def test_several_videos_go_through_one_call_for_samfast_and_one_after_another_for_sam2(tmp_path):
+    results, _ = run_bench(tmp_path, [*QUICK, "--objects", "1", "--videos", "2", "--stages", "fp32", "--reference", "fp32"])
+    rows = {r["impl"]: r for r in results["results"]}
+    assert rows["samfast"]["notes"]["videos_together"] is True and len(rows["samfast"]["notes"]["per_run_fps"]) == 1
+    assert rows["sam2"]["notes"]["videos_together"] is False and len(rows["sam2"]["notes"]["per_run_fps"]) == 2
+    assert all(r["fps"] > 0 and r["compile_s"] is not None for r in rows.values())
 
 
 def test_every_row_and_object_count_is_reported(report):
@@ -51,7 +62,7 @@ def test_measured_rows_have_positive_numbers(report):
         assert r["error"] is None and r["skipped"] is None, r
         assert r["fps"] > 0 and r["first_frame_ms"] > 0 and r["build_s"] > 0 and r["compile_s"] is not None, r
         assert r["peak_gib"] is None  # no CUDA: '-' in the table
-        assert len(r["notes"]["per_video_fps"]) == 1
+        assert len(r["notes"]["per_run_fps"]) == 1 and r["notes"]["videos_together"] is False
     assert "| sam2.1_hiera_nano | 2 | samfast | fp32 |" in table and "| sam2.1_hiera_nano | 1 | sam2 | fp32 |" in table
     samfast_two = next(line for line in table.splitlines() if line.startswith("| sam2.1_hiera_nano | 2 | samfast | fp32 |"))
     assert "x fp32 |" in samfast_two  # its fps beside sam2's fp32 row of the same object count
