@@ -170,7 +170,7 @@ class VideoPredictor:
             offload_video_to_cpu=offload_video_to_cpu,
             offload_state_to_cpu=offload_state_to_cpu,
         )
-        self._get_image_feature(state, frame_idx=0, batch_size=1)
+        self._frame_backbone_out(state, frame_idx=0)  # the first frame's features, ready for its prompts
         return state
 
     def _obj_id_to_idx(self, inference_state: InferenceState, obj_id: Hashable) -> int:
@@ -445,10 +445,7 @@ class VideoPredictor:
     ) -> None:
         """The memories of prompt results on one frame ((video, output) of one object each, each
         video's together), encoded as one batch and handed back to each result."""
-        per_video = [
-            (states[video], [out for _, out in video_members])
-            for video, video_members in itertools.groupby(members, key=lambda member: member[0])
-        ]
+        per_video = _by_video(states, members)
         outs = [out for _, out in members]
         low_res_masks = torch.cat([out.pred_masks.to(per_video[0][0].device) for out in outs])
         high_res_masks = F.interpolate(
@@ -510,10 +507,8 @@ class VideoPredictor:
         states = list(inference_states)
         if len({id(state) for state in states}) < len(states):
             raise ValueError("propagate_in_videos takes each video's state once")
-        orders = []
         self._preflight(states)
-        for state in states:
-            orders.append(self._processing_order(state, start_frame_idx, max_frame_num_to_track, reverse))
+        orders = [self._processing_order(state, start_frame_idx, max_frame_num_to_track, reverse) for state in states]
         obj_ids = [state.obj_ids for state in states]
         for frame_idx in sorted(set().union(*orders), reverse=reverse):
             videos = [video for video, order in enumerate(orders) if frame_idx in order]
@@ -585,10 +580,7 @@ class VideoPredictor:
         (members (video, obj_idx), each video's together): each video's frame features expanded to
         its objects and the videos' concatenated, the objects' memories stacked; each object's output
         goes to its own bank. The group's (N, 1, h, w) low-res logits."""
-        per_video = [
-            (states[video], [obj_idx for _, obj_idx in members])
-            for video, members in itertools.groupby(group, key=lambda member: member[0])
-        ]
+        per_video = _by_video(states, group)
         banks = [state.objects[obj_idx].memory for state, obj_indices in per_video for obj_idx in obj_indices]
         current_vision_feats, current_vision_pos_embeds, feat_sizes = self._group_image_features(
             [(state, len(obj_indices)) for state, obj_indices in per_video], frame_idx
@@ -697,13 +689,6 @@ class VideoPredictor:
 
     # --- one frame
 
-    def _get_image_feature(self, inference_state: InferenceState, frame_idx: int, batch_size: int) -> tuple:
-        """(image, backbone_out, vision_feats, vision_pos_embeds, feat_sizes) of a frame, for
-        batch_size objects; the latest frame's features are cached."""
-        image, backbone_out = self._frame_backbone_out(inference_state, frame_idx)
-        expanded_image = image.expand(batch_size, -1, -1, -1)
-        return (expanded_image,) + self.model._prepare_backbone_features(_expand_backbone_out(backbone_out, batch_size))
-
     def _frame_backbone_out(self, inference_state: InferenceState, frame_idx: int) -> tuple[torch.Tensor, dict]:
         """(image, backbone_out) of a frame, one batch entry; the latest frame's are cached."""
         image, backbone_out = inference_state.cached_features.get(frame_idx, (None, None))
@@ -748,8 +733,8 @@ class VideoPredictor:
     ) -> tuple[FrameOutput, torch.Tensor]:
         """The tracking step on one frame: (the compact output the bank keeps, the low-res logits
         on the compute device)."""
-        _, _, current_vision_feats, current_vision_pos_embeds, feat_sizes = self._get_image_feature(
-            inference_state, frame_idx, batch_size
+        current_vision_feats, current_vision_pos_embeds, feat_sizes = self._group_image_features(
+            [(inference_state, batch_size)], frame_idx
         )
         if point_inputs is not None and mask_inputs is not None:
             raise ValueError("a frame takes points or a mask, not both")
@@ -826,6 +811,11 @@ class VideoPredictor:
             inference_state.maskmem_pos_enc = [x[0:1].clone() for x in out_maskmem_pos_enc]
         batch_size = out_maskmem_pos_enc[0].size(0)
         return [x.expand(batch_size, -1, -1, -1) for x in inference_state.maskmem_pos_enc]
+
+
+def _by_video(states: list[InferenceState], members: list[tuple[int, object]]) -> list[tuple[InferenceState, list]]:
+    """(state, [its items]) per video of `members`, (video, item) pairs in which each video's are together."""
+    return [(states[video], [item for _, item in run]) for video, run in itertools.groupby(members, key=lambda m: m[0])]
 
 
 def _expand_backbone_out(backbone_out: dict, batch_size: int) -> dict:
