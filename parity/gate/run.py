@@ -5,11 +5,11 @@
 1. the persistent compile cache is validated and switched on (parity.gate.compile_cache) before any
    child process starts, so pytest and the check both read and fill it;
 2. at the same time, each in its own process (compiling is CPU work, and the GPU has room for all):
-   - the tests marked gpu (`pytest -m gpu`, perf aside): with pytest-xdist installed, 3 workers per
+   - the tests marked gpu (`pytest -m gpu`, perf aside): with pytest-xdist installed, 4 workers per
      GPU (--workers-per-gpu; tests/conftest.py assigns the GPUs); the tests that share a built model
      on one worker (--dist loadgroup), different models on different workers;
    - every other test (`pytest -m "not gpu"`: unit, parity on vit_tiny, the CPU compile checks) with
-     CUDA hidden, over a few xdist workers, exactly as the CPU job runs them (tests that share a
+     CUDA hidden, over one xdist worker per core but one (niced), exactly as the CPU job runs them (tests that share a
      module fixture on one worker: parity.gate.worker_groups);
    - `python -m parity check` on the embedded default (CHECK ARGS override, e.g. --stages fp32 bf16)
      and `python -m parity check --task amg` (segment everything, parity.tasks.amg) on its embedded
@@ -115,11 +115,13 @@ class GateUsageError(Exception):
     """Options that cannot work together or on this machine: the gate exits 2 (bad input) naming them."""
 
 
-def spare_cores(cores: int, other_processes: int) -> int:
-    """The cores left to the CPU layers: one goes to each GPU-layer worker, one to the gate and
-    inductor's compile helpers. The checks are not counted: they end long before the CPU layers
-    (H100, warm: ~100 s of the CPU layers' ~250 s), which then have every core."""
-    return max(1, cores - other_processes - 1)
+def spare_cores(cores: int) -> int:
+    """The cores left to the CPU layers: all but one (the gate and inductor's compile helpers). They run
+    niced (CPU_LAYERS_NICENESS), so while the GPU-layer workers and the checks compile they take only
+    what those leave, and once those are done they have every core: xdist's worker count is fixed at
+    the start (H100 at 47577b7, warm: with cores - GPU workers - 1 = 10 workers, 4 of 14 cores idled
+    for the last ~100 s of the CPU layers' 244 s)."""
+    return max(1, cores - 1)
 
 
 def cpu_layers_env(cpu_workers: int, spare: int, environ=os.environ) -> dict[str, str]:
@@ -275,10 +277,10 @@ def main(argv: list[str] | None = None) -> int:
                         "and so does a check stage whose switch did not run")
     parser.add_argument("--perf-matrix", action="store_true", help="time every budgets.toml row, not only the gating ones")
     parser.add_argument("--workers", type=int, help="pytest-xdist workers for the gpu tests (default: --workers-per-gpu per GPU)")
-    parser.add_argument("--workers-per-gpu", type=int, default=3, help="xdist workers per GPU for the untimed GPU "
-                        "layers (default 3: their time is mostly compiling, CPU work; perf runs alone afterwards)")
+    parser.add_argument("--workers-per-gpu", type=int, default=4, help="xdist workers per GPU for the untimed GPU "
+                        "layers (default 4: their time is mostly compiling, CPU work; perf runs alone afterwards)")
     parser.add_argument("--cpu-workers", type=int, help="pytest-xdist workers for the tests not marked gpu "
-                        "(default: one per core left over by the GPU-layer workers, at most 16)")
+                        "(default: one per core but one, at most 16; they run niced beside the GPU layers)")
     parser.add_argument("--report-dir", type=Path, default=Path("reports"))
     parser.add_argument("--perf-args", default="", help="more pytest options for the perf run, e.g. "
                         "'--benchmark-compare=0001 --benchmark-compare-fail=mean:15%%'")
@@ -308,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         args.perf_early = choose_perf_early(args.perf_early, gpus, len(available))
         perf_cores, other_cores = split_cores(available, args.perf_early)
         cores = len(other_cores or available)
-        spare = spare_cores(cores, other_processes=workers)
+        spare = spare_cores(cores)
         cpu_workers = choose_cpu_workers(args.cpu_workers, spare, have_xdist)
         runner = time_budget.runner_class(gpu_names() if gpus else [])  # visible_gpus gives indices
         if args.strict_time and time_budget.load(runner, "cold") is None:
