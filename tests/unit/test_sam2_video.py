@@ -124,11 +124,14 @@ def predictors():
 # the largest differences measured on this file's tests (module docstring). The memories are bf16:
 # an fp32 difference can move one across a bf16 rounding boundary, one bf16 step (at most 2^-7 of
 # the value), and near 0 the fp32 difference shows. A session tracking one object at a time stays exact.
+# Another CPU's kernels round otherwise: on an AVX-512 host (the H200 gate runner, 2026-11-26) the
+# pointers of test_fixed_capacity_memory differed by 1.5e-4 (3.2e-5 here), so pointers and object
+# scores get the logits' bound (their values are of order 1; a planted defect moves them by that).
 BATCHED_TOLERANCE = {
     "logits": (1e-3, 0.0),
     "pred_masks": (1e-3, 0.0),
-    "obj_ptr": (1e-4, 0.0),
-    "object_score_logits": (5e-5, 0.0),
+    "obj_ptr": (1e-3, 0.0),
+    "object_score_logits": (1e-3, 0.0),
     "maskmem_features": (1e-2, 2**-7),
 }
 EXACT = dict.fromkeys(BATCHED_TOLERANCE, (0.0, 0.0))
