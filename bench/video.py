@@ -415,8 +415,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if min(args.objects) < 1 or args.videos < 1 or not 1 <= args.warmup_frames < args.frames:
         p.error("--objects and --videos take positive counts, --warmup-frames at least 1 and fewer than --frames")
     args.objects = sorted(set(args.objects))
-    # canonical names, so "sdpa+fp32" and "fp32+sdpa" are one row (and a bad name fails now)
-    args.stages = list(dict.fromkeys(canonical_name(parse_stages(s)) for s in args.stages))
+    # one row per switch set, so "sdpa+fp32" and "fp32+sdpa" are one row (and a bad name fails now); the
+    # row keeps the spelling given first: the ladder's short name for bf16+compile+sdpa is "sdpa", which
+    # a reader of the table would take for fp32+sdpa
+    given = {}
+    for stage in args.stages:
+        given.setdefault(canonical_name(parse_stages(stage)), stage)
+    args.stages = list(given.values())
     args.reference = list(dict.fromkeys(args.reference)) + ([VOS] if args.vos_optimized else [])
     return args
 

@@ -92,3 +92,11 @@ def test_objects_beyond_the_generated_ones_are_clicked_at_distinct_grid_points(t
     assert len(clip.clicks) == 8 and len(set(clip.clicks)) == 8
     assert sorted(p.name for p in tmp_path.iterdir()) == ["00000.jpg", "00001.jpg"]
     assert "objects 4-8: one click each at points of a grid" in clip.describe(8)
+
+
+def test_a_stage_keeps_the_spelling_given_and_one_row_per_switch_set():
+    """The ladder's short name for bf16+compile+sdpa is "sdpa": a table row labelled so would read as
+    fp32+sdpa (an H200 run printed it), so rows keep the spelling given; two spellings of one switch
+    set are one row."""
+    args = video.parse_args(["--stages", "bf16+compile+sdpa", "sdpa+fp32", "fp32+sdpa", "bf16+sdpa"])
+    assert args.stages == ["bf16+compile+sdpa", "sdpa+fp32", "bf16+sdpa"]
