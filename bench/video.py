@@ -398,9 +398,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--frames", type=int, default=48)
     p.add_argument("--height", type=int, default=480)
     p.add_argument("--width", type=int, default=640)
-    p.add_argument("--stages", nargs="+", default=["fp32", "fp32+sdpa", "bf16+sdpa"],
-                   help="samfast stages (default: fp32 fp32+sdpa bf16+sdpa); one that build_sam_video does not build "
-                        "for video tracking is reported as refused")
+    p.add_argument("--stages", nargs="*", default=["fp32", "fp32+sdpa", "bf16+sdpa"],
+                   help="samfast stages (default: fp32 fp32+sdpa bf16+sdpa; none with an empty list); one that "
+                        "build_sam_video does not build for video tracking is reported as refused")
     p.add_argument("--reference", nargs="*", default=["fp32", "bf16"], choices=["fp32", "bf16"],
                    help="sam2 rows (bf16: under torch.autocast on CUDA; none with an empty list)")
     p.add_argument("--vos-optimized", action="store_true",
