@@ -341,7 +341,8 @@ COLUMNS_NOTE = ("- first frame ms: the frame-0 add_new_points_or_box calls of al
                 "torch.cuda.max_memory_allocated over the timed sessions; x 1 object: seconds per frame over the same "
                 "row's with the fewest objects")
 SAM2_NOTE = ("- sam2 rows: build_sam2_video_predictor as shipped; bf16 = torch.autocast(cuda, bfloat16) around every "
-             "call; bf16 vos_optimized = SAM2VideoPredictorVOS (sam2 compiles every component but the memory attention, "left eager as sam2 issue #501's workaround: compiled, it fails under torch >= 2.6)")
+             "call; bf16 vos_optimized = SAM2VideoPredictorVOS (sam2 compiles every component but the memory "
+             "attention, left eager as sam2 issue #501's workaround: compiled, it fails under torch >= 2.6)")
 
 
 def markdown(env: dict, rows: list[Row]) -> str:
