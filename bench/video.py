@@ -139,11 +139,12 @@ def make_clip(folder: Path, frames: int, height: int, width: int, max_objects: i
 
 
 # --- the predictors ------------------------------------------------------------------------------
-def samfast_predictor(model_type: str, stage: str, device: torch.device, input_size: int | None):
+def samfast_predictor(model_type: str, stage: str, device: torch.device, input_size: int | None, frames_per_encode: int):
     """build_sam_video at the stage (its StageError says why a stage is not built for video)."""
     from parity.tasks.video.track import at_input_size
 
-    predictor = samfast.build_sam_video(model_type, seed=SEED, device=device, stages=stage)
+    predictor = samfast.build_sam_video(model_type, seed=SEED, device=device, stages=stage,
+                                        frames_per_encode=frames_per_encode)
     if input_size is not None:
         at_input_size(predictor.model, input_size)
     return predictor
@@ -276,7 +277,7 @@ def run_group(rows: list[Row], clip: BenchClip, device: torch.device, args) -> N
     try:
         start = time.perf_counter()
         if first.impl == SAMFAST:
-            predictor = samfast_predictor(first.model, first.stage, device, args.input_size)
+            predictor = samfast_predictor(first.model, first.stage, device, args.input_size, args.frames_per_encode)
         else:
             predictor = sam2_predictor(first.model, first.stage, device, args.input_size)
         build_s = time.perf_counter() - start
@@ -326,6 +327,7 @@ def environment(device: torch.device, args, clip: BenchClip, argv: list[str]) ->
                 f"a JPEG folder (quality {JPEG_QUALITY}) read by both init_state",
         "input_size": args.input_size or "the model's (1024)",
         "prompts": {n: clip.describe(n) for n in args.objects},
+        "frames_per_encode": args.frames_per_encode,
         "timing": f"one warm-up session per row and object count (init_state, prompts, {args.warmup_frames} tracked frames), "
                   "then init_state and the prompts timed by time.perf_counter between synchronizations, propagate_in_video "
                   + ("by CUDA events at every frame, one synchronize at its end" if device.type == "cuda" else "by time.perf_counter"),
@@ -354,6 +356,8 @@ def markdown(env: dict, rows: list[Row]) -> str:
         f"- weights: {env['weights']}: speed and memory as real checkpoints, masks meaningless",
         f"- clip: {env['clip']}; model input size {env['input_size']}",
         *[f"- {n} object(s) prompted: {text}" for n, text in env["prompts"].items()],
+        f"- samfast rows: the image encoder takes {env['frames_per_encode']} frame(s) about to be tracked per call "
+        "(--frames-per-encode); sam2's takes one",
         f"- timing: {env['timing']}; {FPS_NOTE}",
         COLUMNS_NOTE,
         SAM2_NOTE,
@@ -412,6 +416,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="sam2 rows (bf16: under torch.autocast on CUDA; none with an empty list)")
     p.add_argument("--vos-optimized", action="store_true",
                    help="add sam2's bf16 vos_optimized row (CUDA only; compiles for minutes per model)")
+    p.add_argument("--frames-per-encode", type=int, default=1,
+                   help="samfast's rows: frames the image encoder takes ahead of tracking per call (default 1, as sam2)")
     p.add_argument("--input-size", type=int, default=None,
                    help="the models' input size (default: their own, 1024); 256 for a CPU smoke test")
     p.add_argument("--warmup-frames", type=int, default=WARMUP_FRAMES,
@@ -419,8 +425,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--out", default="reports/bench")
     p.add_argument("--cpu", action="store_true", help="run on the CPU even when CUDA is available")
     args = p.parse_args(argv)
-    if min(args.objects) < 1 or args.videos < 1 or not 1 <= args.warmup_frames < args.frames:
-        p.error("--objects and --videos take positive counts, --warmup-frames at least 1 and fewer than --frames")
+    if min(args.objects) < 1 or args.videos < 1 or args.frames_per_encode < 1 or not 1 <= args.warmup_frames < args.frames:
+        p.error("--objects, --videos and --frames-per-encode take positive counts, --warmup-frames at least 1 and "
+                "fewer than --frames")
     args.objects = sorted(set(args.objects))
     # one row per switch set, so "sdpa+fp32" and "fp32+sdpa" are one row (and a bad name fails now); the
     # row keeps the spelling given first: the ladder's short name for bf16+compile+sdpa is "sdpa", which

@@ -16,8 +16,8 @@ from samfast.stages import SWITCHES, compile_mode, parse_stages
 
 # The switches the tracking step is built for so far. bf16: weights in bf16 as for images; the step
 # casts what it makes in fp32 (masks into the memory encoder, the pointers' sine encodings) to the
-# model's dtype where sam2 leaves that to CUDA autocast. compile: the image encoder (one frame per
-# call) and the decoder as for images, plus the memory attention and the memory encoder with static
+# model's dtype where sam2 leaves that to CUDA autocast. compile: the image encoder (a static batch
+# of frames_per_encode frames a call) and the decoder as for images, plus the memory attention and the memory encoder with static
 # shapes (compile_tracking): the memory read at its fixed capacity, padded and masked.
 VIDEO_SWITCHES = frozenset({"bf16", "compile", "sdpa"})
 # the stages the video gate runs unless told, from the baseline up: each switch alone on fp32, then
@@ -32,11 +32,14 @@ def build_sam_video(
     seed: int = 0,
     device: str | torch.device | None = None,
     stages: str = "fp32",
+    frames_per_encode: int = 1,
 ) -> SAM2VideoPredictor:
     """A video predictor (init_state, add_new_points_or_box, propagate_in_video, ...) of a model
     type with memory (the SAM 2 types), with sam2's video settings (build_sam2_video_predictor's
     defaults). checkpoint, seed and device as samfast.build_sam takes them; stages: fp32 or any
-    combination of VIDEO_SWITCHES (VIDEO_STAGES lists the gate's)."""
+    combination of VIDEO_SWITCHES (VIDEO_STAGES lists the gate's). frames_per_encode: the frames
+    ahead of tracking the image encoder takes in one call (VideoPredictor; 1 as sam2; with the
+    compile switch every encoder call has that batch, the last of a video zero-padded)."""
     if not is_sam2_type(model_type):
         raise ValueError(
             f"{model_type!r} has no memory to track objects with; video tracking takes a SAM 2 type: "
@@ -47,12 +50,13 @@ def build_sam_video(
             f"stages={stages!r}: the {', '.join(unbuilt)} switch(es) are not built for video tracking yet "
             f"(issue 37); build_sam_video takes {', '.join(map(repr, VIDEO_STAGES))}"
         )
-    # one frame per image-encoder call: a static batch of one
-    model = build_sam2_model(model_type, checkpoint, seed=seed, device=device, stages=stages, batch_size=1)
+    # the image encoder's static batch under the compile switch: the frames it takes in one call
+    model = build_sam2_model(model_type, checkpoint, seed=seed, device=device, stages=stages,
+                             batch_size=frames_per_encode)
     if "compile" in parse_stages(stages):
         compile_tracking(model)
     apply_video_postprocessing(model)
-    return SAM2VideoPredictor(model, fill_hole_area=VIDEO_FILL_HOLE_AREA)
+    return SAM2VideoPredictor(model, fill_hole_area=VIDEO_FILL_HOLE_AREA, frames_per_encode=frames_per_encode)
 
 
 def compile_tracking(model: SAM2Base) -> None:

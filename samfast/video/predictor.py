@@ -23,7 +23,9 @@ back to its own bank; objects with other selections form their own batches. Like
 results of the objects prompted on one frame have their memories encoded in one batch. The batch
 changes only the float rounding of the batched matmuls (tests/unit/test_sam2_video.py says how much).
 propagate_in_videos tracks several videos' states in one call, batching the objects of different
-videos on the same frame as those of one video (propagate_in_video is its one-video case).
+videos on the same frame as those of one video (propagate_in_video is its one-video case). With
+frames_per_encode > 1 a propagation encodes the frames it is about to track in batches of that many
+(fuller image-encoder calls; tests/unit/test_frames_per_encode.py).
 """
 
 from __future__ import annotations
@@ -76,8 +78,11 @@ class InferenceState:
     offload_video_to_cpu: bool = False
     offload_state_to_cpu: bool = False
     objects: list[ObjectTrack] = field(default_factory=list)  # in the order they were added: obj_idx
-    # the latest frame's image features {frame_idx: (image, backbone_out)}, for repeated prompts on it
+    # image features {frame_idx: backbone_out}: the latest frame's, for repeated prompts on it, or those
+    # of the frames encoded ahead of tracking (VideoPredictor.frames_per_encode)
     cached_features: dict = field(default_factory=dict)
+    # the frames a running propagation tracks next, in its order: what the encoder may take ahead
+    upcoming: list[int] = field(default_factory=list)
     # the memories' positional encoding, the same for every frame and object: one copy
     maskmem_pos_enc: list[torch.Tensor] | None = None
 
@@ -119,13 +124,20 @@ class VideoPredictor:
         non_overlap_masks: bool = False,
         clear_non_cond_mem_around_input: bool = False,
         add_all_frames_to_correct_as_cond: bool = False,
+        frames_per_encode: int = 1,
     ) -> None:
         """model: a tracker (samfast.sam2.SAM2Base). fill_hole_area: see fill_holes_in_mask_scores
         (warned and skipped). non_overlap_masks: keep only the highest-scoring object per pixel in
         the returned masks. clear_non_cond_mem_around_input: a correction click drops the object's
         tracked memories within num_maskmem frames of it. add_all_frames_to_correct_as_cond: a
-        correction on a tracked frame makes it a conditioning frame too."""
+        correction on a tracked frame makes it a conditioning frame too. frames_per_encode: while
+        propagating, the image encoder takes this many of the frames about to be tracked in one
+        batch (1: one frame a call, as sam2; more: fewer, fuller encoder calls, the features of the
+        frames ahead kept until tracked; the batch changes only the encoder's rounding)."""
+        if frames_per_encode < 1:
+            raise ValueError(f"frames_per_encode must be at least 1 (got {frames_per_encode})")
         self.model = model
+        self.frames_per_encode = frames_per_encode
         self.fill_hole_area = fill_hole_area
         self.non_overlap_masks = non_overlap_masks
         self.clear_non_cond_mem_around_input = clear_non_cond_mem_around_input
@@ -510,11 +522,17 @@ class VideoPredictor:
         self._preflight(states)
         orders = [self._processing_order(state, start_frame_idx, max_frame_num_to_track, reverse) for state in states]
         obj_ids = [state.obj_ids for state in states]
-        for frame_idx in sorted(set().union(*orders), reverse=reverse):
-            videos = [video for video, order in enumerate(orders) if frame_idx in order]
-            all_pred_masks = self._propagate_frame([states[video] for video in videos], frame_idx, reverse)
-            for video, pred_masks in zip(videos, all_pred_masks):
-                yield video, frame_idx, obj_ids[video], self._get_orig_video_res_output(states[video], pred_masks)
+        for state, order in zip(states, orders):
+            state.upcoming = list(order)
+        try:
+            for frame_idx in sorted(set().union(*orders), reverse=reverse):
+                videos = [video for video, order in enumerate(orders) if frame_idx in order]
+                all_pred_masks = self._propagate_frame([states[video] for video in videos], frame_idx, reverse)
+                for video, pred_masks in zip(videos, all_pred_masks):
+                    yield video, frame_idx, obj_ids[video], self._get_orig_video_res_output(states[video], pred_masks)
+        finally:  # also when the caller stops early: a later prompt encodes its own frame only
+            for state in states:
+                state.upcoming = []
 
     def _processing_order(
         self, inference_state: InferenceState, start_frame_idx: int | None, max_frame_num_to_track: int | None, reverse: bool
@@ -689,15 +707,28 @@ class VideoPredictor:
 
     # --- one frame
 
-    def _frame_backbone_out(self, inference_state: InferenceState, frame_idx: int) -> tuple[torch.Tensor, dict]:
-        """(image, backbone_out) of a frame, one batch entry; the latest frame's are cached."""
-        image, backbone_out = inference_state.cached_features.get(frame_idx, (None, None))
+    def _frame_backbone_out(self, inference_state: InferenceState, frame_idx: int) -> dict:
+        """A frame's backbone_out (one batch entry), from the cache or encoded now: while propagating,
+        together with the next frames_per_encode - 1 frames it tracks (kept in the cache until then)."""
+        backbone_out = inference_state.cached_features.get(frame_idx)
         if backbone_out is None:
-            device = inference_state.device
-            image = inference_state.images[frame_idx].to(device).float().unsqueeze(0)
-            backbone_out = self.model.forward_image(image)
-            inference_state.cached_features = {frame_idx: (image, backbone_out)}
-        return image, backbone_out
+            frames = self._frames_to_encode(inference_state, frame_idx)
+            images = inference_state.images[frames].to(inference_state.device).float()
+            batch_out = self.model.forward_image(images)
+            inference_state.cached_features = {
+                t: {key: [level[i : i + 1] for level in batch_out[key]] for key in ("backbone_fpn", "vision_pos_enc")}
+                for i, t in enumerate(frames)
+            }
+            backbone_out = inference_state.cached_features[frame_idx]
+        return backbone_out
+
+    def _frames_to_encode(self, inference_state: InferenceState, frame_idx: int) -> list[int]:
+        """frame_idx and, while a propagation tracks it, the frames it tracks next (frames_per_encode in all)."""
+        upcoming = inference_state.upcoming
+        if self.frames_per_encode == 1 or frame_idx not in upcoming:
+            return [frame_idx]
+        start = upcoming.index(frame_idx)
+        return upcoming[start : start + self.frames_per_encode]
 
     def _group_image_features(
         self, object_counts: list[tuple[InferenceState, int]], frame_idx: int
@@ -706,7 +737,7 @@ class VideoPredictor:
         its object count): each video's frame expanded to its objects, the videos' concatenated on
         the batch (a copy, where one video's objects share its features)."""
         backbone_outs = [
-            _expand_backbone_out(self._frame_backbone_out(state, frame_idx)[1], count)
+            _expand_backbone_out(self._frame_backbone_out(state, frame_idx), count)
             for state, count in object_counts
         ]
         if len(backbone_outs) == 1:
