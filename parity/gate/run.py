@@ -9,8 +9,8 @@
      GPU (--workers-per-gpu; tests/conftest.py assigns the GPUs); the tests that share a built model
      on one worker (--dist loadgroup), different models on different workers;
    - every other test (`pytest -m "not gpu"`: unit, parity on vit_tiny, the CPU compile checks) with
-     CUDA hidden, over one xdist worker per core but one (niced), exactly as the CPU job runs them (tests that share a
-     module fixture on one worker: parity.gate.worker_groups);
+     CUDA hidden, over one xdist worker per core but one (niced), exactly as the CPU job runs them
+     (tests that share a module fixture on one worker: parity.gate.worker_groups);
    - `python -m parity check` on the embedded default (CHECK ARGS override, e.g. --stages fp32 bf16)
      and `python -m parity check --task amg` (segment everything, parity.tasks.amg) on its embedded
      default, every default GPU stage when there is a GPU (the pytest test that runs the same is

@@ -17,8 +17,9 @@ from samfast.stages import SWITCHES, compile_mode, parse_stages
 # The switches the tracking step is built for so far. bf16: weights in bf16 as for images; the step
 # casts what it makes in fp32 (masks into the memory encoder, the pointers' sine encodings) to the
 # model's dtype where sam2 leaves that to CUDA autocast. compile: the image encoder (a static batch
-# of frames_per_encode frames a call) and the decoder as for images, plus the memory attention and the memory encoder with static
-# shapes (compile_tracking): the memory read at its fixed capacity, padded and masked.
+# of frames_per_encode frames a call) and the decoder as for images, plus the memory attention and
+# the memory encoder with static shapes (compile_tracking): the memory read at its fixed capacity,
+# padded and masked.
 VIDEO_SWITCHES = frozenset({"bf16", "compile", "sdpa"})
 # the stages the video gate runs unless told, from the baseline up: each switch alone on fp32, then
 # stacked on bf16 (on a CPU the gate leaves the compiled ones out: parity.tasks.video.runner.default_stages)
