@@ -8,6 +8,7 @@ import torch
 
 import samfast
 from samfast import Prompts
+from samfast.transforms import preprocess_shape
 from tests.masks import assert_masks_equal_away_from_threshold
 
 LOGITS_ATOL = 1e-4  # the same fp32 arithmetic in another order
@@ -85,9 +86,15 @@ def _batch():
     return images, prompts
 
 
-def test_predict_batch_equals_one_image_at_a_time(predictor):
+@pytest.fixture(scope="module")
+def batched(predictor) -> list:
+    """predictor.predict_batch(*_batch()): the plain model's batched call, which two tests compare with
+    (each image encoded once for both)."""
+    return predictor.predict_batch(*_batch())
+
+
+def test_predict_batch_equals_one_image_at_a_time(predictor, batched):
     images, prompts = _batch()
-    batched = predictor.predict_batch(images, prompts)
     for image, prompt, result in zip(images, prompts, batched):
         predictor.set_image(image)
         for j in range(len(prompt)):
@@ -97,18 +104,18 @@ def test_predict_batch_equals_one_image_at_a_time(predictor):
             assert_masks_equal_away_from_threshold(result.masks[j], logits, atol=LOGITS_ATOL)
 
 
-def test_nested_tensor_prompts_equal_the_loop():
+def test_nested_tensor_prompts_equal_the_loop(predictor, batched):
     images, prompts = _batch()
-    plain = samfast.SamPredictor(samfast.build_sam("vit_tiny", device="cpu"))
-    loop = plain.predict_batch(images, prompts)
     nested_model = samfast.build_sam("vit_tiny", device="cpu", stages="fp32+nt")
     assert nested_model.switches == {"nt"}
     nested = samfast.SamPredictor(nested_model).predict_batch(images, prompts)
-    for image, a, b in zip(images, nested, loop, strict=True):
+    for image, a, b in zip(images, nested, batched, strict=True):
         torch.testing.assert_close(a.low_res_logits, b.low_res_logits, rtol=0, atol=LOGITS_ATOL)
         torch.testing.assert_close(a.iou_predictions, b.iou_predictions, rtol=0, atol=LOGITS_ATOL)
-        plain.set_image(image)  # for its input size: the loop's masks are these logits thresholded
-        loop_logits = plain.model.postprocess_masks(b.low_res_logits, plain.input_size, plain.original_size)
+        # the loop's masks are these logits thresholded, at the image's input size (set_image's)
+        original_size = image.shape[:2]
+        input_size = preprocess_shape(*original_size, predictor.long_side)
+        loop_logits = predictor.model.postprocess_masks(b.low_res_logits, input_size, original_size)
         assert_masks_equal_away_from_threshold(a.masks, loop_logits, atol=LOGITS_ATOL)
 
 
