@@ -185,16 +185,26 @@ def test_reset_and_errors(models):
     assert predictor._features is None and not predictor._is_image_set
 
 
-def test_the_shared_predictor_serves_a_sam2_model(predictors, models):
+@pytest.fixture(scope="module")
+def shared(predictors, models):
+    """samfast.SamPredictor(sam2 model) with the image set as BGR: one encoder pass for both tests below
+    (the second checks that its predict_batch leaves this image set)."""
+    import samfast
+
+    image, _, _ = predictors
+    shared = samfast.SamPredictor(models[0])
+    shared.set_image(np.ascontiguousarray(image[..., ::-1]), image_format="BGR")
+    return shared
+
+
+def test_the_shared_predictor_serves_a_sam2_model(predictors, shared):
     """samfast.SamPredictor(sam2 model): set_image (BGR too) and predict with the keyword arguments both
     references share give sam2's masks (as bool, SamPredictor's convention), scores and low-res logits."""
     import samfast
     from samfast.sam2 import SamPredictorForSAM2
 
     image, _, ref = predictors
-    shared = samfast.SamPredictor(models[0])
     assert type(shared) is SamPredictorForSAM2 and isinstance(shared, samfast.SamPredictor)
-    shared.set_image(np.ascontiguousarray(image[..., ::-1]), image_format="BGR")
     for name in ("1 point, 3 masks", "2 points + box", "box, logits"):
         kwargs = _prompts(image)[name]
         masks, iou, low_res = shared.predict(**kwargs)
@@ -205,7 +215,7 @@ def test_the_shared_predictor_serves_a_sam2_model(predictors, models):
         np.testing.assert_array_equal(low_res, ref_low_res)
 
 
-def test_the_shared_predict_batch_serves_a_sam2_model(predictors, models):
+def test_the_shared_predict_batch_serves_a_sam2_model(predictors, shared):
     """SAM 1's predict_batch(images, prompts), which the parity gate's point task runs, given a SAM 2
     model: each image's point prompts and boxes give sam2's predict outputs for the same prompts
     (masks as bool), an image without prompts an empty Prediction, and the image set before stays set."""
@@ -213,8 +223,6 @@ def test_the_shared_predict_batch_serves_a_sam2_model(predictors, models):
 
     image, _, ref = predictors
     h, w = image.shape[:2]
-    shared = samfast.SamPredictor(models[0])
-    shared.set_image(image)
     points = np.array([[[w * 0.4, h * 0.5]], [[w * 0.7, h * 0.3]]])
     boxes = np.array([[10, 10, w / 2, h / 2], [w / 3, h / 3, w - 5, h - 5]])
     with_points, empty, with_boxes = shared.predict_batch(
