@@ -50,10 +50,12 @@ def test_kernel_that_fell_back_is_not_exercised_and_require_gpu_fails_it(golden,
 
 
 def test_compile_that_ran_eagerly_is_not_exercised(golden, one_scene, tmp_path, monkeypatch):
-    """Planted: TORCHDYNAMO_DISABLE=1 turns torch.compile into a silent no-op: the compile stage runs eagerly."""
+    """Planted: TORCHDYNAMO_DISABLE=1 turns torch.compile into a silent no-op: the compile stage runs eagerly.
+    batch_size=1: the compile stage pads every encoder batch to its static batch (8 by default), so the one
+    scene would run eagerly as eight images; the proof reads dynamo's counters, whatever the batch."""
     monkeypatch.setenv("TORCHDYNAMO_DISABLE", "1")
     (result,) = run_check(ModelSource("vit_tiny"), one_scene, ["fp32+compile"], data_args="--data scenes --limit 1",
-                          device="cpu", golden=golden, report_dir=tmp_path)[0]
+                          device="cpu", batch_size=1, golden=golden, report_dir=tmp_path)[0]
     assert not result.failures  # the accuracy gates pass ...
     assert result.verdict == "not exercised" and not result.blocks  # ... yet it is no pass
     assert "torch.compile compiled no graph" in result.not_exercised[0]
