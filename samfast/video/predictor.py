@@ -65,6 +65,11 @@ class ObjectTrack:
         self.frames_tracked.clear()
 
 
+# what the tracking step reads of a frame's backbone_out (each a list of levels, batch first): the
+# features the state caches, expands to a batch of objects and concatenates across videos
+FRAME_FEATURE_KEYS = ("backbone_fpn", "vision_pos_enc")
+
+
 @dataclass
 class InferenceState:
     """One video's frames and tracking state (sam2's inference_state dict; `state["num_frames"]`
@@ -716,7 +721,7 @@ class VideoPredictor:
             images = inference_state.images[frames].to(inference_state.device).float()
             batch_out = self.model.forward_image(images)
             inference_state.cached_features = {
-                t: {key: [level[i : i + 1] for level in batch_out[key]] for key in ("backbone_fpn", "vision_pos_enc")}
+                t: {key: [level[i : i + 1] for level in batch_out[key]] for key in FRAME_FEATURE_KEYS}
                 for i, t in enumerate(frames)
             }
             backbone_out = inference_state.cached_features[frame_idx]
@@ -745,7 +750,7 @@ class VideoPredictor:
         else:
             backbone_out = {
                 key: [torch.cat(levels, dim=0) for levels in zip(*(out[key] for out in backbone_outs))]
-                for key in ("backbone_fpn", "vision_pos_enc")
+                for key in FRAME_FEATURE_KEYS
             }
         return self.model._prepare_backbone_features(backbone_out)[1:]
 
@@ -851,10 +856,7 @@ def _by_video(states: list[InferenceState], members: list[tuple[int, object]]) -
 
 def _expand_backbone_out(backbone_out: dict, batch_size: int) -> dict:
     """A frame's image features (batch of one) expanded to batch_size objects, without a copy."""
-    return {
-        "backbone_fpn": [feat.expand(batch_size, -1, -1, -1) for feat in backbone_out["backbone_fpn"]],
-        "vision_pos_enc": [pos.expand(batch_size, -1, -1, -1) for pos in backbone_out["vision_pos_enc"]],
-    }
+    return {key: [level.expand(batch_size, -1, -1, -1) for level in backbone_out[key]] for key in FRAME_FEATURE_KEYS}
 
 
 def concat_points(old_point_inputs: dict | None, new_points: torch.Tensor, new_labels: torch.Tensor) -> dict:
