@@ -152,6 +152,19 @@ class Session:
         self.max_diffs = dict.fromkeys(self.tolerance, 0.0)
         self.frames_compared = 0
 
+    @classmethod
+    def batched(cls, predictors, video, monkeypatch) -> "Session":
+        """A session that tracks objects together, compared within BATCHED_TOLERANCE, with both
+        predictors' memories encoded from the masks' sigmoid where sam2's video settings binarize the
+        masks of frames with clicks (binarize_mask_from_pts_for_mem_enc). A threshold turns the batch's
+        rounding into a jump: a logit within 1e-6 of 0 on the other side flips a pixel of the binarized
+        mask, and the memory around it moves by ~0.1 (test_fixed_capacity_memory with one thread per
+        process, as the gate's CPU layers run). The exact sessions keep the binarized path, bit for bit."""
+        ours, ref = predictors
+        monkeypatch.setattr(ours.model, "tracking", dataclasses.replace(ours.model.tracking, binarize_mask_from_pts_for_mem_enc=False))
+        monkeypatch.setattr(ref, "binarize_mask_from_pts_for_mem_enc", False)
+        return cls(predictors, video, batched=True)
+
     @property
     def max_diff(self) -> float:
         """The largest logits difference of any returned frame."""
@@ -251,9 +264,9 @@ def test_one_object_by_click(predictors, clip_dir):
     assert session.max_diff == 0.0
 
 
-def test_two_objects_click_and_box(predictors, clip_dir):
+def test_two_objects_click_and_box(predictors, clip_dir, monkeypatch):
     """Object 2 by a box plus a background click (box corners first, labels 2 and 3)."""
-    session = Session(predictors, clip_dir, batched=True)
+    session = Session.batched(predictors, clip_dir, monkeypatch)
     session.prompt("add_new_points_or_box", frame_idx=0, obj_id=1, points=[[80, 100], [90, 110]], labels=[1, 1])
     masks = session.prompt(
         "add_new_points_or_box", frame_idx=0, obj_id=2, box=[200, 150, 280, 210], points=[[100, 30]], labels=[0]
@@ -312,8 +325,8 @@ def test_reverse_propagation(predictors, clip_dir):
     assert session.max_diff == 0.0
 
 
-def test_remove_object(predictors, clip_dir):
-    session = Session(predictors, clip_dir, batched=True)
+def test_remove_object(predictors, clip_dir, monkeypatch):
+    session = Session.batched(predictors, clip_dir, monkeypatch)
     session.prompt("add_new_points_or_box", frame_idx=0, obj_id=1, points=[[80, 100]], labels=[1])
     session.prompt("add_new_points_or_box", frame_idx=0, obj_id=2, points=[[240, 180]], labels=[1])
     session.prompt("add_new_points_or_box", frame_idx=0, obj_id=3, box=[150, 20, 310, 120])
@@ -357,7 +370,7 @@ def record_batched_steps(model, monkeypatch) -> list[tuple[int, int, int]]:
 def test_objects_prompted_together_take_one_step_per_frame(predictors, clip_dir, monkeypatch):
     """Four objects prompted on frame 0 (clicks, a box, a mask): every later frame is one tracking
     step and one memory encoding for all four, and each object's masks and memories are sam2's."""
-    session = Session(predictors, clip_dir, batched=True)
+    session = Session.batched(predictors, clip_dir, monkeypatch)
     session.prompt("add_new_points_or_box", frame_idx=0, obj_id=1, points=[[80, 100]], labels=[1])
     session.prompt("add_new_points_or_box", frame_idx=0, obj_id=2, box=[200, 150, 280, 210])
     session.prompt("add_new_points_or_box", frame_idx=0, obj_id=3, points=[[300, 20], [160, 60]], labels=[1, 0])
@@ -374,7 +387,7 @@ def test_prompted_frames_memories_encoded_in_one_batch(predictors, clip_dir, mon
     give one memory encoding of two per frame, and every object's memories are sam2's (measured here:
     bit-equal, the memory encoder's convolutions round alike at batch 1 and 2; compared within
     BATCHED_TOLERANCE all the same, since another CPU's kernels may pick another algorithm per batch)."""
-    session = Session(predictors, clip_dir, batched=True)
+    session = Session.batched(predictors, clip_dir, monkeypatch)
     session.prompt("add_new_points_or_box", frame_idx=0, obj_id=1, points=[[80, 100]], labels=[1])
     session.prompt("add_new_points_or_box", frame_idx=0, obj_id=2, box=[200, 150, 280, 210])
     session.prompt("add_new_points_or_box", frame_idx=3, obj_id=1, points=[[125, 100]], labels=[1])
@@ -398,7 +411,7 @@ def test_objects_prompted_on_different_frames_form_groups(predictors, clip_dir, 
     frame 2: from there objects 1 and 2 (conditioned on frame 0) take one step per frame and
     object 3 (conditioned on frame 2) its own; backwards from frame 2 too, where frame 0 is
     prompted for objects 1 and 2 and tracked for object 3 alone."""
-    session = Session(predictors, clip_dir, batched=True)
+    session = Session.batched(predictors, clip_dir, monkeypatch)
     session.prompt("add_new_points_or_box", frame_idx=0, obj_id=1, points=[[80, 100]], labels=[1])
     session.prompt("add_new_points_or_box", frame_idx=0, obj_id=2, box=[200, 150, 280, 210])
     steps = record_batched_steps(session.ours.model, monkeypatch)
@@ -418,7 +431,7 @@ def test_objects_prompted_on_different_frames_form_groups(predictors, clip_dir, 
 def test_reverse_propagation_of_objects_together(predictors, clip_dir, monkeypatch):
     """Three objects prompted on the last frame, tracked backwards in one step per frame; then
     one removed and the other two tracked backwards again, still one step per frame."""
-    session = Session(predictors, clip_dir, batched=True)
+    session = Session.batched(predictors, clip_dir, monkeypatch)
     last = NUM_FRAMES - 1
     session.prompt("add_new_points_or_box", frame_idx=last, obj_id=1, points=[[155, 100]], labels=[1])
     session.prompt("add_new_points_or_box", frame_idx=last, obj_id=2, box=[150, 150, 230, 210])
@@ -448,7 +461,7 @@ def test_fixed_capacity_memory(predictors, clip_dir, monkeypatch):
     monkeypatch.setattr(predictors[0].model, "fixed_capacity_memory", True)
     for predictor in predictors:
         monkeypatch.setattr(predictor, "add_all_frames_to_correct_as_cond", True)
-    session = Session(predictors, clip_dir, batched=True)
+    session = Session.batched(predictors, clip_dir, monkeypatch)
     session.prompt("add_new_points_or_box", frame_idx=0, obj_id=1, points=[[80, 100]], labels=[1])
     session.prompt("add_new_points_or_box", frame_idx=0, obj_id=2, box=[200, 150, 280, 210])
     session.propagate()
@@ -478,10 +491,10 @@ def test_reset_state(predictors, clip_dir):
     assert session.max_diff == 0.0
 
 
-def test_add_new_mask(predictors, clip_dir):
+def test_add_new_mask(predictors, clip_dir, monkeypatch):
     """Masks as prompts: one at the video's size (resized to the input with antialiasing), one at
     the model's input size (used as it is), one empty (an absent object); and a click beside them."""
-    session = Session(predictors, clip_dir, batched=True)
+    session = Session.batched(predictors, clip_dir, monkeypatch)
     y, x = np.mgrid[:HEIGHT, :WIDTH]
     disc = (y - 100) ** 2 + (x - 80) ** 2 < 40**2
     session.prompt("add_new_mask", frame_idx=0, obj_id=1, mask=disc)
@@ -493,7 +506,7 @@ def test_add_new_mask(predictors, clip_dir):
     session.propagate(max_frame_num_to_track=2)
 
 
-def test_objects_the_model_finds_absent(predictors, clip_dir):
+def test_objects_the_model_finds_absent(predictors, clip_dir, monkeypatch):
     """The object-score head's bias lowered in both models so that tracked frames score on
     both sides of 0: absent objects get NO_OBJ_SCORE masks, no_obj_ptr pointers and the
     no-object memory embedding, present ones the decoder's logits."""
@@ -503,7 +516,7 @@ def test_objects_the_model_finds_absent(predictors, clip_dir):
     try:
         for layer in (head, ref_head):
             layer.bias.data += shift
-        session = Session(predictors, clip_dir, batched=True)
+        session = Session.batched(predictors, clip_dir, monkeypatch)
         session.prompt("add_new_points_or_box", frame_idx=0, obj_id=1, points=[[80, 100]], labels=[1])
         session.prompt("add_new_points_or_box", frame_idx=0, obj_id=2, box=[200, 150, 280, 210])
         session.propagate()
@@ -540,12 +553,12 @@ def test_fill_hole_area_warns_and_skips_as_sam2_does(predictors, clip_dir):
         ours.add_new_points_or_box(state, 0, 1, points=[[80, 100]], labels=[1])
 
 
-def test_sam2_0_hiera_t(clip_dir):
+def test_sam2_0_hiera_t(clip_dir, monkeypatch):
     """SAM 2.0 (sam2_hiera_t): object pointers without temporal encoding, no no-object memory
     embedding; at the small input, two objects over three frames."""
     ours, ref = build_pair("configs/sam2/sam2_hiera_t.yaml", "sam2_hiera_t", [], SMALL_INPUT)
     assert not ours.model.tracking.add_tpos_enc_to_obj_ptrs and ours.model.no_obj_embed_spatial is None
-    session = Session((ours, ref), clip_dir, batched=True)
+    session = Session.batched((ours, ref), clip_dir, monkeypatch)
     session.prompt("add_new_points_or_box", frame_idx=0, obj_id=1, points=[[80, 100]], labels=[1])
     session.prompt("add_new_points_or_box", frame_idx=0, obj_id=2, box=[200, 150, 280, 210])
     session.propagate(max_frame_num_to_track=2)
