@@ -48,5 +48,5 @@ class FpnNeck(nn.Module):
             else:
                 prev = lateral
             out[i] = prev
-            pos[i] = self.position_encoding(prev).to(prev.dtype)
+            pos[i] = self.position_encoding(prev)
         return out, pos

@@ -92,4 +92,4 @@ class MemoryEncoder(nn.Module):
         masks = self.mask_downsampler(masks)
         x = self.pix_feat_proj(pix_feat.to(masks.device)) + masks
         x = self.out_proj(self.fuser(x))
-        return {"vision_features": x, "vision_pos_enc": [self.position_encoding(x).to(x.dtype)]}
+        return {"vision_features": x, "vision_pos_enc": [self.position_encoding(x)]}
