@@ -19,7 +19,8 @@ from samfast.stages import SWITCHES, compile_mode, parse_stages
 # model's dtype where sam2 leaves that to CUDA autocast. compile: the image encoder (a static batch
 # of frames_per_encode frames a call) and the decoder as for images, plus the memory attention and
 # the memory encoder with static shapes (compile_tracking): the memory read at its fixed capacity,
-# padded and masked.
+# padded and masked. sdpa: as for images, plus the memory cross-attention's keys split into chunks
+# attended in one batched call where one call would leave the GPU idle (samfast.sam2.memory.attention).
 VIDEO_SWITCHES = frozenset({"bf16", "compile", "sdpa"})
 # the stages the video gate runs unless told, from the baseline up: each switch alone on fp32, then
 # stacked on bf16 (on a CPU the gate leaves the compiled ones out: parity.tasks.video.runner.default_stages)
@@ -54,7 +55,11 @@ def build_sam_video(
     # the image encoder's static batch under the compile switch: the frames it takes in one call
     model = build_sam2_model(model_type, checkpoint, seed=seed, device=device, stages=stages,
                              batch_size=frames_per_encode)
-    if "compile" in parse_stages(stages):
+    switches = parse_stages(stages)
+    if "sdpa" in switches:
+        for layer in model.memory_attention.layers:
+            layer.cross_attn_image.split_keys = True
+    if "compile" in switches:
         compile_tracking(model)
     apply_video_postprocessing(model)
     return SAM2VideoPredictor(model, fill_hole_area=VIDEO_FILL_HOLE_AREA, frames_per_encode=frames_per_encode)

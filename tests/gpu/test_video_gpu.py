@@ -109,3 +109,27 @@ def test_compiled_tracker_never_recompiles_over_100_frames():
     assert first.graphs_compiled >= 4, "compile is on, yet the tracker's modules did not all compile"
     later.assert_clean()
     assert later.graphs_compiled == 0, f"{later.graphs_compiled} graph(s) compiled after frame {FIRST_FRAMES}"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_split_memory_keys_equal_one_call_on_cuda(dtype):
+    """The sdpa switch's split cross-attention on CUDA's kernels (cuDNN in bf16, the memory-efficient one
+    in fp32) against one F.scaled_dot_product_attention call, both against fp64: the memory attention's
+    head (one of 256 channels), a memory of 3 frames with the last two padded for one object."""
+    from samfast.sam2.memory.attention import attention_over_key_splits
+
+    generator = torch.Generator(device=DEVICE).manual_seed(0)
+    # 778 keys: 3 frames of 16 x 16 and 10 pointer tokens, padded to chunks the kernels' alignment takes
+    q, k, v = (torch.randn(2, 1, n, 256, generator=generator, device=DEVICE, dtype=torch.float64) for n in (256, 778, 778))
+    mask = torch.ones(2, 778, dtype=torch.bool, device=DEVICE)
+    mask[1, 256:768] = False
+    exact = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None, None, :])
+    inputs = [x.to(dtype) for x in (q, k, v)]
+    one_call = torch.nn.functional.scaled_dot_product_attention(*inputs, attn_mask=mask[:, None, None, :])
+    split = attention_over_key_splits(*inputs, mask, 4)
+
+    def error(out: torch.Tensor) -> float:
+        return ((out.double() - exact).norm() / exact.norm()).item()
+
+    assert split.dtype == dtype
+    assert error(split) <= 1.5 * error(one_call) + 1e-6, (error(split), error(one_call))
