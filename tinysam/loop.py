@@ -10,12 +10,13 @@ from torch.profiler import record_function
 
 from tinysam.configs import VIT_TINY, ModelFamily
 from tinysam.data import BatchSampler, DeviceData
+from tinysam.losses import embedding_mean_penalty
 from tinysam.optimizer import fade_in_weight, learning_rate, make_optimizer
 from tinysam.validation import ValidationSet, validate
 
 CALIBRATE_STEPS = (10, 30)  # steps between which the speed is measured (after kernel warm-up)
 SCHEDULE_MARGIN = 0.97  # of the measured speed, so the cosine ends before the budget does
-LOGGED_PARTS = ("mask", "single", "iou", "object")  # the loss terms logged, those the family's loss has
+LOGGED_PARTS = ("mask", "single", "iou", "object", "embed_mean")  # the loss terms logged, those the run has
 
 
 def prepare_for_training(model) -> None:
@@ -46,8 +47,10 @@ class TrainingStep:
     a profiler the labels cost microseconds.
     """
 
-    def __init__(self, model, optimizer, compiled: bool, family: ModelFamily = VIT_TINY):
+    def __init__(self, model, optimizer, compiled: bool, family: ModelFamily = VIT_TINY,
+                 embedding_penalty: float = 0.0):
         self.model, self.optimizer = model, optimizer
+        self.embedding_penalty = embedding_penalty  # weight of losses.embedding_mean_penalty (0: off)
         self.autocast = training_autocast(model.device)
         self.pixel_stats = family.frame.pixel_stats(model)
         self.encoder, self.decode, self.loss = family.features(model), family.decode, family.loss
@@ -69,6 +72,11 @@ class TrainingStep:
                 outputs = self.decode(model, features, inputs)  # (logits, IoU predictions, ...)
         with record_function("loss"):
             loss, parts = self.loss(*outputs, inputs["targets"])
+            if self.embedding_penalty:
+                # SAM 2's features are (the embedding, its high-resolution levels)
+                penalty = embedding_mean_penalty(features[0] if isinstance(features, tuple) else features)
+                loss = loss + self.embedding_penalty * penalty
+                parts = {**parts, "embed_mean": penalty.detach()}
         self.optimizer.zero_grad(set_to_none=True)
         with record_function("backward"):
             loss.backward()
@@ -84,7 +92,8 @@ def train(model, data: DeviceData, sampler: BatchSampler, heldout: ValidationSet
     the step count so that the cosine schedule, the periodic validations and the final ones fit
     the budget; a safety stop ends it early if the estimate was wrong."""
     device = model.device
-    train_step = TrainingStep(model, make_optimizer(model, args.lr, args.weight_decay), compiled=args.compile, family=family)
+    train_step = TrainingStep(model, make_optimizer(model, args.lr, args.weight_decay), compiled=args.compile, family=family,
+                              embedding_penalty=args.embedding_mean_penalty)
     calibrating = args.steps is None
     total = args.steps or 10**9  # set after calibration when the budget decides
     warmup = min(args.warmup, max(1, total // 5))

@@ -1,5 +1,6 @@
 """SAM's training loss: focal + dice on the best of the multimask outputs, MSE on the IoU head;
-SAM 2's adds BCE on its object-score head."""
+SAM 2's adds BCE on its object-score head. Optionally (--embedding-mean-penalty) a term on the image
+embedding's spatial mean."""
 
 from __future__ import annotations
 
@@ -69,3 +70,15 @@ def sam2_loss(logits: torch.Tensor, iou_pred: torch.Tensor, object_logits: torch
     object_logits = object_logits.float()
     object_term = F.binary_cross_entropy_with_logits(object_logits, torch.ones_like(object_logits))
     return total + OBJECT_WEIGHT * object_term, {**parts, "object": object_term.detach()}
+
+
+def embedding_mean_penalty(embeddings: torch.Tensor) -> torch.Tensor:
+    """The mean over images and channels of the squared spatial mean of (B, C, H, W) image embeddings.
+
+    Why (a hypothesis for the small SAM 2, docs/tiny-model.md): Hiera's residual stream ends in no norm,
+    and the nano's embedding grew a per-channel constant while it trained (its spatial mean, RMS over
+    channels, 2.2 at the seeded init, 6.5 at step 300, where vit_tiny's stays 0.84); a constant in the
+    image tokens makes the decoder's attention the same at every position. A training-only term: the
+    architecture and the checkpoint layout stay sam2's.
+    """
+    return embeddings.float().mean(dim=(2, 3)).pow(2).mean()

@@ -107,6 +107,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--high-res-fade-in", type=float,
                    help="SAM 2: the share of the steps over which the decoder's stride-4/8 inputs are faded in "
                         f"(tinysam.forward.fade_high_res; default {full['high_res_fade_in']:g})")
+    p.add_argument("--embedding-mean-penalty", type=float, default=0.0, metavar="WEIGHT",
+                   help="add WEIGHT x the squared spatial mean of the image embedding to the loss "
+                        "(tinysam.losses.embedding_mean_penalty; an experiment for the small SAM 2; default 0: off)")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction,
                    help="torch.compile the training step (default: on the GPU; see TrainingStep)")
     p.add_argument("--workers", type=int, help="data generation processes (default: CPU count - 1)")
@@ -227,6 +230,9 @@ def finish(family: ModelFamily, model, heldout: ValidationSet, embedded: Validat
             "warmup_steps": state["warmup"], "schedule": "linear warmup, cosine to 1% of lr", "grad_clip": 1.0,
             **({"high_res_fade_in": f"the decoder's stride-4/8 inputs x step / ({args.high_res_fade_in:g} x steps), "
                                     "up to 1"} if family.fade_in and args.high_res_fade_in > 0 else {}),
+            **({"embedding_mean_penalty": f"{args.embedding_mean_penalty:g} x the squared spatial mean of the image "
+                                          "embedding (tinysam.losses.embedding_mean_penalty)"}
+               if args.embedding_mean_penalty else {}),
             "precision": "bf16 autocast (prompt encoder fp32)" if cuda else "fp32",
             "compiled": args.compile,
             "loss": "min over the 3 multimask outputs of 20 focal (gamma 2, no alpha) + dice, on soft 256x256 "

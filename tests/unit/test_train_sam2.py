@@ -27,7 +27,7 @@ from tinysam.frames import STRETCHED
 from tinysam.loop import TrainingStep, prepare_for_training
 from tinysam.optimizer import fade_in_weight, make_optimizer
 from tinysam.targets import lowres_target
-from tinysam.train import main
+from tinysam.train import main, parse_args
 
 NANO = SAM2_NANO.model_type
 
@@ -145,6 +145,40 @@ def test_loss_falls_on_a_fixed_batch():
         totals.append(loss.item())
         masks.append(parts["mask"].item())
     assert masks[0] > masks[1] > masks[2] and totals[2] < totals[0], (masks, totals)
+
+
+def test_embedding_mean_penalty_is_added_and_pulls_the_mean_down():
+    """--embedding-mean-penalty W: the step's loss is the family's plus W x the squared spatial mean of
+    the image embedding (logged as embed_mean, absent when W is 0); at a weight that dominates the loss,
+    three steps on one batch bring that mean down at every step."""
+    pool, _, _ = build_pool(1, seed=0, workers=1, log=lambda _: None, frame=STRETCHED)
+    batch = BatchSampler(pool, 1, 2, seed=0, group_kinds=True).sample()
+
+    class OneBatch:
+        def sample(self):
+            return batch
+
+    data = DeviceData(pool, torch.device("cpu"))
+
+    def step_with(weight: float):
+        torch.manual_seed(0)
+        model = build_sam(NANO, seed=0, device="cpu")
+        prepare_for_training(model)
+        return TrainingStep(model, make_optimizer(model, 1e-3, 0.0), compiled=False, family=SAM2_NANO,
+                            embedding_penalty=weight)
+
+    plain_loss, plain_parts = step_with(0.0)(data, OneBatch())
+    assert "embed_mean" not in plain_parts
+    step = step_with(100.0)
+    means = []
+    for n in range(3):
+        loss, parts = step(data, OneBatch())
+        if n == 0:  # the same weights and batch as the plain step: only the penalty differs
+            torch.testing.assert_close(loss, plain_loss + 100.0 * parts["embed_mean"], rtol=1e-5, atol=1e-5)
+        means.append(parts["embed_mean"].item())
+    assert means[0] > means[1] > means[2], means
+    assert parse_args(["--model", NANO, "--embedding-mean-penalty", "0.1"]).embedding_mean_penalty == 0.1
+    assert parse_args(["--model", NANO]).embedding_mean_penalty == 0.0
 
 
 @pytest.fixture(scope="module")
