@@ -45,10 +45,12 @@ class PositionEmbeddingSine(nn.Module):
         key = (x.shape[-2], x.shape[-1], x.device, x.dtype)
         if torch.compiler.is_compiling():
             # a constant of the graph: a cache filled while tracing fails dynamo's guard on it next call
-            return self._encode(*key[:3]).to(x.dtype)[None].expand(x.shape[0], -1, -1, -1)
-        if key not in self._cache:
-            self._cache[key] = self._encode(*key[:3]).to(x.dtype)
-        return self._cache[key][None].expand(x.shape[0], -1, -1, -1)
+            encoding = self._encode(*key[:3]).to(x.dtype)
+        else:
+            if key not in self._cache:
+                self._cache[key] = self._encode(*key[:3]).to(x.dtype)
+            encoding = self._cache[key]
+        return encoding[None].expand(x.shape[0], -1, -1, -1)
 
 
 def get_1d_sine_pe(pos_inds: torch.Tensor, dim: int, temperature: int = 10000) -> torch.Tensor:
