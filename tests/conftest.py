@@ -8,7 +8,8 @@
   parity.gate.models.
 * --gate-time PATH: per-test seconds and compile seconds (from xdist workers in their reports), written as
   each test ends: parity.gate.timing.
-* under the gate (SAMFAST_TEST_TIMES), the slowest tests of its previous run start first: parity.gate.run_order.
+* under the gate (SAMFAST_TEST_TIMES), the slowest tests of its previous run start first: parity.gate.run_order,
+  and xdist hands the groups out in that order without hoarding: parity.gate.scheduler.
 * under xdist, tests that share a module-scoped fixture run on one worker: parity.gate.worker_groups.
 """
 
@@ -131,6 +132,16 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.usefixtures("_fail_without_gpu"))
         else:
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU (none found); run on a GPU runner or with --require-gpu to fail instead"))
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, which may not be installed
+def pytest_xdist_make_scheduler(config, log):
+    """Under the gate, loadgroup keeps run_order's longest-first order (parity.gate.scheduler); else xdist's own."""
+    if config.getvalue("dist") == "loadgroup" and os.environ.get(run_order.TIMES_ENV):
+        from parity.gate.scheduler import LongestFirstScheduling
+
+        return LongestFirstScheduling(config, log)
+    return None
 
 
 @pytest.fixture

@@ -101,7 +101,7 @@ def pytest_commands(args, report_dir: Path, workers: int, cpu_workers: int, gpu_
     def run(name: str, selection: list[str], n: int, extra: list[str] = ()) -> list[str]:
         return [*common, *selection, "--gate-time", str(report_dir / f"gate-time-{name}.json"),
                 "--junitxml", str(report_dir / f"junit-{name}.xml"), *extra,
-                *(["-n", str(n), "--dist", "loadgroup"] if n > 1 else [])]
+                *(["-n", str(n), "--dist", "loadgroup", "--no-loadscope-reorder"] if n > 1 else [])]
 
     others = ["tests", "--ignore=tests/perf", "-m"]
     covered = [f"--deselect={test}" for test in COVERED_BY_GPU_CHECKS] if gpu_checks else []

@@ -226,7 +226,7 @@ def _selection(cmd: list[str]) -> tuple[str, ...]:
             skip = False
         elif arg in ("--gate-time", "--junitxml", "-n", "--dist"):  # options with a value
             skip = True
-        else:
+        elif arg != "--no-loadscope-reorder":
             keep.append(arg)
     return tuple(keep)
 
@@ -263,7 +263,7 @@ def test_the_gates_pytest_runs_split_the_suite_without_losing_a_test(tmp_path):
     collected = _collect(sorted(selections))
     everything = collected[("tests",)]
     for gpu_checks, commands in commands_with.items():
-        assert commands["gpu"][-4:] == ["-n", "2", "--dist", "loadgroup"] and "-n" not in commands["perf"]
+        assert commands["gpu"][-5:] == ["-n", "2", "--dist", "loadgroup", "--no-loadscope-reorder"] and "-n" not in commands["perf"]
         runs = {name: collected[_selection(cmd)] for name, cmd in commands.items()}
         left_to_checks = set(COVERED_BY_GPU_CHECKS) if gpu_checks else set()
         assert left_to_checks <= everything
