@@ -28,7 +28,7 @@ def _fast_compile(monkeypatch):
     monkeypatch.setenv("SAMFAST_COMPILE_MODE", os.environ.get("SAMFAST_COMPILE_MODE", "default"))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture  # 0.05 s: a module fixture would hold every test of the file on one xdist worker (parity.gate.worker_groups)
 def scene():
     _, images = generate_scenes(1, seed=0)
     return next(iter(images.values()))
@@ -70,6 +70,8 @@ def _mean_best_iou(golden: list[dict], other: list[dict]) -> float:
 
 
 def test_lossless_stages_keep_fp32_masks(scene):
+    """Each lossless stage's masks near fp32's. The gate leaves this test to its AMG check step, which holds
+    every GPU stage to the stored fp32 golden, tighter (COVERED_BY_GPU_CHECKS in parity.gate.run)."""
     settings = dict(points_per_side=16, pred_iou_thresh=0.5, stability_score_thresh=0.8, points_per_batch=None)
     golden = samfast.SamAutomaticMaskGenerator(samfast.build_sam("vit_tiny", "trained", device="cuda"), **settings).generate(scene)
     assert golden, "fp32 found no mask: relax the thresholds"

@@ -26,12 +26,26 @@ from parity.tasks.video import runner
 from parity.tasks.video.track import DEFAULT_INPUT_SIZE, prompts
 from samfast.stages import parse_stages
 
-pytestmark = [pytest.mark.gpu, pytest.mark.xdist_group("video-nano-cuda")]  # the compiled tests share inductor's graphs
+pytestmark = pytest.mark.gpu
 
 DEVICE = "cuda"
 SOURCE = ModelSource("sam2.1_hiera_nano", None, 0)
 SPEC = runner.VideoSpec(videos=1, frames=8)
 COMPILED = "bf16+compile+sdpa"
+CUDA_STAGES = [s for s in runner.default_stages(torch.device(DEVICE)) if s != "fp32"]
+EAGER_STAGES = [s for s in CUDA_STAGES if "compile" not in parse_stages(s)]
+# Three xdist groups, each on a worker of its own: together they were one worker's 131 s, the longest of
+# the warm H100 gate's GPU layer (docs/gpu-gate.md). The eager stages and the sync test build eager
+# trackers; each compiled stage's tests share its graphs.
+EAGER_GROUP = pytest.mark.xdist_group("video-nano-cuda eager")
+
+
+def compiled_group(stage: str):
+    return pytest.mark.xdist_group(f"video-nano-cuda {stage}")
+
+
+STAGE_SETS = [pytest.param(EAGER_STAGES, id="eager", marks=EAGER_GROUP),
+              *(pytest.param([s], id=s, marks=compiled_group(s)) for s in CUDA_STAGES if s not in EAGER_STAGES)]
 FIRST_FRAMES = 2  # the prompted frame and the first tracking step: where the tracker's graphs compile
 LONG_VIDEO = 100  # frames the compiled tracker runs without compiling anything after FIRST_FRAMES
 # The hand-out: a tracked frame's masks may reach the host once (the caller's copy); nothing inside a
@@ -66,15 +80,20 @@ def golden(tmp_path_factory):
     return runner.make_golden(SOURCE, SPEC, device=DEVICE, root=tmp_path_factory.mktemp("golden"))
 
 
-def test_cuda_stages_pass_against_the_fp32_golden(golden, tmp_path):
-    stages = [s for s in runner.default_stages(torch.device(DEVICE)) if s != "fp32"]
-    assert COMPILED in stages and any("compile" in parse_stages(s) for s in stages)
+def test_the_stage_sets_are_every_cuda_stage():
+    assert sorted(s for param in STAGE_SETS for s in param.values[0]) == sorted(CUDA_STAGES)
+    assert COMPILED in CUDA_STAGES and len(EAGER_STAGES) < len(CUDA_STAGES)
+
+
+@pytest.mark.parametrize("stages", STAGE_SETS)
+def test_cuda_stages_pass_against_the_fp32_golden(stages, golden, tmp_path):
     results, _ = runner.run_check(SOURCE, SPEC, stages, device=DEVICE, golden=golden, report_dir=tmp_path,
                                   require_gpu=True)
     failed = {r.stage: r.error or r.gates for r in results if not r.passed}
     assert not failed, failed
 
 
+@EAGER_GROUP
 @torch.inference_mode()
 def test_syncs_grow_by_a_fixed_number_per_frame_never_with_the_memory(tmp_path):
     """Syncs of a whole propagation over 4, 8 and 12 frames: the same step from 4 to 8 as from 8 to 12
@@ -95,6 +114,7 @@ def test_syncs_grow_by_a_fixed_number_per_frame_never_with_the_memory(tmp_path):
     assert per_frame <= MAX_SYNCS_PER_FRAME, f"{per_frame} syncs per tracked frame ({counts}), at {where[12]}"
 
 
+@compiled_group(COMPILED)
 @torch.inference_mode()
 def test_compiled_tracker_never_recompiles_over_100_frames():
     tracker, clip = predictor(COMPILED), generate_clip(2, frames=LONG_VIDEO)
