@@ -228,6 +228,44 @@ def _start_in(cores: set[int] | None, niceness: int = 0):
     return start
 
 
+def process_tree(pid: int) -> list[int]:
+    """`pid` and every process below it (Linux /proc), parents before children."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:  # ended meanwhile
+                continue
+            ppid = int(stat[stat.rindex(")") + 2:].split()[1])  # after the name, which may hold spaces
+            children.setdefault(ppid, []).append(int(entry.name))
+    tree, todo = [], [pid]
+    while todo:
+        tree.append(todo.pop(0))
+        todo.extend(children.get(tree[-1], []))
+    return tree
+
+
+def move_to(pid: int, cores: set[int]) -> int:
+    """Put process `pid`, the processes below it and all their threads on `cores` (how many threads
+    moved). A thread or process started later inherits the mask of the one that started it; two
+    passes catch those started while the first one ran."""
+    moved = set()
+    for _ in range(2):
+        for process in process_tree(pid):
+            try:
+                threads = [int(t) for t in os.listdir(f"/proc/{process}/task")]
+            except OSError:
+                continue
+            for thread in threads:
+                try:
+                    os.sched_setaffinity(thread, cores)
+                    moved.add(thread)
+                except (ProcessLookupError, PermissionError):  # ended meanwhile
+                    continue
+    return len(moved)
+
+
 def _timed(cmd: list[str], env: dict[str, str] | None = None, cores: set[int] | None = None) -> tuple[int, float]:
     print("+ " + " ".join(cmd), flush=True)
     start = time.perf_counter()
@@ -334,17 +372,18 @@ def main(argv: list[str] | None = None) -> int:
     commands = pytest_commands(args, args.report_dir, workers, cpu_workers, gpu_checks=bool(gpus))
     # Everything untimed at once: CPU layers, GPU layers and the two checks (compiling is CPU work, and
     # the GPU has room for all); perf after, alone (or, --perf-early, once the GPU is free).
+    # Every core for every step until perf starts: perf's cores would idle until then (2 of the H100
+    # runner's 16 for the GPU layer's ~160 s); the CPU layers are moved off them when it does.
     background = {"pytest cpu": Background(commands["cpu"], cpu_layers_env(cpu_workers, spare),
-                                           args.report_dir / "pytest-cpu.log", other_cores, CPU_LAYERS_NICENESS)}
+                                           args.report_dir / "pytest-cpu.log", niceness=CPU_LAYERS_NICENESS)}
     for key, step in checks.items():
         background[step.layer] = Background([sys.executable, "-m", "parity.gate", "--_check-step",
                                              str(args.report_dir / f"gate-time-{key}.json"), "--report-dir",
                                              str(args.report_dir / step.report_dir), *step.args, *check_args,
                                              *(["--require-gpu"] if args.require_gpu and (gpus or key == "check") else [])],
-                                            check_env(), args.report_dir / f"{key}.log", other_cores)
+                                            check_env(), args.report_dir / f"{key}.log")
     codes, wall = {}, {}
-    codes["gpu"], wall["pytest gpu"] = _timed(commands["gpu"], {**os.environ, WORKERS_PER_GPU_ENV: str(args.workers_per_gpu)},
-                                              other_cores)
+    codes["gpu"], wall["pytest gpu"] = _timed(commands["gpu"], {**os.environ, WORKERS_PER_GPU_ENV: str(args.workers_per_gpu)})
     cpu_layers = background.pop("pytest cpu")
     if not args.perf_early:
         codes["cpu"], wall["pytest cpu"] = cpu_layers.wait()
@@ -356,6 +395,8 @@ def main(argv: list[str] | None = None) -> int:
         check_compile = json.loads(check_json.read_text())["compile_seconds"] if check_json.exists() else 0.0
         check_rows.append({"layer": layer, "tests": 1, "failed": int(check_codes[layer] != 0),
                            "seconds": round(wall[layer], 1), "compile_seconds": round(check_compile, 1)})
+    if perf_cores:
+        move_to(cpu_layers.process.pid, other_cores)
     codes["perf"], wall["pytest perf"] = _timed(commands["perf"], cores=perf_cores)
     if args.perf_early:
         codes["cpu"], wall["pytest cpu"] = cpu_layers.wait()
@@ -370,7 +411,8 @@ def main(argv: list[str] | None = None) -> int:
              f"pytest workers: {workers} for the gpu tests ({why}); {cpu_workers} for the others, with CUDA hidden "
              f"({cores} CPU cores); these and the checks at the same time (the CPU layers at "
              f"niceness {CPU_LAYERS_NICENESS}), then perf "
-             + (f"on cores {sorted(perf_cores)} of its own while the CPU layers finished" if perf_cores else "alone")
+             + (f"on cores {sorted(perf_cores)} of its own while the CPU layers finished (on every core until perf "
+                f"started, then moved off perf's)" if perf_cores else "alone")
              + " (wall times overlap)",
              f"checks compiled in mode {check_env()['SAMFAST_COMPILE_MODE']} (SAMFAST_COMPILE_MODE)",
              isa_note,

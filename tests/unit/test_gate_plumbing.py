@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -122,7 +123,7 @@ def test_perf_early_is_the_default_only_with_a_gpu_and_cores_to_spare():
     assert choose_perf_early(True, [], cores=2) is True  # asked for: split_cores then says why it cannot
 
 
-def test_perf_early_keeps_cores_of_its_own_and_pins_every_other_step_off_them(tmp_path):
+def test_perf_early_keeps_cores_of_its_own_and_a_pinned_step_runs_only_on_its_cores(tmp_path):
     perf, others = split_cores({0, 1, 2, 3, 4, 5}, perf_early=True)
     assert len(perf) == PERF_CORES and perf.isdisjoint(others) and perf | others == {0, 1, 2, 3, 4, 5}
     assert split_cores({0, 1, 2, 3}, perf_early=False) == (None, None)  # the default pins nothing
@@ -169,28 +170,51 @@ def test_cpu_workers_count_the_cores_this_process_may_use_not_the_machines(tmp_p
 
 def test_perf_early_times_perf_while_the_cpu_layers_still_run(tmp_path, monkeypatch):
     """The gate's order with --perf-early, with stand-in steps: the CPU layers wait until perf has
-    finished, which they can only see if perf runs while they do; each step on its own cores."""
+    finished, which they can only see if perf runs while they do. Until perf starts they have every
+    core; then they, a process they started and a thread of theirs are moved off perf's core."""
     import parity.gate.run as gate
 
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs 2 cores to give perf one of its own")
     cores = sorted(os.sched_getaffinity(0))
-    first, last = cores[0], cores[-1]
+    last = cores[-1]
     perf_done, cpu_saw = tmp_path / "perf-done", tmp_path / "cpu-saw.json"
-    cpu_layers = ("import json, os, sys, time\n"
-                  "deadline = time.time() + 120\n"
-                  "while not os.path.exists(sys.argv[1]) and time.time() < deadline: time.sleep(0.02)\n"
-                  "json.dump({'perf_done_first': os.path.exists(sys.argv[1]), 'cores': sorted(os.sched_getaffinity(0)),"
-                  " 'niceness': os.nice(0)}, open(sys.argv[2], 'w'))")
+    cpu_layers = tmp_path / "cpu_layers.py"
+    cpu_layers.write_text(textwrap.dedent("""\
+        import json, os, subprocess, sys, threading, time
+        perf_done, out = sys.argv[1:3]
+
+        def wait_for_perf():
+            deadline = time.time() + 120
+            while not os.path.exists(perf_done) and time.time() < deadline:
+                time.sleep(0.02)
+            return sorted(os.sched_getaffinity(0))  # this thread's cores
+
+        if len(sys.argv) == 4:  # the child
+            print(json.dumps(wait_for_perf()))
+            sys.exit()
+        started_on = sorted(os.sched_getaffinity(0))
+        child = subprocess.Popen([sys.executable, __file__, perf_done, out, "child"], stdout=subprocess.PIPE, text=True)
+        seen = {}
+        thread = threading.Thread(target=lambda: seen.update(thread=wait_for_perf()))
+        thread.start()
+        cores = wait_for_perf()
+        thread.join()
+        json.dump({"perf_done_first": os.path.exists(perf_done), "started_on": started_on, "cores": cores,
+                   "child": json.loads(child.communicate()[0]), "thread": seen["thread"], "niceness": os.nice(0)},
+                  open(out, "w"))
+        """))
     perf = "import json, os, sys; json.dump(sorted(os.sched_getaffinity(0)), open(sys.argv[1], 'w'))"
-    stand_in_steps(monkeypatch, tmp_path, cpu=[sys.executable, "-c", cpu_layers, str(perf_done), str(cpu_saw)],
+    stand_in_steps(monkeypatch, tmp_path, cpu=[sys.executable, str(cpu_layers), str(perf_done), str(cpu_saw)],
                    perf=[sys.executable, "-c", perf, str(perf_done)])
-    monkeypatch.setattr(gate, "split_cores", lambda available, early: ({last}, {first}) if early else (None, None))
+    monkeypatch.setattr(gate, "split_cores", lambda available, early: ({last}, set(cores) - {last}) if early else (None, None))
     assert gate.main(["--perf-early", "--report-dir", str(tmp_path / "reports")]) == 0
     saw = json.loads(cpu_saw.read_text())
     # the CPU layers yield the CPU to the GPU layers (which set a cold run's wall)
     niceness = min(19, os.nice(0) + gate.CPU_LAYERS_NICENESS)
-    assert saw == {"perf_done_first": True, "cores": [first], "niceness": niceness}
+    others = [c for c in cores if c != last]
+    assert saw == {"perf_done_first": True, "started_on": cores, "cores": others, "child": others, "thread": others,
+                   "niceness": niceness}
     assert json.loads(perf_done.read_text()) == [last]
     assert "of its own while the CPU layers finished" in (tmp_path / "reports" / "gate-time.md").read_text()
 
