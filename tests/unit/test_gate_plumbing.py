@@ -140,12 +140,13 @@ def test_perf_early_keeps_cores_of_its_own_and_a_pinned_step_runs_only_on_its_co
     assert (tmp_path / "free").read_text() == repr(mine)
 
 
-def stand_in_steps(monkeypatch, tmp_path, cpu=(sys.executable, "-c", "pass"), perf=(sys.executable, "-c", "pass")):
+def stand_in_steps(monkeypatch, tmp_path, cpu=(sys.executable, "-c", "pass"), perf=(sys.executable, "-c", "pass"),
+                   gpu=(sys.executable, "-c", "pass")):
     """parity.gate.run with stand-in pytest steps, no checks, no GPU and a compile cache of its own."""
     import parity.gate.run as gate
 
     monkeypatch.setattr(gate, "pytest_commands", lambda *args, **kwargs: {
-        "gpu": [sys.executable, "-c", "pass"], "cpu": list(cpu), "perf": list(perf)})
+        "gpu": list(gpu), "cpu": list(cpu), "perf": list(perf)})
     monkeypatch.setattr(gate, "EMBEDDED_CHECKS", {})
     monkeypatch.setattr(gate, "visible_gpus", lambda: [])
     activate = compile_cache.activate  # this process's environment left alone
@@ -194,6 +195,7 @@ def test_perf_early_times_perf_while_the_cpu_layers_still_run(tmp_path, monkeypa
             print(json.dumps(wait_for_perf()))
             sys.exit()
         started_on = sorted(os.sched_getaffinity(0))
+        open(perf_done + ".cpu-started", "w").close()  # the GPU step's stand-in waits for this
         child = subprocess.Popen([sys.executable, __file__, perf_done, out, "child"], stdout=subprocess.PIPE, text=True)
         seen = {}
         thread = threading.Thread(target=lambda: seen.update(thread=wait_for_perf()))
@@ -205,8 +207,11 @@ def test_perf_early_times_perf_while_the_cpu_layers_still_run(tmp_path, monkeypa
                   open(out, "w"))
         """))
     perf = "import json, os, sys; json.dump(sorted(os.sched_getaffinity(0)), open(sys.argv[1], 'w'))"
+    wait_for_cpu = ("import os, sys, time\ndeadline = time.time() + 120\n"
+                    "while not os.path.exists(sys.argv[1]) and time.time() < deadline: time.sleep(0.02)")
     stand_in_steps(monkeypatch, tmp_path, cpu=[sys.executable, str(cpu_layers), str(perf_done), str(cpu_saw)],
-                   perf=[sys.executable, "-c", perf, str(perf_done)])
+                   perf=[sys.executable, "-c", perf, str(perf_done)],
+                   gpu=[sys.executable, "-c", wait_for_cpu, f"{perf_done}.cpu-started"])
     monkeypatch.setattr(gate, "split_cores", lambda available, early: ({last}, set(cores) - {last}) if early else (None, None))
     assert gate.main(["--perf-early", "--report-dir", str(tmp_path / "reports")]) == 0
     saw = json.loads(cpu_saw.read_text())

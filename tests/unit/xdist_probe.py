@@ -1,6 +1,6 @@
 """Probe tests for tests/unit/test_gate_scheduler.py, which runs this file in an xdist session of its own
 (named on its command line: the file is not test_*.py, so the suite does not collect it). Each test
-notes that it started in the file SAMFAST_PROBE_LOG names."""
+notes, in the file SAMFAST_PROBE_LOG names, that it started and on which worker."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 def _started(name: str) -> None:
     with open(os.environ["SAMFAST_PROBE_LOG"], "a") as log:  # one short append: two workers' lines do not mix
-        log.write(name + "\n")
+        log.write(f"{os.environ['PYTEST_XDIST_WORKER']} {name}\n")
 
 
 @pytest.mark.xdist_group("probe")
