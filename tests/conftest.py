@@ -89,20 +89,24 @@ class GateTimes:
     written out at once (--gate-time), so a run killed half way still leaves the times of what it finished."""
 
     def __init__(self, path: Path | None):
-        self.path, self.rows, self._open = path, [], {}  # _open: nodeid -> (seconds so far, failed)
+        self.path, self.rows, self._open = path, [], {}  # _open: nodeid -> (seconds so far, failed, started)
 
     def pytest_runtest_logreport(self, report):
-        seconds, failed = self._open.get(report.nodeid, (0.0, False))
-        self._open[report.nodeid] = (seconds + report.duration, failed or report.failed)
+        seconds, failed, started = self._open.get(report.nodeid, (0.0, False, report.start))
+        self._open[report.nodeid] = (seconds + report.duration, failed or report.failed, started)
         if report.when != "teardown":
             return
-        seconds, failed = self._open.pop(report.nodeid)
+        seconds, failed, started = self._open.pop(report.nodeid)
+        node = getattr(report, "node", None)  # the xdist worker it came from (the controller sets it)
         self.rows.append(gate_time.TestTime(
             nodeid=report.nodeid,
             layer=gate_time.layer_of(report.nodeid),
             seconds=round(seconds, 3),
             compile_seconds=dict(report.user_properties).get("compile_seconds", 0.0),
             outcome="failed" if failed else "passed",
+            started=round(started, 3),
+            ended=round(report.stop, 3),
+            worker=node.gateway.id if node is not None else "",
         ))
         if self.path:
             gate_time.write_tests(self.path, self.rows)

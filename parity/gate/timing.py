@@ -28,6 +28,11 @@ class TestTime:
     seconds: float
     compile_seconds: float
     outcome: str
+    # when it ran (Unix time, setup's start to teardown's end) and on which xdist worker: the gate's
+    # timeline (which worker idled, what ran last); 0 and "" in files written before they were kept
+    started: float = 0.0
+    ended: float = 0.0
+    worker: str = ""
 
 
 def layer_of(nodeid: str) -> str:

@@ -337,8 +337,8 @@ def test_table_merges_workers_and_adds_the_check_step(tmp_path):
 
 @pytest.mark.parametrize("workers", [0, 2], ids=["one-process", "xdist"])
 def test_pytest_writes_per_test_times_through_the_plugin(tmp_path, workers):
-    """The conftest's hooks in a real pytest run: every test timed, with its layer and its compile
-    seconds (which, under xdist, travel from the worker in the test's report)."""
+    """The conftest's hooks in a real pytest run: every test timed, with its layer, its compile
+    seconds (which, under xdist, travel from the worker in the test's report), when it ran and where."""
     if workers:
         pytest.importorskip("xdist", reason="pytest-xdist is not installed")
     out = tmp_path / "times.json"
@@ -355,6 +355,9 @@ def test_pytest_writes_per_test_times_through_the_plugin(tmp_path, workers):
     assert all(t.layer == "unit" and t.seconds >= 0 and t.outcome == "passed" for t in times.values())
     assert times["test_compile_seconds_survive_a_dynamo_reset"].compile_seconds > 0
     assert times["test_layer_of_a_test"].compile_seconds == 0
+    ran_from = min(t.started for t in times.values())
+    assert all(time.time() - 600 < ran_from <= t.started <= t.ended - t.seconds + 1e-3 for t in times.values())
+    assert {t.worker for t in times.values()} <= ({"gw0", "gw1"} if workers else {""})
     (folder,) = [p for p in (tmp_path / "cache").iterdir() if p.is_dir()]
     assert compile_cache.why_untrusted(folder, json.loads((folder / "key.json").read_text())) is None  # sealed
 
