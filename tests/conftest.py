@@ -124,8 +124,9 @@ def pytest_sessionfinish(session, exitstatus):
 def pytest_collection_modifyitems(config, items):
     times = os.environ.get(run_order.TIMES_ENV)
     if times:  # the gate's runs: the slowest tests of its previous run first
-        items[:] = run_order.longest_first(items, run_order.read_seconds(Path(times)),
-                                           nodeid=lambda item: item.nodeid, group_of=run_order.xdist_group)
+        seconds, untimed = run_order.read_order(Path(times))
+        items[:] = run_order.longest_first(items, seconds, nodeid=lambda item: item.nodeid,
+                                           group_of=run_order.xdist_group, untimed=untimed)
     if torch.cuda.is_available():
         return
     require = config.getoption("--require-gpu")

@@ -364,7 +364,8 @@ def main(argv: list[str] | None = None) -> int:
     cache = compile_cache.activate()
     isa_note = vec_isa.settle(cache.path, may_write=cache.owned)  # before any step starts: they inherit it
     times = cache.path / run_order.TIMES_FILE  # the previous run's, kept with the compile cache
-    os.environ[run_order.TIMES_ENV] = str(times)  # every pytest run below starts its slowest tests first
+    # every pytest run below starts its slowest tests first: by the previous run's times, or a cold run's
+    os.environ[run_order.TIMES_ENV] = str(times if times.exists() else run_order.COLD_ORDER)
     state = "cold" if cache.started_empty else "resumed" if cache.resumed else "warm"  # which time budget applies
     print(f"compile cache: {cache.path} ({CACHE_STATES[state]} run); "
           f"pytest workers: {workers} for the gpu tests ({why}), {cpu_workers} for the others", flush=True)

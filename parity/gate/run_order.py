@@ -14,6 +14,8 @@ collection order stands.
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
 import sys
 from pathlib import Path
@@ -23,6 +25,13 @@ from parity.gate import timing as gate_time
 
 TIMES_ENV = "SAMFAST_TEST_TIMES"
 TIMES_FILE = "test-times.json"
+# The order of a run whose cache holds no previous run's times (a cold cache): a cold H100 gate's
+# seconds for the tests that took COLD_ORDER_MIN_SECONDS or more, any other test counting as
+# quick. Without it a cold run went in collection order, and the video tests (the last file) put
+# 150 s of compiling on one GPU worker at the end (docs/gpu-gate.md). Rewrite it from a cold run's
+# reports with `python -m parity.gate.run_order REPORT_DIR`.
+COLD_ORDER = Path(__file__).with_name("cold-order.json")
+COLD_ORDER_MIN_SECONDS = 1.0
 
 Item = TypeVar("Item")
 
@@ -39,16 +48,38 @@ def read_seconds(path: Path) -> dict[str, float]:
         return {}
 
 
+def read_order(path: Path) -> tuple[dict[str, float], float]:
+    """(nodeid -> seconds, the seconds a test missing from them counts as) from a previous run's
+    times (a gate-time file: a missing test was never timed, math.inf) or from COLD_ORDER's format."""
+    try:
+        data = json.loads(Path(path).read_text())
+        if "seconds" in data:
+            return {nodeid: float(s) for nodeid, s in data["seconds"].items()}, float(data["others"])
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        pass  # read_seconds says what went wrong
+    return read_seconds(path), math.inf
+
+
+def write_cold_order(tests: list[gate_time.TestTime], path: Path = COLD_ORDER) -> int:
+    """COLD_ORDER from a cold run's tests; how many it lists."""
+    slow = {t.nodeid: round(t.seconds, 1) for t in sorted(tests, key=lambda t: t.nodeid)
+            if t.seconds >= COLD_ORDER_MIN_SECONDS}
+    Path(path).write_text(json.dumps({"about": "a cold gate run's test seconds (parity.gate.run_order.COLD_ORDER)",
+                                      "others": COLD_ORDER_MIN_SECONDS / 2, "seconds": slow}, indent=0) + "\n")
+    return len(slow)
+
+
 def longest_first(items: Sequence[Item], seconds: dict[str, float], nodeid: Callable[[Item], str],
-                  group_of: Callable[[Item], Hashable]) -> list[Item]:
+                  group_of: Callable[[Item], Hashable], untimed: float = math.inf) -> list[Item]:
     """`items` with the groups (tests that share an xdist group stay together; any other test is a
-    group of one) ordered by their tests' seconds last time, longest first. A test never timed
-    counts as the longest (it may be slow); equal groups keep the collection order."""
+    group of one) ordered by their tests' seconds last time, longest first. A test missing from
+    `seconds` counts as `untimed` (default: never timed, so the longest: it may be slow); equal
+    groups keep the collection order."""
     groups = [group_of(item) for item in items]
     totals: dict[Hashable, float] = {}
     first_seen: dict[Hashable, int] = {}
     for index, (item, group) in enumerate(zip(items, groups)):
-        totals[group] = totals.get(group, 0.0) + seconds.get(nodeid(item), math.inf)
+        totals[group] = totals.get(group, 0.0) + seconds.get(nodeid(item), untimed)
         first_seen.setdefault(group, index)
     order = sorted(range(len(items)), key=lambda i: (-totals[groups[i]], first_seen[groups[i]]))
     return [items[i] for i in order]
@@ -60,3 +91,20 @@ def xdist_group(item) -> Hashable:
     if mark is None:
         return item.nodeid
     return "group:" + str(mark.args[0] if mark.args else mark.kwargs.get("name"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m parity.gate.run_order",
+                                     description="rewrite COLD_ORDER from a cold gate run's report folder")
+    parser.add_argument("report_dir", type=Path, help="the --report-dir of a gate run on an empty compile cache")
+    args = parser.parse_args(argv)
+    files = sorted(args.report_dir.glob("gate-time-*.json"))
+    tests = [t for f in files for t in (gate_time.read_tests(f) if "tests" in json.loads(f.read_text()) else [])]
+    if not tests:
+        parser.error(f"no gate-time-<step>.json with tests in {args.report_dir}: run `python -m parity.gate` there first")
+    print(f"{COLD_ORDER}: {write_cold_order(tests)} tests of {len(tests)} took {COLD_ORDER_MIN_SECONDS} s or more")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -450,6 +450,24 @@ def test_longest_first_keeps_groups_together_and_puts_untimed_tests_first():
     assert run_order.longest_first(items, {}, nodeid=str, group_of=str) == items  # no history: collection order
 
 
+def test_a_cold_run_orders_by_the_committed_cold_times(tmp_path):
+    """Without a previous run's times the gate names COLD_ORDER: its tests by their seconds, any test
+    it does not list as quick (not as never timed, which would put it first)."""
+    rows = [gate_time.TestTime("tests/gpu/v.py::t", "gpu", 80.0, 40.0, "passed"),
+            gate_time.TestTime("tests/unit/q.py::t", "unit", 0.2, 0.0, "passed"),
+            gate_time.TestTime("tests/unit/s.py::t", "unit", 3.0, 0.0, "passed")]
+    assert run_order.write_cold_order(rows, tmp_path / "cold.json") == 2  # the quick one is left out
+    seconds, untimed = run_order.read_order(tmp_path / "cold.json")
+    assert seconds == {"tests/gpu/v.py::t": 80.0, "tests/unit/s.py::t": 3.0} and untimed < run_order.COLD_ORDER_MIN_SECONDS
+    items = ["tests/unit/q.py::t", "tests/unit/new.py::t", "tests/unit/s.py::t", "tests/gpu/v.py::t"]
+    assert run_order.longest_first(items, seconds, nodeid=str, group_of=str, untimed=untimed) == \
+        ["tests/gpu/v.py::t", "tests/unit/s.py::t", "tests/unit/q.py::t", "tests/unit/new.py::t"]
+    gate_time.write_tests(tmp_path / "previous.json", rows)  # a previous run's file: a missing test was never timed
+    assert run_order.read_order(tmp_path / "previous.json")[1] == float("inf")
+    committed, _ = run_order.read_order(run_order.COLD_ORDER)
+    assert len(committed) > 100 and all(s >= run_order.COLD_ORDER_MIN_SECONDS for s in committed.values())
+
+
 def test_unreadable_times_only_lose_the_order(tmp_path, capsys):
     assert run_order.read_seconds(tmp_path / "none.json") == {}
     (tmp_path / "bad.json").write_text('{"tests": [{"nodeid": "x"}]}')  # a field missing
@@ -483,10 +501,12 @@ def test_the_gate_keeps_this_runs_times_for_the_next_and_names_them_to_its_steps
     reports = tmp_path / "reports"
     stand_in_steps(monkeypatch, tmp_path, cpu=[sys.executable, "-c", step, str(saw), str(reports / "gate-time-cpu.json")])
     assert gate.main(["--report-dir", str(reports)]) == 0
+    assert saw.read_text() == str(run_order.COLD_ORDER)  # a cold cache: the committed cold order
     (cache,) = [p for p in (tmp_path / "cache").iterdir() if p.is_dir()]
-    assert saw.read_text() == str(cache / run_order.TIMES_FILE)  # the steps were told where the last run's times are
     assert run_order.read_seconds(cache / run_order.TIMES_FILE) == {"tests/unit/x.py::t": 7.5}
     assert compile_cache.why_untrusted(cache, json.loads((cache / "key.json").read_text())) is None  # written before the seal
+    assert gate.main(["--report-dir", str(reports)]) == 0
+    assert saw.read_text() == str(cache / run_order.TIMES_FILE)  # the next run: the last run's times
 
 
 def test_xdist_groups_run_on_one_worker_with_the_installed_pytest(tmp_path):
