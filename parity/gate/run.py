@@ -138,8 +138,6 @@ def check_env(environ=os.environ) -> dict[str, str]:
     return {"SAMFAST_COMPILE_MODE": "default", **environ}
 
 
-# torch's switch for starting inductor's compile workers before the first compile (torch._inductor.async_compile).
-WARM_POOL_ENV = "TORCH_WARM_POOL"
 # The CPU layers run at this niceness. perf starts when the GPU layers and the checks are done, so
 # those set the cold gate's wall (H100 at a833d93: GPU layers 438 s while compiling beside 7 CPU
 # workers and 3 checks, perf after them); the CPU layers, which perf does not wait for, still get
@@ -368,10 +366,6 @@ def main(argv: list[str] | None = None) -> int:
     times = cache.path / run_order.TIMES_FILE  # the previous run's, kept with the compile cache
     # every pytest run below starts its slowest tests first: by the previous run's times, or a cold run's
     os.environ[run_order.TIMES_ENV] = str(times if times.exists() else run_order.COLD_ORDER)
-    # No compile-worker pool until a kernel needs compiling: torch.compile otherwise starts one in every
-    # process that compiles (a process per core, each importing torch) even when every graph then comes
-    # from the warm cache; ~20 of the gate's processes compile.
-    os.environ.setdefault(WARM_POOL_ENV, "0")
     state = "cold" if cache.started_empty else "resumed" if cache.resumed else "warm"  # which time budget applies
     print(f"compile cache: {cache.path} ({CACHE_STATES[state]} run); "
           f"pytest workers: {workers} for the gpu tests ({why}), {cpu_workers} for the others", flush=True)
@@ -424,7 +418,6 @@ def main(argv: list[str] | None = None) -> int:
              f"checks compiled in mode {check_env()['SAMFAST_COMPILE_MODE']} (SAMFAST_COMPILE_MODE)",
              isa_note,
              f"Python bytecode of every step under {os.environ['PYTHONPYCACHEPREFIX']} (PYTHONPYCACHEPREFIX)",
-             f"inductor's compile workers started only for a kernel to compile ({WARM_POOL_ENV}={os.environ[WARM_POOL_ENV]})",
              "exit codes: " + ", ".join(f"pytest {step} {code}" for step, code in codes.items())
              + ", " + ", ".join(f"{step} {code}" for step, code in check_codes.items())]
     wall = {step: round(seconds, 1) for step, seconds in wall.items()}

@@ -152,8 +152,7 @@ def stand_in_steps(monkeypatch, tmp_path, cpu=(sys.executable, "-c", "pass"), pe
     activate = compile_cache.activate  # this process's environment left alone
     monkeypatch.setattr(gate.compile_cache, "activate", lambda: activate(tmp_path / "cache", KEY, env={}))
     monkeypatch.setattr(gate.vec_isa, "settle", lambda folder, may_write: "CPU vector ISA: left to each step")
-    monkeypatch.setenv(run_order.TIMES_ENV, "")  # the gate sets these for its steps: undone after the test
-    monkeypatch.delenv(gate.WARM_POOL_ENV, raising=False)
+    monkeypatch.setenv(run_order.TIMES_ENV, "")  # the gate sets it for its steps: undone after the test
 
 
 def test_cpu_workers_count_the_cores_this_process_may_use_not_the_machines(tmp_path, monkeypatch, capsys):
@@ -494,22 +493,20 @@ def test_pytest_under_the_gate_collects_the_slowest_first_and_xdist_workers_agre
 
 
 def test_the_gate_keeps_this_runs_times_for_the_next_and_names_them_to_its_steps(tmp_path, monkeypatch):
-    """...and its steps start no compile-worker pool before a kernel needs compiling (TORCH_WARM_POOL=0)."""
     import parity.gate.run as gate
 
     saw = tmp_path / "saw"
-    step = ("import os, sys; from parity.gate import timing as gate_time; "
-            "open(sys.argv[1], 'w').write(os.environ['SAMFAST_TEST_TIMES'] + ' ' + os.environ['TORCH_WARM_POOL']);"
+    step = ("import os, sys; from parity.gate import timing as gate_time; open(sys.argv[1], 'w').write(os.environ['SAMFAST_TEST_TIMES']);"
             "gate_time.write_tests(sys.argv[2], [gate_time.TestTime('tests/unit/x.py::t', 'unit', 7.5, 0.0, 'passed')])")
     reports = tmp_path / "reports"
     stand_in_steps(monkeypatch, tmp_path, cpu=[sys.executable, "-c", step, str(saw), str(reports / "gate-time-cpu.json")])
     assert gate.main(["--report-dir", str(reports)]) == 0
-    assert saw.read_text() == str(run_order.COLD_ORDER) + " 0"  # a cold cache: the committed cold order
+    assert saw.read_text() == str(run_order.COLD_ORDER)  # a cold cache: the committed cold order
     (cache,) = [p for p in (tmp_path / "cache").iterdir() if p.is_dir()]
     assert run_order.read_seconds(cache / run_order.TIMES_FILE) == {"tests/unit/x.py::t": 7.5}
     assert compile_cache.why_untrusted(cache, json.loads((cache / "key.json").read_text())) is None  # written before the seal
     assert gate.main(["--report-dir", str(reports)]) == 0
-    assert saw.read_text() == f"{cache / run_order.TIMES_FILE} 0"  # the next run: the last run's times
+    assert saw.read_text() == str(cache / run_order.TIMES_FILE)  # the next run: the last run's times
 
 
 def test_xdist_groups_run_on_one_worker_with_the_installed_pytest(tmp_path):
