@@ -11,6 +11,7 @@
 * under the gate (SAMFAST_TEST_TIMES), the slowest tests of its previous run start first: parity.gate.run_order,
   and xdist hands the groups out in that order without hoarding: parity.gate.scheduler.
 * under xdist, tests that share a module-scoped fixture run on one worker: parity.gate.worker_groups.
+* after each test the CUDA memory it freed goes back to the driver (the gate's GPU processes share one GPU).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import torch
 from parity.gate import compile_cache, run_order, vec_isa, worker_groups
 from parity.gate import timing as gate_time
 from parity.gate.devices import WORKERS_PER_GPU_ENV, gpu_for_worker, visible_gpus
+from parity.tasks.source import release_gpu_cache
 
 
 def pytest_addoption(parser):
@@ -147,6 +149,14 @@ def pytest_xdist_make_scheduler(config, log):
 
         return LongestFirstScheduling(config, log)
     return None
+
+
+@pytest.fixture(autouse=True)
+def _hand_back_cached_gpu_memory():
+    """After each test, the CUDA memory it freed goes back to the driver (parity.tasks.source.release_gpu_cache):
+    the gate's GPU workers and checks share one GPU, and one worker's cache was another's out-of-memory."""
+    yield
+    release_gpu_cache()
 
 
 @pytest.fixture

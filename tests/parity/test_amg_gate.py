@@ -18,7 +18,7 @@ from parity.tasks.amg import runner as amg_runner
 from parity.tasks.amg.embedded import EMBEDDED_GOLDEN
 from parity.tasks.amg.generate import AmgParams, Generated
 from parity.tasks.amg.report import picture_name
-from parity.tasks.source import ModelSource
+from parity.tasks.source import ModelSource, release_gpu_cache
 from samfast.checkpoint import NAMED_CHECKPOINTS
 
 # One generated scene, a 3x3 grid: a few seconds per generation on the CPU.
@@ -67,6 +67,26 @@ def test_fp32_passes_with_iou_one(golden, trained, scene, tmp_path):
     assert s["predicted_iou_max_err"] == 0.0  # same device, same code: bit-identical
     assert json.loads(paths["report.json"].read_text())["passed"] is True
     assert 'failures="0"' in paths["junit.xml"].read_text()
+
+
+def test_each_stage_first_hands_the_freed_gpu_memory_back(golden, trained, scene, tmp_path, monkeypatch):
+    """The gate runs its checks beside its GPU pytest workers on one GPU: each stage starts by returning
+    what the last one freed (parity.tasks.source.release_gpu_cache; the point and video runners alike)."""
+    released = []
+    monkeypatch.setattr(amg_runner, "release_gpu_cache", lambda: released.append(len(released)))
+    results, _ = amg_runner.run_check(trained, scene, ["fp32", "fp32+sdpa"], PARAMS, data_args=DATA_ARGS, device="cpu",
+                                      golden=golden, report_dir=tmp_path)
+    assert len(results) == len(released) == 2
+
+
+def test_release_gpu_cache_empties_the_cache_only_where_cuda_runs(monkeypatch):
+    emptied = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(True))
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    release_gpu_cache()  # a CPU process: nothing to hand back, and CUDA is not started for it
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    release_gpu_cache()
+    assert emptied == [True]
 
 
 def test_perturbed_decoder_fails(golden, trained, scene, tmp_path):

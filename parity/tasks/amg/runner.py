@@ -21,7 +21,7 @@ from parity.tasks.amg.compare import compare
 from parity.tasks.amg.generate import IGNORED_SWITCHES, AmgParams, Generated, generate, make_generator
 from parity.tasks.amg.pictures import amg_comparison_png
 from parity.tasks.amg.report import remove_reports, write_reports
-from parity.tasks.source import ModelSource, default_device
+from parity.tasks.source import ModelSource, default_device, release_gpu_cache
 from samfast.stages import canonical_name, parse_stages
 
 POINTS_PER_BATCH = 64  # the reference's default; it splits work into decoder calls, never changes masks
@@ -102,6 +102,7 @@ def run_check(
     thresholds = load_thresholds(table="amg")
     results = []
     for stage in stages:
+        release_gpu_cache()
         switches = parse_stages(stage)
         name = canonical_name(switches)
         try:

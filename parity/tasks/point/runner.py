@@ -25,7 +25,7 @@ from parity.tasks.point import golden as point_golden
 from parity.tasks.point.compare import compare
 from parity.tasks.point.evaluate import StageOutputs, evaluate
 from parity.tasks.point.report import write_reports
-from parity.tasks.source import ModelSource, default_device
+from parity.tasks.source import ModelSource, default_device, release_gpu_cache
 from samfast.stages import canonical_name, parse_stages
 
 
@@ -147,6 +147,7 @@ def run_check(
     build = build or (lambda stages: source.build(stages, device, batch_size))
     results, works = [], []
     for stage in stages:
+        release_gpu_cache()
         switches = parse_stages(stage)
         name = canonical_name(switches)
         work = None

@@ -23,7 +23,7 @@ from parity.golden import manifest as golden_io
 from parity.golden.davis import DAVIS_NAME, DAVIS_READER, davis_folder, read_davis
 from parity.golden.settings import DATA_ENV
 from parity.golden.videos import VIDEOS_VERSION, Clip, clip_fingerprint, generate_clips
-from parity.tasks.source import ModelSource, default_device
+from parity.tasks.source import ModelSource, default_device, release_gpu_cache
 from parity.tasks.video import golden as video_golden
 from parity.tasks.video.compare import compare
 from parity.tasks.video.report import remove_reports, write_reports
@@ -171,6 +171,7 @@ def run_check(
     thresholds = load_thresholds(table="video")
     results = []
     for stage in stages:
+        release_gpu_cache()
         switches = parse_stages(stage)
         name = canonical_name(switches)
         try:
