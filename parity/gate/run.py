@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from parity.checks.budgets import BudgetError
-from parity.gate import compile_cache, run_order, time_budget, vec_isa
+from parity.gate import compile_cache, cpu_use, run_order, time_budget, vec_isa
 from parity.gate import timing as gate_time
 from parity.gate import verdict as final_verdict
 from parity.gate.devices import WORKERS_PER_GPU_ENV, gpu_names, visible_gpus
@@ -228,49 +228,14 @@ def _start_in(cores: set[int] | None, niceness: int = 0):
     return start
 
 
-def process_tree(pid: int) -> list[int]:
-    """`pid` and every process below it (Linux /proc), parents before children."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:  # ended meanwhile
-                continue
-            ppid = int(stat[stat.rindex(")") + 2:].split()[1])  # after the name, which may hold spaces
-            children.setdefault(ppid, []).append(int(entry.name))
-    tree, todo = [], [pid]
-    while todo:
-        tree.append(todo.pop(0))
-        todo.extend(children.get(tree[-1], []))
-    return tree
-
-
-def move_to(pid: int, cores: set[int]) -> int:
-    """Put process `pid`, the processes below it and all their threads on `cores` (how many threads
-    moved). A thread or process started later inherits the mask of the one that started it; two
-    passes catch those started while the first one ran."""
-    moved = set()
-    for _ in range(2):
-        for process in process_tree(pid):
-            try:
-                threads = [int(t) for t in os.listdir(f"/proc/{process}/task")]
-            except OSError:
-                continue
-            for thread in threads:
-                try:
-                    os.sched_setaffinity(thread, cores)
-                    moved.add(thread)
-                except (ProcessLookupError, PermissionError):  # ended meanwhile
-                    continue
-    return len(moved)
-
-
-def _timed(cmd: list[str], env: dict[str, str] | None = None, cores: set[int] | None = None) -> tuple[int, float]:
+def _timed(cmd: list[str], env: dict[str, str] | None = None, cores: set[int] | None = None,
+           cpu: cpu_use.StepCpu | None = None, step: str = "") -> tuple[int, float]:
     print("+ " + " ".join(cmd), flush=True)
     start = time.perf_counter()
-    code = subprocess.call(cmd, env=env, preexec_fn=_start_in(cores))
-    return code, time.perf_counter() - start
+    process = subprocess.Popen(cmd, env=env, preexec_fn=_start_in(cores))
+    if cpu is not None:
+        cpu.watch(step, process.pid)
+    return process.wait(), time.perf_counter() - start
 
 
 class Background:
@@ -375,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     # the GPU has room for all); perf after, alone (or, --perf-early, once the GPU is free).
     # Every core for every step until perf starts: perf's cores would idle until then (2 of the H100
     # runner's 16 for the GPU layer's ~160 s); the CPU layers are moved off them when it does.
+    cpu = cpu_use.StepCpu().start()  # which step uses the cores: printed under the time table
     background = {"pytest cpu": Background(commands["cpu"], cpu_layers_env(cpu_workers, spare),
                                            args.report_dir / "pytest-cpu.log", niceness=CPU_LAYERS_NICENESS)}
     for key, step in checks.items():
@@ -383,8 +349,11 @@ def main(argv: list[str] | None = None) -> int:
                                              str(args.report_dir / step.report_dir), *step.args, *check_args,
                                              *(["--require-gpu"] if args.require_gpu and (gpus or key == "check") else [])],
                                             check_env(), args.report_dir / f"{key}.log")
+    for name, step_process in background.items():
+        cpu.watch(name, step_process.process.pid)
     codes, wall = {}, {}
-    codes["gpu"], wall["pytest gpu"] = _timed(commands["gpu"], {**os.environ, WORKERS_PER_GPU_ENV: str(args.workers_per_gpu)})
+    codes["gpu"], wall["pytest gpu"] = _timed(commands["gpu"], {**os.environ, WORKERS_PER_GPU_ENV: str(args.workers_per_gpu)},
+                                              cpu=cpu, step="pytest gpu")
     cpu_layers = background.pop("pytest cpu")
     if not args.perf_early:
         codes["cpu"], wall["pytest cpu"] = cpu_layers.wait()
@@ -397,18 +366,22 @@ def main(argv: list[str] | None = None) -> int:
         check_rows.append({"layer": layer, "tests": 1, "failed": int(check_codes[layer] != 0),
                            "seconds": round(wall[layer], 1), "compile_seconds": round(check_compile, 1)})
     if perf_cores:
-        move_to(cpu_layers.process.pid, other_cores)
-    codes["perf"], wall["pytest perf"] = _timed(commands["perf"], cores=perf_cores)
+        cpu_use.move_to(cpu_layers.process.pid, other_cores)
+    codes["perf"], wall["pytest perf"] = _timed(commands["perf"], cores=perf_cores, cpu=cpu, step="pytest perf")
     if args.perf_early:
         codes["cpu"], wall["pytest cpu"] = cpu_layers.wait()
     # one code for both checks: 2 (a refused input) outranks any other failure (1, or a signal's negative code)
     check_code = 2 if 2 in check_codes.values() else int(any(check_codes.values()))
     wall["total"] = time.perf_counter() - started
+    core_seconds = cpu.stop()
 
     tests = [t for run in PYTEST_RUNS if (args.report_dir / f"gate-time-{run}.json").exists()
              for t in gate_time.read_tests(args.report_dir / f"gate-time-{run}.json")]
     rows = gate_time.summarize(tests, check_rows)
     notes = [f"compile cache {CACHE_STATES[state]}: {cache.path}",
+             "CPU core-seconds by step (at least: /proc read every second): " + ", ".join(
+                 f"{step} {used:.0f} ({used / wall[step]:.1f} cores over its {wall[step]:.0f} s)"
+                 for step, used in core_seconds.items() if wall.get(step)),
              f"pytest workers: {workers} for the gpu tests ({why}); {cpu_workers} for the others, with CUDA hidden "
              f"({cores} CPU cores); these and the checks at the same time (the CPU layers at "
              f"niceness {CPU_LAYERS_NICENESS}), then perf "

@@ -6,6 +6,7 @@ import copy
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -221,7 +222,10 @@ def test_perf_early_times_perf_while_the_cpu_layers_still_run(tmp_path, monkeypa
     assert saw == {"perf_done_first": True, "started_on": cores, "cores": others, "child": others, "thread": others,
                    "niceness": niceness}
     assert json.loads(perf_done.read_text()) == [last]
-    assert "of its own while the CPU layers finished" in (tmp_path / "reports" / "gate-time.md").read_text()
+    table = (tmp_path / "reports" / "gate-time.md").read_text()
+    assert "of its own while the CPU layers finished" in table
+    # what each step's processes used, one line under the table (cpu_use.StepCpu)
+    assert re.search(r"CPU core-seconds by step .*: pytest cpu \d+ \(\d+\.\d cores over its \d+ s\), pytest gpu", table)
 
 
 @pytest.mark.parametrize("argv", [["--workers-per-gpu", "0"], ["--workers", "5"]], ids=["parser", "combination"])
