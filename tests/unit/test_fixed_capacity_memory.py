@@ -72,10 +72,10 @@ def recording_shapes(model, monkeypatch) -> list[tuple]:
     shapes = []
     attend = model.memory_attention.attend
 
-    def recording(curr, memory, curr_pos, memory_pos, freqs_cis, num_obj_ptr_tokens, memory_mask):
+    def recording(curr, memory, curr_pos, memory_pos, rotations, num_obj_ptr_tokens, memory_mask):
         real = None if memory_mask is None else memory_mask.sum(dim=1).tolist()
         shapes.append((tuple(memory.shape), num_obj_ptr_tokens, real))
-        return attend(curr, memory, curr_pos, memory_pos, freqs_cis, num_obj_ptr_tokens, memory_mask)
+        return attend(curr, memory, curr_pos, memory_pos, rotations, num_obj_ptr_tokens, memory_mask)
 
     monkeypatch.setattr(model.memory_attention, "attend", recording)
     return shapes

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 import samfast
 from samfast.sam2.memory import attention as memory_attention
 from samfast.sam2.memory.attention import RoPEAttention, attention_over_key_splits, key_splits
-from samfast.sam2.memory.rope import compute_axial_cis
+from samfast.sam2.memory.rope import axial_rotations
 
 
 def _inputs(batch: int, heads: int, queries: int, keys: int, dtype=torch.float64, seed: int = 0):
@@ -80,7 +80,7 @@ def test_cross_attention_module_with_split_keys(monkeypatch):
     memory = torch.randn(2, frames * side * side + pointers, 8)
     mask = torch.ones(2, memory.shape[1], dtype=torch.bool)
     mask[1, side * side : 3 * side * side] = False  # object 2: two padded memory frames
-    freqs = compute_axial_cis(32, side, side)
+    freqs = axial_rotations(32, side, side)
     with torch.no_grad():
         one_call = module(tgt, memory, memory, freqs, pointers, mask)
         module.split_keys = True

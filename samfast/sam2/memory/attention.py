@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from samfast.sam2.memory.rope import apply_rotary_enc, compute_axial_cis
+from samfast.sam2.memory.rope import apply_rotary_enc, axial_rotations
 
 ROPE_THETA = 10000.0
 ROPE_FEAT_SIZES = (64, 64)  # the feature map at sam2's 1024 input
@@ -120,17 +120,17 @@ class RoPEAttention(nn.Module):
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        freqs_cis: torch.Tensor,
+        rotations: torch.Tensor,
         num_k_exclude_rope: int = 0,
         key_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """freqs_cis: the rotations of the queries' map (MemoryAttention.rotations); key_mask (B, keys)
+        """rotations: those of the queries' map (MemoryAttention.rotations); key_mask (B, keys)
         bool, False for a key that must take no part (a padded memory slot), None: every key."""
         q, k, v = self._heads(self.q_proj(q)), self._heads(self.k_proj(k)), self._heads(self.v_proj(v))
         if q.shape[-2] != k.shape[-2] and not self.rope_k_repeat:
             raise ValueError("keys longer than the queries need rope_k_repeat (memory cross-attention)")
         num_k_rope = k.shape[-2] - num_k_exclude_rope
-        q, k_rope = apply_rotary_enc(q, k[:, :, :num_k_rope], freqs_cis, repeat_freqs_k=self.rope_k_repeat)
+        q, k_rope = apply_rotary_enc(q, k[:, :, :num_k_rope], rotations, repeat_freqs_k=self.rope_k_repeat)
         k = torch.cat([k_rope, k[:, :, num_k_rope:]], dim=2)
         splits = key_splits(q.shape[0] * q.shape[1], q.device) if self.split_keys and not self.training else 1
         if splits > 1:
@@ -163,16 +163,16 @@ class MemoryAttentionLayer(nn.Module):
         tgt: torch.Tensor,
         memory: torch.Tensor,
         pos: torch.Tensor,
-        freqs_cis: torch.Tensor,
+        rotations: torch.Tensor,
         num_k_exclude_rope: int = 0,
         memory_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         # every config: no positional encoding in self-attention nor on the cross-attention queries,
         # the memory's on its keys
         tgt2 = self.norm1(tgt)
-        tgt = tgt + self.dropout1(self.self_attn(tgt2, tgt2, tgt2, freqs_cis))
+        tgt = tgt + self.dropout1(self.self_attn(tgt2, tgt2, tgt2, rotations))
         tgt2 = self.norm2(tgt)
-        tgt2 = self.cross_attn_image(tgt2, memory + pos, memory, freqs_cis, num_k_exclude_rope, memory_mask)
+        tgt2 = self.cross_attn_image(tgt2, memory + pos, memory, rotations, num_k_exclude_rope, memory_mask)
         tgt = tgt + self.dropout2(tgt2)
         tgt2 = self.linear2(self.dropout(F.relu(self.linear1(self.norm3(tgt)))))
         return tgt + self.dropout3(tgt2)
@@ -185,7 +185,7 @@ class MemoryAttention(nn.Module):
         self.layers = nn.ModuleList(MemoryAttentionLayer(d_model, dim_feedforward, mem_dim) for _ in range(num_layers))
         self.norm = nn.LayerNorm(d_model)
         # one head in every layer's attentions: the rotations of a head of d_model channels, shared by all
-        self.freqs_cis = compute_axial_cis(d_model, *ROPE_FEAT_SIZES, theta=ROPE_THETA)
+        self.rotation_table = axial_rotations(d_model, *ROPE_FEAT_SIZES, theta=ROPE_THETA)
         self.compiled_attend = None  # set by compile_static (the compile switch)
 
     def compile_static(self, mode: str) -> None:
@@ -195,12 +195,12 @@ class MemoryAttention(nn.Module):
 
     def rotations(self, num_tokens: int, device: torch.device) -> torch.Tensor:
         """The rotations of a square map of num_tokens tokens (kept for the next call of that size)."""
-        if self.freqs_cis.shape[0] != num_tokens:
+        if self.rotation_table.shape[0] != num_tokens:
             side = math.sqrt(num_tokens)
-            self.freqs_cis = compute_axial_cis(self.d_model, side, side, theta=ROPE_THETA)
-        if self.freqs_cis.device != device:
-            self.freqs_cis = self.freqs_cis.to(device)
-        return self.freqs_cis
+            self.rotation_table = axial_rotations(self.d_model, side, side, theta=ROPE_THETA)
+        if self.rotation_table.device != device:
+            self.rotation_table = self.rotation_table.to(device)
+        return self.rotation_table
 
     def forward(
         self,
@@ -216,8 +216,8 @@ class MemoryAttention(nn.Module):
         if isinstance(curr, list):  # sam2 passes one-element lists
             (curr,), (curr_pos,) = curr, curr_pos
         attend = self.attend if self.compiled_attend is None else self.compiled_attend
-        freqs_cis = self.rotations(curr.shape[0], curr.device)
-        return attend(curr, memory, curr_pos, memory_pos, freqs_cis, num_obj_ptr_tokens, memory_mask)
+        rotations = self.rotations(curr.shape[0], curr.device)
+        return attend(curr, memory, curr_pos, memory_pos, rotations, num_obj_ptr_tokens, memory_mask)
 
     def attend(
         self,
@@ -225,12 +225,12 @@ class MemoryAttention(nn.Module):
         memory: torch.Tensor,
         curr_pos: torch.Tensor,
         memory_pos: torch.Tensor,
-        freqs_cis: torch.Tensor,
+        rotations: torch.Tensor,
         num_obj_ptr_tokens: int,
         memory_mask: torch.Tensor | None,
     ) -> torch.Tensor:
         output = (curr + 0.1 * curr_pos).transpose(0, 1)  # pos_enc_at_input in every config
         memory, memory_pos = memory.transpose(0, 1), memory_pos.transpose(0, 1)
         for layer in self.layers:
-            output = layer(output, memory, memory_pos, freqs_cis, num_obj_ptr_tokens, memory_mask)
+            output = layer(output, memory, memory_pos, rotations, num_obj_ptr_tokens, memory_mask)
         return self.norm(output).transpose(0, 1)

@@ -1,34 +1,46 @@
-"""2-D axial rotary position encoding of the memory attention (sam2.modeling.position_encoding)."""
+"""2-D axial rotary position encoding of the memory attention (sam2.modeling.position_encoding).
+
+sam2 keeps the rotations as complex numbers and rotates through torch.view_as_complex; inductor has
+no complex code generation, so inside the compiled memory attention those multiplications ran as
+separate eager kernels (H100 profile, hiera_l, 8 objects: 1.2 ms a frame; docs/sam2.md). Here a
+rotation is its (cos, sin) pair and the multiplication is written out in real arithmetic, which
+inductor fuses with its neighbours; on the CPU it gives sam2's bits (tests/unit/test_sam2_video.py
+holds the tracker equal to sam2's, tests/unit/test_rope.py this module to its complex form).
+"""
 
 from __future__ import annotations
 
 import torch
 
 
-def compute_axial_cis(dim: int, end_x: int, end_y: int, theta: float = 10000.0) -> torch.Tensor:
-    """(end_x * end_y, dim // 2) complex rotations: the first half of each row by x, the second by y."""
+def axial_rotations(dim: int, end_x: int, end_y: int, theta: float = 10000.0) -> torch.Tensor:
+    """sam2's compute_axial_cis as (end_x * end_y, dim // 2, 2) float32 (cos, sin) pairs: the first
+    half of each row's rotations by x, the second by y."""
     freqs = 1.0 / (theta ** (torch.arange(0, dim, 4)[: (dim // 4)].float() / dim))
     t = torch.arange(end_x * end_y, dtype=torch.float32)
     t_x, t_y = (t % end_x).float(), torch.div(t, end_x, rounding_mode="floor").float()
     freqs_x, freqs_y = torch.outer(t_x, freqs), torch.outer(t_y, freqs)
     cis_x = torch.polar(torch.ones_like(freqs_x), freqs_x)
     cis_y = torch.polar(torch.ones_like(freqs_y), freqs_y)
-    return torch.cat([cis_x, cis_y], dim=-1)
+    return torch.view_as_real(torch.cat([cis_x, cis_y], dim=-1)).contiguous()
+
+
+def _rotate(x: torch.Tensor, rotations: torch.Tensor) -> torch.Tensor:
+    """x (..., L, D) as D/2 pairs (re, im), each times its rotation: (a + ib)(c + id) in real arithmetic."""
+    pairs = x.float().reshape(*x.shape[:-1], -1, 2)
+    re, im = pairs[..., 0], pairs[..., 1]
+    cos, sin = rotations[..., 0], rotations[..., 1]
+    return torch.stack([re * cos - im * sin, re * sin + im * cos], dim=-1).flatten(-2).type_as(x)
 
 
 def apply_rotary_enc(
-    xq: torch.Tensor, xk: torch.Tensor, freqs_cis: torch.Tensor, repeat_freqs_k: bool = False
+    xq: torch.Tensor, xk: torch.Tensor, rotations: torch.Tensor, repeat_freqs_k: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotate (B, heads, L, D) queries and keys; with repeat_freqs_k the keys are several
-    memory frames of L tokens each, every frame rotated like the queries."""
-    xq_ = torch.view_as_complex(xq.float().reshape(*xq.shape[:-1], -1, 2))
-    freqs = freqs_cis.view(*([1] * (xq_.ndim - 2)), *freqs_cis.shape)
-    xq_out = torch.view_as_real(xq_ * freqs).flatten(3).type_as(xq)
+    """Rotate (B, heads, L, D) queries and keys by (L, D/2, 2) rotations (axial_rotations); with
+    repeat_freqs_k the keys are several memory frames of L tokens each, every frame rotated like the queries."""
+    xq_out = _rotate(xq, rotations)
     if xk.shape[-2] == 0:  # no keys to rotate
         return xq_out, xk
-    xk_ = torch.view_as_complex(xk.float().reshape(*xk.shape[:-1], -1, 2))
     if repeat_freqs_k:
-        r = xk_.shape[-2] // xq_.shape[-2]
-        freqs = freqs.unsqueeze(2).expand(-1, -1, r, -1, -1).flatten(2, 3)
-    xk_out = torch.view_as_real(xk_ * freqs).flatten(3).type_as(xk)
-    return xq_out, xk_out
+        rotations = rotations.repeat(xk.shape[-2] // xq.shape[-2], 1, 1)
+    return xq_out, _rotate(xk, rotations)
