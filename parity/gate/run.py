@@ -338,9 +338,9 @@ def main(argv: list[str] | None = None) -> int:
     commands = pytest_commands(args, args.report_dir, workers, cpu_workers, gpu_checks=bool(gpus))
     # Everything untimed at once: CPU layers, GPU layers and the two checks (compiling is CPU work, and
     # the GPU has room for all); perf after, alone (or, --perf-early, once the GPU is free).
+    cpu = cpu_use.StepCpu().start()  # which step uses the cores: printed under the time table
     # Every core for every step until perf starts: perf's cores would idle until then (2 of the H100
     # runner's 16 for the GPU layer's ~160 s); the CPU layers are moved off them when it does.
-    cpu = cpu_use.StepCpu().start()  # which step uses the cores: printed under the time table
     background = {"pytest cpu": Background(commands["cpu"], cpu_layers_env(cpu_workers, spare),
                                            args.report_dir / "pytest-cpu.log", niceness=CPU_LAYERS_NICENESS)}
     for key, step in checks.items():
