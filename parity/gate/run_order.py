@@ -9,7 +9,8 @@ between runs and which is validated like the rest of it, and names the file in S
 for its pytest runs; tests/conftest.py reorders the collected tests with `longest_first`. xdist
 workers each collect and must agree on the order: they read the same file, which nothing writes
 while the run lasts, and the sort is stable. Without the variable (plain pytest, CI) the
-collection order stands.
+collection order stands. A run on an empty cache (cold) is named COLD_ORDER instead: a cold run's
+times, committed.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def read_order(path: Path) -> tuple[dict[str, float], float]:
     return read_seconds(path), math.inf
 
 
-def write_cold_order(tests: list[gate_time.TestTime], path: Path = COLD_ORDER) -> int:
+def write_cold_order(tests: list[gate_time.TestTime], path: Path) -> int:
     """COLD_ORDER from a cold run's tests; how many it lists."""
     slow = {t.nodeid: round(t.seconds, 1) for t in sorted(tests, key=lambda t: t.nodeid)
             if t.seconds >= COLD_ORDER_MIN_SECONDS}
@@ -98,11 +99,12 @@ def main(argv: list[str] | None = None) -> int:
                                      description="rewrite COLD_ORDER from a cold gate run's report folder")
     parser.add_argument("report_dir", type=Path, help="the --report-dir of a gate run on an empty compile cache")
     args = parser.parse_args(argv)
-    files = sorted(args.report_dir.glob("gate-time-*.json"))
-    tests = [t for f in files for t in (gate_time.read_tests(f) if "tests" in json.loads(f.read_text()) else [])]
+    runs = [args.report_dir / f"gate-time-{run}.json" for run in ("gpu", "cpu", "perf")]  # the gate's pytest runs
+    tests = [t for path in runs if path.exists() for t in gate_time.read_tests(path)]
     if not tests:
-        parser.error(f"no gate-time-<step>.json with tests in {args.report_dir}: run `python -m parity.gate` there first")
-    print(f"{COLD_ORDER}: {write_cold_order(tests)} tests of {len(tests)} took {COLD_ORDER_MIN_SECONDS} s or more")
+        parser.error(f"no gate-time-gpu/cpu/perf.json in {args.report_dir}: run `python -m parity.gate` there first")
+    listed = write_cold_order(tests, COLD_ORDER)
+    print(f"{COLD_ORDER}: {listed} tests of {len(tests)} took {COLD_ORDER_MIN_SECONDS} s or more")
     return 0
 
 

@@ -472,6 +472,17 @@ def test_a_cold_run_orders_by_the_committed_cold_times(tmp_path):
     assert len(committed) > 100 and all(s >= run_order.COLD_ORDER_MIN_SECONDS for s in committed.values())
 
 
+def test_the_cold_order_is_rewritten_from_a_gate_runs_reports(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(run_order, "COLD_ORDER", tmp_path / "cold-order.json")
+    with pytest.raises(SystemExit) as refused:
+        run_order.main([str(tmp_path)])
+    assert refused.value.code == 2 and "run `python -m parity.gate` there first" in capsys.readouterr().err
+    gate_time.write_tests(tmp_path / "gate-time-gpu.json", [gate_time.TestTime("tests/gpu/a.py::t", "gpu", 9.0, 5.0, "passed")])
+    gate_time.write_tests(tmp_path / "gate-time-cpu.json", [gate_time.TestTime("tests/unit/b.py::t", "unit", 0.1, 0.0, "passed")])
+    assert run_order.main([str(tmp_path)]) == 0
+    assert run_order.read_order(tmp_path / "cold-order.json")[0] == {"tests/gpu/a.py::t": 9.0}
+
+
 def test_unreadable_times_only_lose_the_order(tmp_path, capsys):
     assert run_order.read_seconds(tmp_path / "none.json") == {}
     (tmp_path / "bad.json").write_text('{"tests": [{"nodeid": "x"}]}')  # a field missing
