@@ -34,9 +34,9 @@ SPEC = runner.VideoSpec(videos=1, frames=8)
 COMPILED = "bf16+compile+sdpa"
 CUDA_STAGES = [s for s in runner.default_stages(torch.device(DEVICE)) if s != "fp32"]
 EAGER_STAGES = [s for s in CUDA_STAGES if "compile" not in parse_stages(s)]
-# Three xdist groups, each on a worker of its own: together they were one worker's 131 s, the longest of
-# the warm H100 gate's GPU layer (docs/gpu-gate.md). The eager stages and the sync test build eager
-# trackers; each compiled stage's tests share its graphs.
+# Three xdist groups, which the gate's workers take in parallel: as one group they were one worker's 131 s,
+# the longest of the warm H100 gate's GPU layer (docs/gpu-gate.md). The eager stages and the sync test
+# build eager trackers; each compiled stage's tests share its graphs.
 EAGER_GROUP = pytest.mark.xdist_group("video-nano-cuda eager")
 
 
