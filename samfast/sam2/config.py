@@ -70,9 +70,10 @@ SAM2_CONFIGS: dict[str, Sam2Config] = {
     # gate's embedded SAM 2 (trained on generated scenes as vit_tiny is) and the video work's start.
     "sam2.1_hiera_nano": Sam2Config("sam2.1_hiera_nano", embed_dim=32, num_heads=1, stages=(1, 1, 2, 1),
                                     global_att_blocks=(3,), window_pos_embed_bkg_spatial_size=(7, 7)),
-    # For the GPU correctness layers (tests/gpu) only, seeded weights: hiera_t's widths, windows and
-    # heads with one block per stage (the pooled stages' first blocks included) plus a global one,
-    # as vit_b_2block is to vit_b. Every switch's code path for a fraction of the compile time.
+    # For the correctness layers' compile and stage tests only (tests/gpu, tests/system/test_sam2_compile.py),
+    # seeded weights: hiera_t's widths, windows and heads with one block per stage (the pooled stages'
+    # first blocks included) plus a global one, as vit_b_2block is to vit_b. Every switch's code path
+    # for a fraction of the compile time.
     "sam2.1_hiera_t_5block": Sam2Config("sam2.1_hiera_t_5block", embed_dim=96, num_heads=1, stages=(1, 1, 2, 1),
                                         global_att_blocks=(3,), window_pos_embed_bkg_spatial_size=(7, 7)),
 }
