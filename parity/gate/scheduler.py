@@ -16,14 +16,15 @@ this lookahead; the work divided evenly is 157 s.
 
 tests/conftest.py makes this the scheduler of a loadgroup run under the gate (SAMFAST_TEST_TIMES set);
 plain pytest and CI keep xdist's. It overrides one method of xdist's LoadGroupScheduling (3.8); the
-test extras pin xdist below 4 and tests/unit/test_gate_plumbing.py runs it in a real xdist session.
+test extras pin xdist below 4 and tests/unit/test_gate_scheduler.py runs it in a real xdist session.
 """
 
 from __future__ import annotations
 
 from xdist.scheduler import LoadGroupScheduling
 
-# Tests a worker keeps queued beyond the one it runs: it needs the next to run the current one.
+# A worker is topped up once its unfinished tests (the one it runs included) are down to this many: it
+# runs a test only once it knows the next, so it gets its next group while it runs its last test.
 LOOKAHEAD = 1
 
 

@@ -9,7 +9,6 @@ with those test times.
 from __future__ import annotations
 
 import heapq
-import os
 import subprocess
 import sys
 from pathlib import Path
