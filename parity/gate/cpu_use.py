@@ -25,12 +25,18 @@ def _stat_fields(pid: int | str) -> list[str] | None:
     return stat[stat.rindex(")") + 2:].split()
 
 
-def process_tree(pid: int) -> list[int]:
-    """`pid` and every process below it (Linux /proc), parents before children."""
+def children_of() -> dict[int, list[int]]:
+    """Every live process's children, by parent pid (one pass over Linux's /proc)."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit() and (fields := _stat_fields(entry.name)) is not None:
             children.setdefault(int(fields[1]), []).append(int(entry.name))
+    return children
+
+
+def process_tree(pid: int, children: dict[int, list[int]] | None = None) -> list[int]:
+    """`pid` and every process below it, parents before children (`children`: a children_of() to reuse)."""
+    children = children_of() if children is None else children
     tree, todo = [], [pid]
     while todo:
         tree.append(todo.pop(0))
@@ -87,8 +93,9 @@ class StepCpu:
     def sample(self) -> None:
         with self._lock:
             roots = dict(self._roots)
+        children = children_of()  # one pass over /proc for every step's tree
         for step, root in roots.items():
-            for pid in process_tree(root):
+            for pid in process_tree(root, children):
                 seconds = cpu_seconds(pid)
                 if seconds is not None:
                     with self._lock:
