@@ -12,8 +12,6 @@
   and xdist hands the groups out in that order without hoarding: parity.gate.scheduler.
 * under xdist, tests that share a module-scoped fixture run on one worker: parity.gate.worker_groups.
 * after each test the CUDA memory it freed goes back to the driver (the gate's GPU processes share one GPU).
-* SAMFAST_GPU_WAIT (the gate sets it): how this process waits for the GPU, set before CUDA starts:
-  parity.gate.gpu_wait.
 """
 
 from __future__ import annotations
@@ -24,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from parity.gate import compile_cache, gpu_wait, run_order, vec_isa, worker_groups
+from parity.gate import compile_cache, run_order, vec_isa, worker_groups
 from parity.gate import timing as gate_time
 from parity.gate.devices import WORKERS_PER_GPU_ENV, gpu_for_worker, visible_gpus
 from parity.tasks.source import release_gpu_cache
@@ -63,9 +61,7 @@ def pytest_configure(config):
             if torch.cuda.is_initialized():
                 raise pytest.UsageError("CUDA was initialised before the xdist worker could choose its GPU")
             os.environ["CUDA_VISIBLE_DEVICES"] = device
-        gpu_wait.apply()
         return
-    gpu_wait.apply()  # before any test starts CUDA
     if compile_cache.ENV_ACTIVE not in os.environ:
         config._samfast_cache = compile_cache.activate()
         vec_isa.settle(config._samfast_cache.path, may_write=config._samfast_cache.owned)

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from parity.checks.budgets import BudgetError
-from parity.gate import compile_cache, cpu_use, gpu_wait, run_order, time_budget, vec_isa
+from parity.gate import compile_cache, cpu_use, run_order, time_budget, vec_isa
 from parity.gate import timing as gate_time
 from parity.gate import verdict as final_verdict
 from parity.gate.devices import WORKERS_PER_GPU_ENV, gpu_names, visible_gpus
@@ -184,7 +184,6 @@ def run_check_step(check_args: list[str], out_json: Path) -> int:
     """`python -m parity check` in this process, then its compile seconds to out_json (the driver's child)."""
     from parity.cli import main
 
-    gpu_wait.apply()  # before the check starts CUDA
     try:
         code = main(["check", *check_args])
     except SystemExit as exit_:  # argparse: bad arguments
@@ -318,12 +317,10 @@ def main(argv: list[str] | None = None) -> int:
         cores = len(other_cores or available)
         spare = spare_cores(cores)
         cpu_workers = choose_cpu_workers(args.cpu_workers, spare, have_xdist)
-        # the untimed GPU steps' wait (each applies it before its first CUDA call); perf waits as users' runs do
-        untimed_wait = {gpu_wait.WAIT_ENV: gpu_wait.schedule_named({gpu_wait.WAIT_ENV: gpu_wait.GATE_DEFAULT, **os.environ})}
         runner = time_budget.runner_class(gpu_names() if gpus else [])  # visible_gpus gives indices
         if args.strict_time and time_budget.load(runner, "cold") is None:
             raise GateUsageError("--strict-time: " + time_budget.missing_row(runner, "cold"))
-    except (GateUsageError, BudgetError, gpu_wait.GpuWaitError) as error:
+    except (GateUsageError, BudgetError) as error:
         parser.error(str(error))  # exit 2, bad input
 
     args.report_dir.mkdir(parents=True, exist_ok=True)
@@ -351,12 +348,11 @@ def main(argv: list[str] | None = None) -> int:
                                              str(args.report_dir / f"gate-time-{key}.json"), "--report-dir",
                                              str(args.report_dir / step.report_dir), *step.args, *check_args,
                                              *(["--require-gpu"] if args.require_gpu and (gpus or key == "check") else [])],
-                                            {**check_env(), **untimed_wait}, args.report_dir / f"{key}.log")
+                                            check_env(), args.report_dir / f"{key}.log")
     for name, step_process in background.items():
         cpu.watch(name, step_process.process.pid)
     codes, wall = {}, {}
-    codes["gpu"], wall["pytest gpu"] = _timed(commands["gpu"], {**os.environ, WORKERS_PER_GPU_ENV: str(args.workers_per_gpu),
-                                                                **untimed_wait},
+    codes["gpu"], wall["pytest gpu"] = _timed(commands["gpu"], {**os.environ, WORKERS_PER_GPU_ENV: str(args.workers_per_gpu)},
                                               cpu=cpu, step="pytest gpu")
     cpu_layers = background.pop("pytest cpu")
     if not args.perf_early:
@@ -393,8 +389,6 @@ def main(argv: list[str] | None = None) -> int:
                 f"started, then moved off perf's)" if perf_cores else "alone")
              + " (wall times overlap)",
              f"checks compiled in mode {check_env()['SAMFAST_COMPILE_MODE']} (SAMFAST_COMPILE_MODE)",
-             f"GPU waits: {untimed_wait[gpu_wait.WAIT_ENV]} in the GPU layers and the checks ({gpu_wait.WAIT_ENV}, "
-             f"{gpu_wait.GATE_DEFAULT} unless set: parity.gate.gpu_wait), perf {gpu_wait.schedule_named()}",
              isa_note,
              f"Python bytecode of every step under {os.environ['PYTHONPYCACHEPREFIX']} (PYTHONPYCACHEPREFIX)",
              "exit codes: " + ", ".join(f"pytest {step} {code}" for step, code in codes.items())

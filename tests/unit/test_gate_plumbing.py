@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from parity.gate import compile_cache, gpu_wait, run_order
+from parity.gate import compile_cache, run_order
 from parity.gate import timing as gate_time
 from parity.gate.devices import WorkerAssignmentError, gpu_for_worker, visible_gpus
 from parity.gate.models import ModelCache, SharedModelMutated, make_key
@@ -226,36 +226,6 @@ def test_perf_early_times_perf_while_the_cpu_layers_still_run(tmp_path, monkeypa
     assert "of its own while the CPU layers finished" in table
     # what each step's processes used, one line under the table (cpu_use.StepCpu)
     assert re.search(r"CPU core-seconds by step .*: pytest cpu \d+ \(\d+\.\d cores over its \d+ s\), pytest gpu", table)
-
-
-@pytest.mark.parametrize("asked, untimed", [(None, "block"), ("auto", "auto"), ("spin", "spin")])
-def test_the_untimed_gpu_steps_sleep_on_the_gpu_and_perf_waits_as_users_do(tmp_path, monkeypatch, asked, untimed):
-    """SAMFAST_GPU_WAIT (parity.gate.gpu_wait): `block` for the GPU layers unless the caller set it; perf
-    keeps the caller's environment (its timings compare with users' runs)."""
-    import parity.gate.run as gate
-
-    if asked is None:
-        monkeypatch.delenv(gpu_wait.WAIT_ENV, raising=False)
-    else:
-        monkeypatch.setenv(gpu_wait.WAIT_ENV, asked)
-    record = "import os, sys; open(sys.argv[1], 'w').write(os.environ.get('SAMFAST_GPU_WAIT', 'unset'))"
-    stand_in_steps(monkeypatch, tmp_path, gpu=[sys.executable, "-c", record, str(tmp_path / "gpu")],
-                   perf=[sys.executable, "-c", record, str(tmp_path / "perf")])
-    assert gate.main(["--no-perf-early", "--report-dir", str(tmp_path / "reports")]) == 0
-    assert (tmp_path / "gpu").read_text() == untimed
-    assert (tmp_path / "perf").read_text() == (asked or "unset")
-    assert f"GPU waits: {untimed} in the GPU layers and the checks" in (tmp_path / "reports" / "gate-time.md").read_text()
-
-
-def test_an_unknown_gpu_wait_is_refused_before_anything_runs(tmp_path, monkeypatch, capsys):
-    import parity.gate.run as gate
-
-    stand_in_steps(monkeypatch, tmp_path)
-    monkeypatch.setenv(gpu_wait.WAIT_ENV, "nap")
-    with pytest.raises(SystemExit) as exit_:
-        gate.main(["--report-dir", str(tmp_path / "reports")])
-    assert exit_.value.code == 2 and not (tmp_path / "reports").exists()
-    assert "SAMFAST_GPU_WAIT='nap' is not one of auto, spin, yield, block" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv", [["--workers-per-gpu", "0"], ["--workers", "5"]], ids=["parser", "combination"])
