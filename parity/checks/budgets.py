@@ -152,12 +152,12 @@ def check(budget: Budget, img_s: float, peak_gib: float) -> list[str]:
     # `not >=` so that a NaN measurement fails too.
     if not img_s >= budget.min_img_s:
         failures.append(
-            f"{row} img/s {img_s:.1f} < floor {budget.min_img_s:.2f} "
-            f"({img_s / budget.min_img_s:.0%} of budget)"
+            f"{row} img/s {img_s:.2f} < floor {budget.min_img_s:.2f} "
+            f"({img_s / budget.min_img_s:.1%} of budget)"
         )
     if not peak_gib <= budget.max_peak_gib:
         failures.append(
-            f"{row} peak memory {peak_gib:.2f} GiB > ceiling {budget.max_peak_gib:.2f} GiB "
-            f"({peak_gib / budget.max_peak_gib:.0%} of budget)"
+            f"{row} peak memory {peak_gib:.3f} GiB > ceiling {budget.max_peak_gib:.3f} GiB "
+            f"({peak_gib / budget.max_peak_gib:.1%} of budget)"
         )
     return failures

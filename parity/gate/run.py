@@ -138,6 +138,16 @@ def check_env(environ=os.environ) -> dict[str, str]:
     return {"SAMFAST_COMPILE_MODE": "default", **environ}
 
 
+def untimed_gpu_env(environ=os.environ) -> dict[str, str]:
+    """The GPU layers' and the checks' environment: OpenMP's idle threads sleep (unless OMP_WAIT_POLICY
+    is set). Each of these processes has an OpenMP thread per core, and after every parallel CPU op
+    (preprocessing, postprocessing, a reference computed on the CPU) those threads spin, burning cores
+    the other steps need: on a warm 16-core H100 gate the 4 GPU-layer workers used 1887 core-seconds,
+    1418 of them in their idle OpenMP threads (docs/gpu-gate.md). PASSIVE keeps the parallel work and
+    drops the spinning. perf is timed as users run it and keeps OpenMP's default."""
+    return {"OMP_WAIT_POLICY": "PASSIVE", **environ}
+
+
 # The CPU layers run at this niceness. perf starts when the GPU layers and the checks are done, so
 # those set the cold gate's wall (H100 at a833d93: GPU layers 438 s while compiling beside 7 CPU
 # workers and 3 checks, perf after them); the CPU layers, which perf does not wait for, still get
@@ -348,11 +358,11 @@ def main(argv: list[str] | None = None) -> int:
                                              str(args.report_dir / f"gate-time-{key}.json"), "--report-dir",
                                              str(args.report_dir / step.report_dir), *step.args, *check_args,
                                              *(["--require-gpu"] if args.require_gpu and (gpus or key == "check") else [])],
-                                            check_env(), args.report_dir / f"{key}.log")
+                                            untimed_gpu_env(check_env()), args.report_dir / f"{key}.log")
     for name, step_process in background.items():
         cpu.watch(name, step_process.process.pid)
     codes, wall = {}, {}
-    codes["gpu"], wall["pytest gpu"] = _timed(commands["gpu"], {**os.environ, WORKERS_PER_GPU_ENV: str(args.workers_per_gpu)},
+    codes["gpu"], wall["pytest gpu"] = _timed(commands["gpu"], untimed_gpu_env({**os.environ, WORKERS_PER_GPU_ENV: str(args.workers_per_gpu)}),
                                               cpu=cpu, step="pytest gpu")
     cpu_layers = background.pop("pytest cpu")
     if not args.perf_early:
@@ -389,6 +399,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"started, then moved off perf's)" if perf_cores else "alone")
              + " (wall times overlap)",
              f"checks compiled in mode {check_env()['SAMFAST_COMPILE_MODE']} (SAMFAST_COMPILE_MODE)",
+             f"OpenMP's idle threads in the GPU layers and the checks: OMP_WAIT_POLICY={untimed_gpu_env()['OMP_WAIT_POLICY']}; "
+             f"perf: {os.environ.get('OMP_WAIT_POLICY', 'OpenMP default')}",
              isa_note,
              f"Python bytecode of every step under {os.environ['PYTHONPYCACHEPREFIX']} (PYTHONPYCACHEPREFIX)",
              "exit codes: " + ", ".join(f"pytest {step} {code}" for step, code in codes.items())

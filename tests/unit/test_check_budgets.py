@@ -55,15 +55,23 @@ def test_planted_slowdown_fails_with_figures(budgets):
     slowed = 93.74 * 0.8  # an injected 20% slowdown
     (failure,) = check(budget, img_s=slowed, peak_gib=6.72)
     assert "[A100.vit_b.int8.32]" in failure
-    assert f"img/s {slowed:.1f} < floor {budget.min_img_s:.2f}" in failure
-    assert f"({slowed / budget.min_img_s:.0%} of budget)" in failure
+    assert f"img/s {slowed:.2f} < floor {budget.min_img_s:.2f}" in failure
+    assert f"({slowed / budget.min_img_s:.1%} of budget)" in failure
 
 
 def test_oversized_allocation_fails_with_figures(budgets):
     budget = lookup(*ROW, budgets=budgets)
     (failure,) = check(budget, img_s=95.0, peak_gib=9.5)  # e.g. a materialized attention bias
-    assert f"peak memory 9.50 GiB > ceiling {budget.max_peak_gib:.2f} GiB" in failure
-    assert f"({9.5 / budget.max_peak_gib:.0%} of budget)" in failure
+    assert f"peak memory 9.500 GiB > ceiling {budget.max_peak_gib:.3f} GiB" in failure
+    assert f"({9.5 / budget.max_peak_gib:.1%} of budget)" in failure
+
+
+def test_a_miss_just_over_the_line_shows_by_how_much():
+    """H100 vit_h nt.8 once read "2.12 GiB > ceiling 2.12 GiB (100% of budget)": the figures must differ."""
+    budget = lookup("H100", "vit_h", "nt", 8)
+    (failure,) = check(budget, img_s=budget.min_img_s * 2, peak_gib=budget.max_peak_gib + 0.0035)
+    over = budget.max_peak_gib + 0.0035
+    assert f"{over:.3f} GiB > ceiling {budget.max_peak_gib:.3f} GiB ({over / budget.max_peak_gib:.1%} of budget)" in failure
 
 
 def test_nan_measurement_fails(budgets):

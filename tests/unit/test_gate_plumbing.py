@@ -228,6 +228,28 @@ def test_perf_early_times_perf_while_the_cpu_layers_still_run(tmp_path, monkeypa
     assert re.search(r"CPU core-seconds by step .*: pytest cpu \d+ \(\d+\.\d cores over its \d+ s\), pytest gpu", table)
 
 
+@pytest.mark.parametrize("asked", [None, "ACTIVE"])
+def test_the_untimed_gpu_steps_idle_openmp_threads_sleep_and_perf_runs_as_users_do(tmp_path, monkeypatch, asked):
+    """OMP_WAIT_POLICY=PASSIVE for the GPU layers (unless the caller set it): their idle OpenMP threads spun
+    1418 core-seconds of a warm H100 gate. perf keeps the caller's environment (its timings compare with
+    users' runs)."""
+    import parity.gate.run as gate
+
+    if asked is None:
+        monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    else:
+        monkeypatch.setenv("OMP_WAIT_POLICY", asked)
+    record = "import os, sys; open(sys.argv[1], 'w').write(os.environ.get('OMP_WAIT_POLICY', 'unset'))"
+    stand_in_steps(monkeypatch, tmp_path, gpu=[sys.executable, "-c", record, str(tmp_path / "gpu")],
+                   perf=[sys.executable, "-c", record, str(tmp_path / "perf")])
+    assert gate.main(["--no-perf-early", "--report-dir", str(tmp_path / "reports")]) == 0
+    assert (tmp_path / "gpu").read_text() == (asked or "PASSIVE")
+    assert (tmp_path / "perf").read_text() == (asked or "unset")
+    assert gate.untimed_gpu_env(check_env({}))["OMP_WAIT_POLICY"] == "PASSIVE"  # the checks' environment
+    table = (tmp_path / "reports" / "gate-time.md").read_text()
+    assert f"the GPU layers and the checks: OMP_WAIT_POLICY={asked or 'PASSIVE'}; perf: {asked or 'OpenMP default'}" in table
+
+
 @pytest.mark.parametrize("argv", [["--workers-per-gpu", "0"], ["--workers", "5"]], ids=["parser", "combination"])
 def test_a_refused_command_line_exits_2_before_touching_cache_or_reports(tmp_path, monkeypatch, capsys, argv):
     """Exit 2 means bad input, and a bad argument must not cost the runner its warm cache: the gate
