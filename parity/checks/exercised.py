@@ -106,7 +106,7 @@ def _observe(model, switches: frozenset[str], trace: RunTrace, observers: contex
             trace.block_dtypes[name] = None
             observers.callback(block.register_forward_hook(_store_dtype(trace.block_dtypes, name)).remove)
     if switches & set(REPLACING_LINEARS):
-        for name in linear_holders(model.encoder_linears()):
+        for name in linear_holders(model, model.encoder_linears()):
             trace.holders_ran[name] = False
             observers.callback(model.get_submodule(name).register_forward_hook(_store_ran(trace.holders_ran, name)).remove)
     if "nt" in switches:

@@ -39,10 +39,17 @@ def names(items: list[str]) -> str:
     return shown + (f" and {len(items) - NAMES_SHOWN} more" if len(items) > NAMES_SHOWN else "")
 
 
-def linear_holders(linears: dict[str, torch.nn.Module]) -> list[str]:
+def linear_holders(model: torch.nn.Module, linears: dict[str, torch.nn.Module]) -> list[str]:
     """The modules whose forward uses these linears' weights (an MLP may call its lin2's weight directly,
-    kernels.quantized_linear, so the holder's run is what shows the weight was used)."""
-    return list(dict.fromkeys(name.rpartition(".")[0] for name in linears))
+    kernels.quantized_linear, so the holder's run is what shows the weight was used). A container
+    without a forward (sam2's MLP keeps its linears in `layers`, a ModuleList) is skipped for its parent."""
+    holders = []
+    for name in linears:
+        holder = name.rpartition(".")[0]
+        while isinstance(model.get_submodule(holder), (torch.nn.ModuleList, torch.nn.ModuleDict)):
+            holder = holder.rpartition(".")[0]
+        holders.append(holder)
+    return list(dict.fromkeys(holders))
 
 
 def prove_bf16(model, run: RunTrace, switches: frozenset) -> tuple[bool, str]:

@@ -18,17 +18,22 @@ from samfast.sam2.config import model_type_of_config_file, sam2_config
 from samfast.sam2.sam2_base import SAM2Base, build_sam2_modules
 from samfast.stages import SWITCHES, apply_stages, parse_stages
 
-# the lossless switches built for SAM 2 so far; triton (no rel-pos in Hiera), nt, int8, fp8 and sparse are not
-SAM2_SWITCHES = frozenset({"bf16", "compile", "sdpa"})
+# the switches built for SAM 2 so far: the lossless ones, and int8 / fp8 on Hiera's linears (the
+# encoder_linears the model names); triton (no rel-pos in Hiera, no fused-GELU MLP), nt and sparse are not
+SAM2_SWITCHES = frozenset({"bf16", "compile", "sdpa", "int8", "fp8"})
 
 
 def refuse_unbuilt_switches(model_type: str, stages: str) -> None:
-    """StageError naming the switches of `stages` not built for SAM 2 and what it takes instead."""
-    if unbuilt := sorted(parse_stages(stages) - SAM2_SWITCHES, key=SWITCHES.index):
+    """StageError naming the switches of `stages` not built for SAM 2 and the stage to ask for instead."""
+    switches = parse_stages(stages)
+    if unbuilt := sorted(switches - SAM2_SWITCHES, key=SWITCHES.index):
+        built = sorted(switches & SAM2_SWITCHES, key=SWITCHES.index)
+        # one name alone is a rung of SAM 1's cumulative ladder: "fp32+" keeps it exactly that switch
+        instead = "+".join(built) if len(built) > 1 else "+".join(["fp32", *built])
         raise StageError(
             f"stages={stages!r}: the {', '.join(unbuilt)} switch(es) are not built for SAM 2 yet (issue 36, item 2); "
-            f"{model_type} takes fp32 and any combination of {', '.join(sorted(SAM2_SWITCHES, key=SWITCHES.index))}, "
-            "e.g. 'bf16+compile+sdpa'"
+            f"{model_type} takes fp32 and any combination of {', '.join(sorted(SAM2_SWITCHES, key=SWITCHES.index))}: "
+            f"use {instead!r} for the built part of this stage"
         )
 
 

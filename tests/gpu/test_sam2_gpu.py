@@ -34,7 +34,8 @@ from tests.stage_accuracy import (
 MODEL = "sam2.1_hiera_t_5block"
 STATIC_BATCH = 2
 COMPILE_MODE = "default"
-STAGES = ["fp32+sdpa", "bf16", "fp32+compile", "compile", "sdpa"]  # every switch built for SAM 2, alone and stacked
+# every switch built for SAM 2, alone and stacked; int8 and fp8 eager (their compiled paths are SAM 1's, gated there)
+STAGES = ["fp32+sdpa", "bf16", "fp32+compile", "compile", "sdpa", "bf16+sdpa+int8", "bf16+sdpa+fp8"]
 SIZES = [(480, 640), (1024, 768), (300, 500)]
 PROMPTS_PER_IMAGE = [3, 7, 1]
 pytestmark = pytest.mark.gpu

@@ -73,7 +73,8 @@ def test_a_switch_not_built_for_sam2_is_refused_before_anything_runs(capsys, tmp
     code = cli.main(["check", "--model", MODEL, "--seed", "0", "--stages", "fp32+nt", "--report-dir", str(tmp_path)])
     assert code == 2
     err = capsys.readouterr().err
-    assert "nt switch(es) are not built for SAM 2" in err and "bf16+compile+sdpa" in err
+    assert "nt switch(es) are not built for SAM 2" in err and "any combination of bf16, compile, sdpa, int8, fp8" in err
+    assert "use 'fp32' for the built part of this stage" in err
 
 
 def test_a_sam2_model_without_weights_names_its_official_file(capsys):

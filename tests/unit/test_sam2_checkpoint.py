@@ -101,8 +101,8 @@ def test_truncated_file(tiny_file, tmp_path):
 
 
 def test_switches_not_built_for_sam2_are_refused_by_name():
-    with pytest.raises(StageError, match=r"the int8 switch\(es\) are not built for SAM 2 yet"):
-        samfast.build_sam(TINY, stages="bf16+int8", device="cpu")
+    with pytest.raises(StageError, match=r"the sparse switch\(es\) are not built for SAM 2 yet"):
+        samfast.build_sam(TINY, stages="bf16+sparse", device="cpu")
     with pytest.raises(StageError, match="unknown stage"):  # the shared parser still names bad stages
         samfast.build_sam(TINY, stages="warp", device="cpu")
 
