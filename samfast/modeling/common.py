@@ -55,12 +55,18 @@ class MLPBlock(nn.Module):
         self.gelu_impl = "module"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gelu_impl == "epilogue":
-            return self.lin2(linear_gelu_tanh(x, self.lin1.weight, self.lin1.bias))
-        if self.gelu_impl == "quantized_kernel":
-            q, scale = kernels.gelu_quantize(self.lin1(x), self.lin2.weight.qdata.dtype, ACTIVATION_AMAX_FLOOR)
-            return kernels.quantized_linear(q, scale, self.lin2.weight, self.lin2.bias)
-        return self.lin2(self.act(self.lin1(x)))
+        return gelu_mlp(x, self.lin1, self.lin2, self.act, self.gelu_impl)
+
+
+def gelu_mlp(x: torch.Tensor, lin1: nn.Linear, lin2: nn.Linear, act: nn.Module, gelu_impl: str) -> torch.Tensor:
+    """lin2(act(lin1(x))) by the path `gelu_impl` names (MLPBlock's docstring); SAM 2's Hiera MLP
+    (samfast.sam2.mlp.HieraMLP) takes the same paths."""
+    if gelu_impl == "epilogue":
+        return lin2(linear_gelu_tanh(x, lin1.weight, lin1.bias))
+    if gelu_impl == "quantized_kernel":
+        q, scale = kernels.gelu_quantize(lin1(x), lin2.weight.qdata.dtype, ACTIVATION_AMAX_FLOOR)
+        return kernels.quantized_linear(q, scale, lin2.weight, lin2.bias)
+    return lin2(act(lin1(x)))
 
 
 class LayerNorm2d(nn.Module):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from samfast.modeling.common import gelu_mlp
 from samfast.modeling.mask_decoder import MLP as SamMLP
 
 
@@ -23,3 +24,17 @@ class MLP(SamMLP):
         for layer in self.layers[:-1]:
             x = self.act(layer(x))
         return self.layers[-1](x)
+
+
+class HieraMLP(MLP):
+    """Hiera's block MLP (two layers, GELU; sam2's `layers.{0,1}` keys) with SAM 1's MLPBlock GELU paths:
+    `gelu_impl` "module" (as sam2 runs it), "epilogue" (lin1 and its tanh GELU as one GEMM, set by the
+    compile switch on a bf16 encoder) or "quantized_kernel" (samfast.modeling.common.gelu_mlp)."""
+
+    def __init__(self, dim: int, hidden_dim: int) -> None:
+        super().__init__(dim, hidden_dim, dim, num_layers=2, activation=nn.GELU)
+        self.gelu_impl = "module"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lin1, lin2 = self.layers
+        return gelu_mlp(x, lin1, lin2, self.act, self.gelu_impl)

@@ -104,8 +104,8 @@ class SAM2Base(SAM2Tracking, nn.Module):
                 for sub, m in block.named_modules() if isinstance(m, nn.Linear)}
 
     def encoder_mlps(self) -> list[nn.Module]:
-        """None with a switchable GELU path: sam2's MLP is not SAM 1's MLPBlock (no `gelu_impl`)."""
-        return []
+        """Hiera's block MLPs, whose GELU path (`gelu_impl`, samfast.sam2.mlp.HieraMLP) the switches choose."""
+        return [block.mlp for block in self.image_encoder.trunk.blocks]
 
     def patch_embedding(self) -> None:
         """None to rewrite: Hiera's 7x7 stride-4 patch conv overlaps, so it has no single-GEMM form."""

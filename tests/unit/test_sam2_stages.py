@@ -122,6 +122,16 @@ def test_int8_is_within_int8_rounding_of_fp32(fp32, stage):
         assert _rel_l2(got[name], ref) < INT8_TOL, name
 
 
+@pytest.mark.parametrize("stage,gelu_impl", [("fp32", "module"), ("bf16", "module"), ("compile", "epilogue"),
+                                             ("fp32+compile", "module"), ("bf16+compile+sdpa+int8", "module")])
+def test_each_stage_picks_its_hiera_mlp_gelu_path(stage, gelu_impl):
+    """SAM 1's rule on Hiera's MLPs: lin1 and its tanh GELU as one GEMM only on a plain bf16 compiled encoder
+    (within bf16's rounding, not fp32's; a quantized lin1 has no plain weight for the fused GEMM)."""
+    model = _build(stage)
+    assert {mlp.gelu_impl for mlp in model.encoder_mlps()} == {gelu_impl}
+    assert len(model.encoder_mlps()) == 12
+
+
 def test_fp8_on_the_cpu_is_refused_with_what_it_needs():
     with pytest.raises(StageError, match=r"fp8 needs a CUDA GPU with fp8 tensor cores; the model is on cpu: run the fp8 "
                                          r"stage on a CUDA GPU of compute capability >= 8.9"):

@@ -144,9 +144,25 @@ def test_compile_switch_turns_on_the_patch_embed_gemm():
     assert samfast.build_sam("vit_tiny", device="cpu", stages="compile").image_encoder.patch_embed.as_gemm
 
 
-def test_linear_gelu_tanh_is_the_tanh_gelu_of_the_linear_and_compiles_whole():
-    """The MLP's fused op means gelu(linear, approximate="tanh") on every device, and compiles without a break."""
-    from samfast.modeling.common import MLPBlock, linear_gelu_tanh
+def _sam1_mlp():
+    from samfast.modeling.common import MLPBlock
+
+    mlp = MLPBlock(16, 48)
+    return mlp, mlp.lin1, mlp.lin2
+
+
+def _hiera_mlp():
+    from samfast.sam2.mlp import HieraMLP
+
+    mlp = HieraMLP(16, 48)
+    return mlp, *mlp.layers
+
+
+@pytest.mark.parametrize("make_mlp", [_sam1_mlp, _hiera_mlp], ids=["sam1-MLPBlock", "sam2-HieraMLP"])
+def test_linear_gelu_tanh_is_the_tanh_gelu_of_the_linear_and_compiles_whole(make_mlp):
+    """The MLP's fused op means gelu(linear, approximate="tanh") on every device, and compiles without a break;
+    SAM 1's MLPBlock and SAM 2's Hiera MLP take it the same way."""
+    from samfast.modeling.common import linear_gelu_tanh
 
     torch.manual_seed(0)
     x, w, b = torch.randn(2, 3, 5, 16, dtype=torch.float64), torch.randn(48, 16, dtype=torch.float64), torch.randn(48, dtype=torch.float64)
@@ -155,11 +171,12 @@ def test_linear_gelu_tanh_is_the_tanh_gelu_of_the_linear_and_compiles_whole():
     # ... and not the exact GELU (which the tanh form misses by up to 4.7e-4): the test can tell them apart
     assert (torch.nn.functional.gelu(torch.nn.functional.linear(x, w, b)) - tanh).abs().max() > 1e-4
 
-    mlp = MLPBlock(16, 48).double().requires_grad_(False)
+    mlp, lin1, lin2 = make_mlp()
+    mlp.double().requires_grad_(False)
     exact = mlp(x)
     mlp.gelu_impl = "epilogue"
     fused = mlp(x)
-    torch.testing.assert_close(fused, mlp.lin2(torch.nn.functional.gelu(mlp.lin1(x), approximate="tanh")), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(fused, lin2(torch.nn.functional.gelu(lin1(x), approximate="tanh")), rtol=1e-12, atol=1e-12)
     assert (fused - exact).abs().max() < 1e-3  # the same MLP to the tanh form's accuracy
     torch._dynamo.reset()
     torch.testing.assert_close(torch.compile(mlp, fullgraph=True)(x), fused, rtol=1e-12, atol=1e-12)

@@ -15,7 +15,7 @@ from torch import nn
 
 from samfast.modeling.attention import attention
 from samfast.sam2.backbones.windows import window_partition, window_unpartition
-from samfast.sam2.mlp import MLP
+from samfast.sam2.mlp import HieraMLP
 
 
 def pool_hw(x: torch.Tensor, pool: nn.Module | None) -> torch.Tensor:
@@ -77,7 +77,7 @@ class MultiScaleBlock(nn.Module):
         self.pool = nn.MaxPool2d(kernel_size=q_stride, stride=q_stride) if q_stride else None
         self.attn = MultiScaleAttention(dim, dim_out, num_heads, q_pool=self.pool)
         self.norm2 = nn.LayerNorm(dim_out, eps=1e-6)
-        self.mlp = MLP(dim_out, 4 * dim_out, dim_out, num_layers=2, activation=nn.GELU)
+        self.mlp = HieraMLP(dim_out, 4 * dim_out)
         if dim != dim_out:
             self.proj = nn.Linear(dim, dim_out)
 
