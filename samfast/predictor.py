@@ -166,7 +166,7 @@ class SamPredictor(ServesFamilies):
         active_prompts = [torch_prompts[i] for i in active]
         nested = "nt" in getattr(self.model, "switches", ())
         if nested:
-            _check_one_kind(active_prompts)
+            check_one_prompt_kind(active_prompts)
         inputs = [self._to_input(rgb[i]) for i in active]
         batch = torch.cat([self.model.preprocess(x[None]) for x in inputs])
         features = self.model.embed_images(batch)
@@ -319,7 +319,7 @@ class SamPredictor(ServesFamilies):
             raise RuntimeError("An image must be set with .set_image(...) before mask prediction.")
 
 
-def _check_one_kind(torch_prompts) -> None:
+def check_one_prompt_kind(torch_prompts) -> None:
     """The nt switch decodes all images' prompts as one jagged batch: they must be of one kind."""
     kinds = {tuple(t is not None for t in tp) for tp in torch_prompts}
     shapes = {tp[0].shape[1:] for tp in torch_prompts if tp[0] is not None}

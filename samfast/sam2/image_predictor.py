@@ -179,10 +179,12 @@ class SAM2ImagePredictor:
         multimask_output: bool,
         image_embed: torch.Tensor,
         high_res_features: list[torch.Tensor],
+        image_index: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Unclamped low-res logits (B, C, 256, 256) and IoUs (B, C) against one image's features
         ((1, 256, 64, 64) and its two high-resolution levels): _predict before the upsampling,
-        which the automatic mask generator does only for the masks that pass its filters."""
+        which the automatic mask generator does only for the masks that pass its filters. With
+        image_index (B,), prompt b reads image image_index[b] of the features (the nt switch)."""
         points = None if point_coords is None else (point_coords, point_labels)
         if boxes is not None:
             # a box is its two corners, labelled 2 and 3, in front of the points
@@ -204,6 +206,7 @@ class SAM2ImagePredictor:
             multimask_output=multimask_output,
             repeat_image=several_prompts,
             high_res_features=high_res_features,
+            image_index=image_index,
         )
         return low_res_masks, iou_predictions
 

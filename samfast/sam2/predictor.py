@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from samfast.predictor import Prediction, Prompts, SamPredictor
+from samfast.predictor import Prediction, Prompts, SamPredictor, check_one_prompt_kind
 from samfast.sam2.image_predictor import SAM2ImagePredictor
 from samfast.sam2.sam2_base import SAM2Base
 from samfast.transfer import to_device
@@ -81,20 +81,37 @@ class SamPredictorForSAM2(SamPredictor, serves=SAM2Base):
     def predict_batch(self, images: list[np.ndarray], prompts: list[Prompts], multimask_output: bool = True
                       ) -> list[Prediction]:
         """SAM 1's predict_batch for a SAM 2 model: the images through the encoder in one batch, then
-        each image's prompts in one decoder call; the same checks, Prompts and Predictions. The image
-        set with set_image stays set."""
+        each image's prompts in one decoder call, or with the nt switch the prompts of every image in
+        one call (each prompt reading its image's features through image_index); the same checks,
+        Prompts and Predictions. The image set with set_image stays set."""
         rgb, sizes, torch_prompts, results, active = self._checked_batch(images, prompts, multimask_output)
         if not active:
             return results
         predictor = self.image_predictor
         batch = predictor._transforms.forward_batch([np.ascontiguousarray(rgb[i]) for i in active])
         image_embed, high_res = self.model.image_features(to_device(batch, torch.float, self.device))
-        for j, i in enumerate(active):
-            coords, labels, boxes = torch_prompts[i]
-            low_res, iou = predictor._decode(coords, labels, boxes, None, multimask_output, image_embed[j : j + 1],
-                                             [level[j : j + 1] for level in high_res])
+        active_prompts = [torch_prompts[i] for i in active]
+        if "nt" in self.model.switches:
+            decoded = self._decode_all_images(image_embed, high_res, active_prompts, multimask_output)
+        else:
+            decoded = [predictor._decode(*tp, None, multimask_output, image_embed[j : j + 1],
+                                         [level[j : j + 1] for level in high_res]) for j, tp in enumerate(active_prompts)]
+        for i, (low_res, iou) in zip(active, decoded):
             results[i] = Prediction(*predictor._finish(low_res, iou, sizes[i], return_logits=False))
         return results
+
+    def _decode_all_images(self, image_embed, high_res, active_prompts, multimask_output):
+        """The nt switch: the prompts of every image (one kind, as SAM 1's nt asks) in one decoder call,
+        split back per image by the host-side counts (no sync)."""
+        check_one_prompt_kind(active_prompts)
+        counts = [len(tp[0] if tp[0] is not None else tp[2]) for tp in active_prompts]
+        coords, labels, boxes = (None if active_prompts[0][k] is None else torch.cat([tp[k] for tp in active_prompts])
+                                 for k in range(3))
+        image_index = torch.repeat_interleave(torch.arange(len(counts), device=self.device),
+                                              to_device(np.array(counts), torch.int64, self.device), output_size=sum(counts))
+        low_res, iou = self.image_predictor._decode(coords, labels, boxes, None, multimask_output, image_embed, high_res,
+                                                    image_index)
+        return list(zip(low_res.split(counts), iou.split(counts)))
 
     def _to_model_frame(self, coords: np.ndarray, original_size) -> np.ndarray:
         """SAM 2's frame: the image stretched to 1024 x 1024, in float32 as sam2's predictor computes it

@@ -34,8 +34,11 @@ from tests.stage_accuracy import (
 MODEL = "sam2.1_hiera_t_5block"
 STATIC_BATCH = 2
 COMPILE_MODE = "default"
+# the lossless stack: every lossless switch built for SAM 2 (nt: predict_batch's prompts of every image in one
+# compiled decoder call, the same graph predict uses)
+LOSSLESS_STACK = "bf16+compile+sdpa+nt"
 # every switch built for SAM 2, alone and stacked; int8 and fp8 eager (their compiled paths are SAM 1's, gated there)
-STAGES = ["fp32+sdpa", "bf16", "fp32+compile", "compile", "sdpa", "bf16+sdpa+int8", "bf16+sdpa+fp8"]
+STAGES = ["fp32+sdpa", "bf16", "fp32+compile", "compile", LOSSLESS_STACK, "bf16+sdpa+int8", "bf16+sdpa+fp8"]
 SIZES = [(480, 640), (1024, 768), (300, 500)]
 PROMPTS_PER_IMAGE = [3, 7, 1]
 pytestmark = pytest.mark.gpu
@@ -83,12 +86,12 @@ def test_sam2_stage_is_sync_free(stages, scene, tmp_path, model_cache):
 IMAGES_WITHOUT_RECOMPILE = 100  # issue 36's target: 0 recompiles over 1..16 points and over 100 images
 
 
-@shared("sdpa")
+@shared(LOSSLESS_STACK)
 def test_sam2_compiled_never_recompiles_over_points_boxes_and_images(model_cache):
     """sam2 issue #517: its compiled prompt encoder recompiles per point count. Here, after the warm-up,
     100 images of 20 sizes, each given 1..16 points in one prompt (every count six times or more, with
     and without multimask output), every fifth a box too: nothing new compiled."""
-    entry = _entry(model_cache, "sdpa")
+    entry = _entry(model_cache, LOSSLESS_STACK)
     predictor = SamPredictor(entry.model)
     rng = np.random.default_rng(1)
     sizes = [(int(h), int(w)) for h, w in rng.integers(200, 1400, (20, 2))]

@@ -1,5 +1,6 @@
 """SAM 2's compile switch: one graph for the Hiera encoder and one for the decoder, 0 graph breaks and 0
-recompiles across images and 1..16 points per prompt, and its proof exercised.
+recompiles across images, 1..16 points per prompt and the nt switch's calls (prompts of 2 and 3 images
+in one call), and its proof exercised.
 
 sam2.1_hiera_t_5block (hiera_t's widths, windows and heads, one block of each kind: the windowed, pooled
 and global code hiera_t compiles, in a fraction of its compile time) at a 256 x 256 input (the compiled
@@ -45,5 +46,13 @@ def test_sam2_compiles_once_for_every_image_and_point_count():
             layout = in_image_features_layout if n % 4 == 1 else torch.Tensor.contiguous
             model.sam_mask_decoder(layout(embedding), model.sam_prompt_encoder.get_dense_pe(), sparse, dense,
                                    n % 3 == 0, points.shape[0] > 1, [layout(feat) for feat in high_res])
+        for images, counts in ((2, [1, 3]), (3, [2, 1, 4])):  # the nt switch: several images' prompts in one call
+            features = [torch.randn(images, *x.shape[1:], generator=gen) for x in (embedding, *high_res)]
+            points = torch.rand(sum(counts), 2, 2, generator=gen) * 1024
+            sparse, dense = model.sam_prompt_encoder(points=(points, torch.ones(sum(counts), 2, dtype=torch.int)),
+                                                     boxes=None, masks=None)
+            image_index = torch.repeat_interleave(torch.arange(images), torch.tensor(counts))
+            model.sam_mask_decoder(features[0], model.sam_prompt_encoder.get_dense_pe(), sparse, dense, True, False,
+                                   features[1:], image_index=image_index)
     seen.assert_clean()
     assert seen.graphs_compiled == 2 and used.exercised == ["compile: 2 graph(s) compiled"]

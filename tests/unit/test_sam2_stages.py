@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pytest
 import torch
 
@@ -88,11 +89,11 @@ def bf16_run():
 
 
 @pytest.mark.parametrize("stage,unbuilt,instead", [
-    ("triton", "triton", "bf16+compile+sdpa"), ("nt", "triton, nt", "bf16+compile+sdpa"),
-    ("fp8", "triton, nt", "bf16+compile+sdpa+fp8"), ("int8", "triton, nt", "bf16+compile+sdpa+int8"),
+    ("triton", "triton", "bf16+compile+sdpa"), ("nt", "triton", "bf16+compile+sdpa+nt"),
+    ("fp8", "triton", "bf16+compile+sdpa+nt+fp8"), ("int8", "triton", "bf16+compile+sdpa+nt+int8"),
     ("bf16+sparse", "sparse", "fp32+bf16"), ("fp32+int8+sparse", "sparse", "fp32+int8")])
 def test_unbuilt_switches_are_refused_by_name_with_the_stage_to_use(stage, unbuilt, instead):
-    """SAM 1's ladder names (int8, fp8) include triton and nt: the error names the built part, in '+' form."""
+    """SAM 1's ladder names (nt, int8, fp8) include triton: the error names the built part, in '+' form."""
     with pytest.raises(StageError, match=f"the {unbuilt} switch\\(es\\) are not built for SAM 2 yet.*use '{re.escape(instead)}' "):
         _build(stage)
     assert parse_stages(instead) == parse_stages(stage) & sam2_build.SAM2_SWITCHES
@@ -193,6 +194,57 @@ def test_int8_leaving_a_hiera_linear_unquantized_names_it(monkeypatch):
     (sentence,) = _watched("fp32+int8", encoder=True).not_exercised
     assert sentence == (f"int8: 1 of {HIERA_T_LINEARS} encoder linears stayed without int8 (torchao) weights: "
                         "image_encoder.trunk.blocks.3.mlp.layers.0")
+
+
+# --- nt: every image's prompts in one decoder call ---------------------------------------------------
+NT_MODEL = "sam2.1_hiera_nano"  # the decoder is what nt changes; the nano's encoder keeps the test fast
+
+
+def _nt_scene():
+    from tests.stage_accuracy import random_scene
+
+    return random_scene([(300, 420), (200, 260), (256, 256)], [2, 1, 3])
+
+
+def _predict_batch(stage: str, monkeypatch=None, per_image: bool = False):
+    """(Predictions, SwitchUse) of predict_batch over _nt_scene with `stage` on the seeded nano;
+    per_image: the nt path planted to decode image by image (what the proof must catch)."""
+    from samfast.sam2.predictor import SamPredictorForSAM2
+
+    if per_image:
+        monkeypatch.setattr(SamPredictorForSAM2, "_decode_all_images", lambda self, embed, high_res, prompts, multi: [
+            self.image_predictor._decode(*tp, None, multi, embed[j : j + 1], [f[j : j + 1] for f in high_res])
+            for j, tp in enumerate(prompts)])
+    images, prompts = _nt_scene()
+    with watch_switches(parse_stages(stage)) as used:
+        model = used.watch(samfast.build_sam(NT_MODEL, device="cpu", stages=stage))
+        predictions = samfast.SamPredictor(model).predict_batch(images, prompts)
+    return predictions, used
+
+
+def test_nt_decodes_every_images_prompts_in_one_call_as_one_call_per_image_does():
+    plain, _ = _predict_batch("fp32+sdpa")
+    nested, used = _predict_batch("fp32+sdpa+nt")
+    assert used.exercised[-1] == "nt: 1 prompt-decoder call(s), each with the nested prompts of a whole batch"
+    for got, want in zip(nested, plain):
+        assert got.masks.shape == want.masks.shape and got.masks.shape[0] > 0
+        torch.testing.assert_close(got.low_res_logits, want.low_res_logits, rtol=0, atol=1e-4)
+        torch.testing.assert_close(got.iou_predictions, want.iou_predictions, rtol=0, atol=1e-5)
+        # a pixel may flip where a logit sits within rounding of the threshold: count, do not demand equality
+        assert (got.masks != want.masks).float().mean() < 1e-4
+
+
+def test_nt_decoding_image_by_image_is_not_exercised(monkeypatch):
+    _, used = _predict_batch("fp32+nt", monkeypatch, per_image=True)
+    assert used.not_exercised == ["nt: 3 of 3 prompt-decoder calls decoded one image's prompts, not a batch's nested prompts"]
+
+
+def test_nt_refuses_prompts_of_different_kinds():
+    images, _ = _nt_scene()
+    predictor = samfast.SamPredictor(samfast.build_sam(NT_MODEL, device="cpu", stages="fp32+nt"))
+    with pytest.raises(samfast.InputError, match="nt batching needs the same kind of prompt for every image"):
+        predictor.predict_batch(images[:2], [samfast.Prompts(point_coords=np.array([[[10.0, 20.0]]]), point_labels=np.ones((1, 1))),
+                                             samfast.Prompts(boxes=np.array([[5.0, 5.0, 50.0, 60.0]]))])
 
 
 def test_compile_that_compiled_nothing_is_not_exercised(monkeypatch):

@@ -61,12 +61,12 @@ class Sam2MaskDecoder(nn.Module):
         self.compiled_predict_masks = None  # set by compile_for_any_prompt_count (the compile switch)
 
     def compile_for_any_prompt_count(self) -> None:
-        """torch.compile predict_masks into one graph for every prompt count and points per prompt.
+        """torch.compile predict_masks into one graph for every image count, prompt count and points per prompt.
 
-        Both vary from call to call, so they are marked dynamic, not padded: padding points with
+        All vary from call to call, so they are marked dynamic, not padded: padding points with
         label -1 would change the answer (a -1 point is still a token every other token attends to).
-        Dynamo specializes sizes 0 and 1, so `_predict_masks_compiled` pads the prompt count to at
-        least 2; the tokens per prompt are at least 2 already (a point and sam2's padding point, or a box).
+        Dynamo specializes sizes 0 and 1, so `_predict_masks_compiled` pads the image and prompt counts
+        to at least 2; the tokens per prompt are at least 2 already (a point and sam2's padding point, or a box).
         """
         self.compiled_predict_masks = torch.compile(self.predict_masks, fullgraph=True)
 
@@ -79,13 +79,17 @@ class Sam2MaskDecoder(nn.Module):
         multimask_output: bool,
         repeat_image: bool,
         high_res_features: list[torch.Tensor],
+        image_index: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """(mask logits (B, M, 256, 256), IoU predictions (B, M), SAM output tokens (B, M or 1, C),
         object score logits (B, 1)); M is 3 with multimask_output, else 1. repeat_image: one
-        image embedding for all B prompts (else one per prompt)."""
+        image embedding for all B prompts (else one per prompt). image_index (B,) instead: prompt b
+        reads image image_index[b]'s embedding and high-resolution features (prompts of several
+        images in one call: the nt switch)."""
         predict = self.predict_masks if self.compiled_predict_masks is None else self._predict_masks_compiled
         masks, iou_pred, mask_tokens_out, object_score_logits = predict(
-            image_embeddings, image_pe, sparse_prompt_embeddings, dense_prompt_embeddings, repeat_image, high_res_features
+            image_embeddings, image_pe, sparse_prompt_embeddings, dense_prompt_embeddings, repeat_image, high_res_features,
+            image_index,
         )
         if multimask_output:
             masks, iou_pred = masks[:, 1:], iou_pred[:, 1:]
@@ -99,29 +103,35 @@ class Sam2MaskDecoder(nn.Module):
             sam_tokens_out = mask_tokens_out[:, 0:1]
         return masks, iou_pred, sam_tokens_out, object_score_logits
 
-    def _predict_masks_compiled(self, image_embeddings, image_pe, sparse, dense, repeat_image, high_res_features):
-        """The compiled predict_masks on a prompt count padded to >= 2, counts marked dynamic; outputs cut back."""
+    def _predict_masks_compiled(self, image_embeddings, image_pe, sparse, dense, repeat_image, high_res_features,
+                                image_index=None):
+        """The compiled predict_masks on image and prompt counts padded to >= 2 and marked dynamic, always
+        through image_index (so one graph serves one image, one image per prompt and the nt batch, as SAM
+        1's decoder does); outputs cut back. Inductor fuses the gathers into the adds that read them."""
         num_prompts = sparse.shape[0]
-        # one image embedding serves every prompt whether repeated or not: one graph for both (the image
-        # predictor passes repeat_image=False for a single prompt, True for several)
-        repeat_image = repeat_image or image_embeddings.shape[0] == 1
+        if image_index is None:
+            # one image embedding serves every prompt whether repeated or not (the image predictor passes
+            # repeat_image=False for a single prompt, True for several); else one image per prompt
+            shared = repeat_image or image_embeddings.shape[0] == 1
+            image_index = torch.zeros(num_prompts, dtype=torch.long, device=sparse.device) if shared else \
+                torch.arange(num_prompts, device=sparse.device)
+        if image_embeddings.shape[0] < 2:  # an image of zeros, never indexed
+            image_embeddings, *high_res_features = (torch.cat([x, torch.zeros_like(x)])
+                                                    for x in (image_embeddings, *high_res_features))
         if num_prompts < 2:  # a copy of the prompt, decoded and dropped
-            sparse = torch.cat([sparse, sparse])
+            sparse, image_index = torch.cat([sparse, sparse]), torch.cat([image_index, image_index])
             # expand, not cat: the usual dense embedding (no mask input) is a broadcast with batch stride 0
             dense = dense.expand(2, -1, -1, -1)
-            if not repeat_image:
-                image_embeddings = torch.cat([image_embeddings, image_embeddings])
         # one memory layout for the compiled graph, whatever produced the features: the image predictor's
         # embedding is channels-last with a batch stride of 256, the static batch's slice another one, and
         # dynamo guards on strides (a recompile on the H100 when they changed between calls)
         image_embeddings = image_embeddings.contiguous()
         high_res_features = [feat.contiguous() for feat in high_res_features]
-        torch._dynamo.mark_dynamic(sparse, 0)
+        for tensor in (image_embeddings, *high_res_features, sparse, dense, image_index):
+            torch._dynamo.mark_dynamic(tensor, 0)
         torch._dynamo.mark_dynamic(sparse, 1)
-        torch._dynamo.mark_dynamic(dense, 0)
-        if not repeat_image:
-            torch._dynamo.mark_dynamic(image_embeddings, 0)
-        outputs = self.compiled_predict_masks(image_embeddings, image_pe, sparse, dense, repeat_image, high_res_features)
+        outputs = self.compiled_predict_masks(image_embeddings, image_pe, sparse, dense, False, high_res_features,
+                                              image_index)
         return tuple(out[:num_prompts] for out in outputs)
 
     def predict_masks(
@@ -132,6 +142,7 @@ class Sam2MaskDecoder(nn.Module):
         dense_prompt_embeddings: torch.Tensor,
         repeat_image: bool,
         high_res_features: list[torch.Tensor],
+        image_index: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """All four masks and IoUs, the mask tokens and the object score logits."""
         num_prompts = sparse_prompt_embeddings.shape[0]
@@ -139,7 +150,13 @@ class Sam2MaskDecoder(nn.Module):
         output_tokens = output_tokens.unsqueeze(0).expand(num_prompts, -1, -1)
         tokens = torch.cat((output_tokens, sparse_prompt_embeddings), dim=1)
 
-        src = torch.repeat_interleave(image_embeddings, num_prompts, dim=0) if repeat_image else image_embeddings
+        if image_index is not None:
+            src = image_embeddings.index_select(0, image_index)
+            high_res_features = [feat.index_select(0, image_index) for feat in high_res_features]
+        elif repeat_image:
+            src = torch.repeat_interleave(image_embeddings, num_prompts, dim=0)
+        else:
+            src = image_embeddings
         src = src + dense_prompt_embeddings
         pos_src = torch.repeat_interleave(image_pe, num_prompts, dim=0)
         b, c, h, w = src.shape
