@@ -362,8 +362,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, step_process in background.items():
         cpu.watch(name, step_process.process.pid)
     codes, wall = {}, {}
-    codes["gpu"], wall["pytest gpu"] = _timed(commands["gpu"], untimed_gpu_env({**os.environ, WORKERS_PER_GPU_ENV: str(args.workers_per_gpu)}),
-                                              cpu=cpu, step="pytest gpu")
+    gpu_env = untimed_gpu_env({**os.environ, WORKERS_PER_GPU_ENV: str(args.workers_per_gpu)})
+    codes["gpu"], wall["pytest gpu"] = _timed(commands["gpu"], gpu_env, cpu=cpu, step="pytest gpu")
     cpu_layers = background.pop("pytest cpu")
     if not args.perf_early:
         codes["cpu"], wall["pytest cpu"] = cpu_layers.wait()
@@ -399,8 +399,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"started, then moved off perf's)" if perf_cores else "alone")
              + " (wall times overlap)",
              f"checks compiled in mode {check_env()['SAMFAST_COMPILE_MODE']} (SAMFAST_COMPILE_MODE)",
-             f"OpenMP's idle threads in the GPU layers and the checks: OMP_WAIT_POLICY={untimed_gpu_env()['OMP_WAIT_POLICY']}; "
-             f"perf: {os.environ.get('OMP_WAIT_POLICY', 'OpenMP default')}",
+             f"OpenMP's idle threads in the GPU layers and the checks: OMP_WAIT_POLICY="
+             f"{untimed_gpu_env()['OMP_WAIT_POLICY']}; perf: {os.environ.get('OMP_WAIT_POLICY', 'OpenMP default')}",
              isa_note,
              f"Python bytecode of every step under {os.environ['PYTHONPYCACHEPREFIX']} (PYTHONPYCACHEPREFIX)",
              "exit codes: " + ", ".join(f"pytest {step} {code}" for step, code in codes.items())
