@@ -1,4 +1,4 @@
-"""SAM 2's switches (sdpa, bf16, int8; compile in tests/system/test_sam2_compile.py) against its fp32 stage,
+"""SAM 2's switches (sdpa, bf16, nt, int8; compile in tests/system/test_sam2_compile.py) against its fp32 stage,
 and each switch's proof (parity.checks.switch_proofs) on a SAM 2 model, with a planted do-nothing defect.
 
 Same seeded sam2.1_hiera_t weights for every stage. The encoder runs on a 256 x 256 input (every Hiera
