@@ -45,6 +45,12 @@ def pytest_addoption(parser):
         action="store_true",
         help="time every (model, stage, batch) row of parity/budgets.toml, not only the rows that gate PRs",
     )
+    parser.addoption(
+        "--perf-warm-up",
+        action="store_true",
+        help="perf rows build and compile their models and time nothing (the gate runs this beside the GPU "
+        "layers, so that perf's own compiles are cache hits)",
+    )
     parser.addoption("--gate-time", metavar="PATH", type=Path, help="write per-test timings (JSON) for the gate's table")
 
 

@@ -250,6 +250,28 @@ def test_the_untimed_gpu_steps_idle_openmp_threads_sleep_and_perf_runs_as_users_
     assert f"the GPU layers and the checks: OMP_WAIT_POLICY={asked or 'PASSIVE'}; perf: {asked or 'OpenMP default'}" in table
 
 
+def test_with_a_gpu_perfs_rows_compile_beside_the_gpu_layers_and_perf_starts_after(tmp_path, monkeypatch):
+    """The perf warm-up (pytest tests/perf --perf-warm-up) runs beside the GPU layers, untimed, and perf
+    starts only once it has ended (so its compiles are cache hits); without a GPU there is none."""
+    import parity.gate.run as gate
+
+    order = tmp_path / "order"
+    note = "import sys, time; time.sleep(float(sys.argv[2])); open(sys.argv[1], 'a').write(sys.argv[3] + '\\n')"
+    stand_in_steps(monkeypatch, tmp_path, gpu=[sys.executable, "-c", note, str(order), "0", "gpu"],
+                   perf=[sys.executable, "-c", note, str(order), "0", "perf"])
+    commands = gate.pytest_commands
+    monkeypatch.setattr(gate, "pytest_commands", lambda *args, **kwargs: {
+        **commands(), "perf warm-up": [sys.executable, "-c", note, str(order), "1", "perf warm-up"]})
+    monkeypatch.setattr(gate, "visible_gpus", lambda: ["0"])
+    monkeypatch.setattr(gate, "gpu_names", lambda: ["NVIDIA H100 80GB HBM3"])
+    monkeypatch.setattr(gate, "GPU_CHECKS", {})
+    assert gate.main(["--no-perf-early", "--report-dir", str(tmp_path / "reports")]) == 0
+    assert order.read_text().split("\n")[:3] == ["gpu", "perf warm-up", "perf"]  # gpu ended first: the warm-up slept
+    table = (tmp_path / "reports" / "gate-time.md").read_text()
+    assert "wall time, perf warm-up:" in table and "perf's rows compiled beside the GPU layers first" in table
+    assert "exit 0, log perf-warm-up.log" in table
+
+
 @pytest.mark.parametrize("argv", [["--workers-per-gpu", "0"], ["--workers", "5"]], ids=["parser", "combination"])
 def test_a_refused_command_line_exits_2_before_touching_cache_or_reports(tmp_path, monkeypatch, capsys, argv):
     """Exit 2 means bad input, and a bad argument must not cost the runner its warm cache: the gate
@@ -319,7 +341,10 @@ def test_the_gates_pytest_runs_split_the_suite_without_losing_a_test(tmp_path):
     everything = collected[("tests",)]
     for gpu_checks, commands in commands_with.items():
         assert commands["gpu"][-5:] == ["-n", "2", "--dist", "loadgroup", "--no-loadscope-reorder"] and "-n" not in commands["perf"]
+        # perf's warm-up compiles what perf times: a subset of perf, not a share of the suite
+        warm_up = collected[_selection(commands.pop("perf warm-up"))]
         runs = {name: collected[_selection(cmd)] for name, cmd in commands.items()}
+        assert warm_up and warm_up <= runs["perf"] and all("::test_stage_within_budget[" in t for t in warm_up)
         left_to_checks = set(COVERED_BY_GPU_CHECKS) if gpu_checks else set()
         assert left_to_checks <= everything
         assert sum(map(len, runs.values())) == len(everything - left_to_checks), gpu_checks
