@@ -360,7 +360,8 @@ def main(argv: list[str] | None = None) -> int:
     # runner's 16 for the GPU layer's ~160 s); the CPU layers are moved off them when it does.
     background = {"pytest cpu": Background(commands["cpu"], cpu_layers_env(cpu_workers, spare),
                                            args.report_dir / "pytest-cpu.log", niceness=CPU_LAYERS_NICENESS)}
-    if gpus:  # without a GPU perf times nothing, so there is nothing to compile for it
+    # without a GPU perf times nothing; on a warm cache perf only loads its graphs, as a warm-up would
+    if gpus and state != "warm":
         background["perf warm-up"] = Background(commands["perf warm-up"], untimed_gpu_env(),
                                                 args.report_dir / "perf-warm-up.log")
     for key, step in checks.items():
@@ -414,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
              f"checks compiled in mode {check_env()['SAMFAST_COMPILE_MODE']} (SAMFAST_COMPILE_MODE)",
              (f"perf's rows compiled beside the GPU layers first (pytest tests/perf --perf-warm-up: "
               f"{wall['perf warm-up']:.0f} s, exit {warm_up_code}, log perf-warm-up.log)" if warm_up is not None
-              else "perf's rows compiled by perf itself (no GPU: no warm-up)"),
+              else f"perf's rows not warmed up beside the GPU layers ({'warm cache' if gpus else 'no GPU'})"),
              f"OpenMP's idle threads in the GPU layers and the checks: OMP_WAIT_POLICY="
              f"{untimed_gpu_env()['OMP_WAIT_POLICY']}; perf: {os.environ.get('OMP_WAIT_POLICY', 'OpenMP default')}",
              isa_note,

@@ -252,7 +252,8 @@ def test_the_untimed_gpu_steps_idle_openmp_threads_sleep_and_perf_runs_as_users_
 
 def test_with_a_gpu_perfs_rows_compile_beside_the_gpu_layers_and_perf_starts_after(tmp_path, monkeypatch):
     """The perf warm-up (pytest tests/perf --perf-warm-up) runs beside the GPU layers, untimed, and perf
-    starts only once it has ended (so its compiles are cache hits); without a GPU there is none."""
+    starts only once it has ended (so its compiles are cache hits); on a warm cache, or without a GPU,
+    there is none."""
     import parity.gate.run as gate
 
     order = tmp_path / "order"
@@ -265,11 +266,19 @@ def test_with_a_gpu_perfs_rows_compile_beside_the_gpu_layers_and_perf_starts_aft
     monkeypatch.setattr(gate, "visible_gpus", lambda: ["0"])
     monkeypatch.setattr(gate, "gpu_names", lambda: ["NVIDIA H100 80GB HBM3"])
     monkeypatch.setattr(gate, "GPU_CHECKS", {})
+    entry = tmp_path / "cache" / compile_cache.key_folder_name(KEY) / "inductor" / "entry.py"
+    entry.parent.mkdir(parents=True)
+    entry.write_text("x = 1\n")  # a killed run's finished entry: this run resumes it (and seals it)
     assert gate.main(["--no-perf-early", "--report-dir", str(tmp_path / "reports")]) == 0
     assert order.read_text().split("\n")[:3] == ["gpu", "perf warm-up", "perf"]  # gpu ended first: the warm-up slept
     table = (tmp_path / "reports" / "gate-time.md").read_text()
     assert "wall time, perf warm-up:" in table and "perf's rows compiled beside the GPU layers first" in table
     assert "exit 0, log perf-warm-up.log" in table
+    # the next run finds the cache warm: perf only loads its graphs, so nothing is warmed up
+    order.unlink()
+    assert gate.main(["--no-perf-early", "--report-dir", str(tmp_path / "reports")]) == 0
+    assert order.read_text().split("\n")[:2] == ["gpu", "perf"]
+    assert "perf's rows not warmed up beside the GPU layers (warm cache)" in (tmp_path / "reports" / "gate-time.md").read_text()
 
 
 @pytest.mark.parametrize("argv", [["--workers-per-gpu", "0"], ["--workers", "5"]], ids=["parser", "combination"])
