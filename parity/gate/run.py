@@ -61,7 +61,7 @@ from parity.tasks.point.embedded import EMBEDDED_SAM2 as EMBEDDED_SAM2_CHECK
 # The gate's three pytest runs, in the order their layers appear in the table.
 PYTEST_RUNS = ("gpu", "cpu", "perf")
 OUTPUTS = (*REPORT_FILES, *(f"junit-{run}.xml" for run in PYTEST_RUNS), "pytest-cpu.log", "check.log", "check-amg.log",
-           "check-sam2.log", "gate-time.md", "gate-time.json")
+           "check-sam2.log", "perf-warm-up.log", "gate-time.md", "gate-time.json")
 
 
 @dataclass(frozen=True)
