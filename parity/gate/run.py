@@ -108,16 +108,15 @@ def pytest_commands(args, report_dir: Path, workers: int, cpu_workers: int, gpu_
                 *(["-n", str(n), "--dist", "loadgroup", "--no-loadscope-reorder"] if n > 1 else [])]
 
     others = ["tests", "--ignore=tests/perf", "-m"]
+    rows = ["--perf-matrix"] if args.perf_matrix else []  # perf's rows, and so its warm-up's
     covered = [f"--deselect={test}" for test in COVERED_BY_GPU_CHECKS] if gpu_checks else []
     return {"gpu": run("gpu", [*others, "gpu", *covered], workers),
             "cpu": run("cpu", [*others, "not gpu"], cpu_workers),
-            "perf": run("perf", ["tests/perf"], 1, [*(["--perf-matrix"] if args.perf_matrix else []),
-                                                    *shlex.split(args.perf_args)]),
+            "perf": run("perf", ["tests/perf"], 1, [*rows, *shlex.split(args.perf_args)]),
             # perf's rows compiled beside the GPU layers (every core), so that perf (on PERF_CORES, after
             # them) loads its graphs instead of compiling them: on a cold H100 gate perf's compiles were
             # 52 of its 115 s
-            "perf warm-up": [*common, "tests/perf", "-k", "test_stage_within_budget", "--perf-warm-up", "-q",
-                             *(["--perf-matrix"] if args.perf_matrix else [])]}
+            "perf warm-up": [*common, "tests/perf", "-k", "test_stage_within_budget", "--perf-warm-up", "-q", *rows]}
 
 
 class GateUsageError(Exception):
