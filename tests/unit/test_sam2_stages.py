@@ -185,6 +185,15 @@ def test_int8_is_exercised_on_sam2():
         f"int8: {HIERA_T_LINEARS} encoder linears hold int8 (torchao) weights, and their modules ran"]
 
 
+def test_int8_whose_hiera_modules_never_ran_is_not_exercised():
+    """Planted: quantized, the encoder never run. The modules watched are the MLPs themselves, not their
+    `layers` ModuleList (which has no forward, so it never "runs" even when the MLP does)."""
+    (sentence,) = _watched("fp32+int8", encoder=False).not_exercised
+    assert sentence == ("int8: the modules holding the int8 (torchao) weights never ran: image_encoder.trunk.blocks.0.attn, "
+                        "image_encoder.trunk.blocks.0.mlp, image_encoder.trunk.blocks.1.attn, image_encoder.trunk.blocks.1.mlp "
+                        "and 23 more")
+
+
 def test_int8_leaving_a_hiera_linear_unquantized_names_it(monkeypatch):
     def plain_again(model):
         block = model.image_encoder.trunk.blocks[3]
