@@ -18,6 +18,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 WORKERS_PER_GPU_ENV = "SAMFAST_WORKERS_PER_GPU"
 
@@ -34,6 +35,16 @@ def gpu_names() -> list[str]:
     except (OSError, subprocess.SubprocessError):
         return []
     return [line.strip() for line in out.splitlines() if line.strip()]
+
+
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's model name ("unknown CPU" where /proc/cpuinfo has none): the gate's time depends on it as
+    much as on the GPU (two H100 runners of 16 cores ran the same CPU-bound tests 30% apart)."""
+    try:
+        line = next((line for line in cpuinfo.read_text().splitlines() if line.startswith("model name")), "")
+    except OSError:
+        line = ""
+    return line.partition(":")[2].strip() or "unknown CPU"
 
 
 def _torch_device_count() -> int:

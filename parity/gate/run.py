@@ -50,7 +50,7 @@ from parity.checks.budgets import BudgetError
 from parity.gate import compile_cache, cpu_use, run_order, time_budget, vec_isa
 from parity.gate import timing as gate_time
 from parity.gate import verdict as final_verdict
-from parity.gate.devices import WORKERS_PER_GPU_ENV, gpu_names, visible_gpus
+from parity.gate.devices import WORKERS_PER_GPU_ENV, cpu_model, gpu_names, visible_gpus
 from parity.report.verdicts import REPORT_FILES
 from parity.tasks.amg.embedded import EMBEDDED as EMBEDDED_AMG
 from parity.tasks.amg.embedded import EMBEDDED_GOLDEN as EMBEDDED_AMG_ALL_STAGES
@@ -405,6 +405,7 @@ def main(argv: list[str] | None = None) -> int:
              "CPU core-seconds by step (at least: /proc read every second): " + ", ".join(
                  f"{step} {used:.0f} ({used / wall[step]:.1f} cores over its {wall[step]:.0f} s)"
                  for step, used in core_seconds.items() if wall.get(step)),
+             f"runner: {', '.join(gpu_names()) or 'no GPU'}; {cpu_model()}, {len(available)} cores",
              f"pytest workers: {workers} for the gpu tests ({why}); {cpu_workers} for the others, with CUDA hidden "
              f"({cores} CPU cores); these and the checks at the same time (the CPU layers at "
              f"niceness {CPU_LAYERS_NICENESS}), then perf "

@@ -18,7 +18,7 @@ import pytest
 
 from parity.gate import compile_cache, run_order
 from parity.gate import timing as gate_time
-from parity.gate.devices import WorkerAssignmentError, gpu_for_worker, visible_gpus
+from parity.gate.devices import WorkerAssignmentError, cpu_model, gpu_for_worker, visible_gpus
 from parity.gate.models import ModelCache, SharedModelMutated, make_key
 from parity.gate.run import (
     COVERED_BY_GPU_CHECKS,
@@ -45,6 +45,16 @@ KEY = {"torch": "2.11.0", "triton": "3.5.0", "cuda": "12.8", "gpu": "NVIDIA H100
 
 
 # --- the compile cache: tests/unit/test_compile_cache.py ------------------------------------------
+
+
+def test_the_time_table_names_the_cpu_model(tmp_path):
+    """Runners of one GPU kind differ by their CPU: the time table names it, or says it could not."""
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Platinum 8480+\n")
+    assert cpu_model(cpuinfo) == "Intel(R) Xeon(R) Platinum 8480+"
+    cpuinfo.write_text("processor\t: 0\nFeatures\t: fp asimd\n")  # an Arm kernel names no model
+    assert cpu_model(cpuinfo) == "unknown CPU"
+    assert cpu_model(tmp_path / "missing") == "unknown CPU"
 
 
 def test_each_worker_gets_its_own_gpu():
@@ -226,6 +236,8 @@ def test_perf_early_times_perf_while_the_cpu_layers_still_run(tmp_path, monkeypa
     assert "of its own while the CPU layers finished" in table
     # what each step's processes used, one line under the table (cpu_use.StepCpu)
     assert re.search(r"CPU core-seconds by step .*: pytest cpu \d+ \(\d+\.\d cores over its \d+ s\), pytest gpu", table)
+    # which machine: runners of one GPU kind differ by their CPU
+    assert f"runner: {', '.join(gate.gpu_names()) or 'no GPU'}; {cpu_model()}, {len(os.sched_getaffinity(0))} cores" in table
 
 
 @pytest.mark.parametrize("asked", [None, "ACTIVE"])
