@@ -720,8 +720,14 @@ class VideoPredictor:
             frames = self._frames_to_encode(inference_state, frame_idx)
             images = inference_state.images[frames].to(inference_state.device).float()
             batch_out = self.model.forward_image(images)
+            # every frame's features in one layout, whatever the batch of frames: a compiled bf16 encoder
+            # returns its position encoding with the batch innermost (a frame of 8 read with strides 8x those
+            # of a frame of 1), and the compiled tracker guards on strides, so a batch of another size (the
+            # video's last, or a frame encoded alone) recompiled its memory attention mid-video.
+            # channels_last: the layout the compiled encoder gives its features (no copy for those)
             inference_state.cached_features = {
-                t: {key: [level[i : i + 1] for level in batch_out[key]] for key in FRAME_FEATURE_KEYS}
+                t: {key: [level[i : i + 1].contiguous(memory_format=torch.channels_last) for level in batch_out[key]]
+                    for key in FRAME_FEATURE_KEYS}
                 for i, t in enumerate(frames)
             }
             backbone_out = inference_state.cached_features[frame_idx]
