@@ -103,3 +103,41 @@ def test_a_stage_keeps_the_spelling_given_and_one_row_per_switch_set():
     set are one row."""
     args = video.parse_args(["--stages", "bf16+compile+sdpa", "sdpa+fp32", "fp32+sdpa", "bf16+sdpa"])
     assert args.stages == ["bf16+compile+sdpa", "sdpa+fp32", "bf16+sdpa"]
+
+
+class GrowingStepTracker:
+    """A stand-in predictor whose compiled tracking step sees a new input shape every `grow_every` frames
+    (None: never): with the warm-up's one tracked frame, the timed session's later frames recompile."""
+
+    def __init__(self, grow_every: int | None) -> None:
+        self.grow_every = grow_every
+        self.step = torch.compile(lambda x: x * 2 + 1, backend="eager", dynamic=False)
+
+    def init_state(self, folder):
+        return {"frames": 6}
+
+    def add_new_points_or_box(self, state, frame_idx, obj_id, points, labels):
+        pass
+
+    def propagate_in_video(self, state, start_frame_idx, max_frame_num_to_track=None):
+        frames = state["frames"] if max_frame_num_to_track is None else max_frame_num_to_track + 1
+        for t in range(frames):
+            size = 1 if self.grow_every is None else 1 + t // self.grow_every
+            yield t, [1], self.step(torch.zeros(size))
+
+
+@pytest.mark.parametrize("grow_every", [None, 2])
+def test_a_row_that_compiled_while_timed_says_so(tmp_path, grow_every):
+    """Planted defect: a recompile after the warm-up (session 25's H100 run: a tracker recompiled mid-video
+    and its row read 6.5 fps, compile time, with nothing in the table saying so). The row counts the
+    graphs compiled while timed and its note says it; a steady tracker's row has no note."""
+    torch._dynamo.reset()
+    clip = video.BenchClip(folder=tmp_path, clicks=[(1.0, 1.0)], size=(4, 4), frames=6, generated_objects=1)
+    row = video.Row("stand-in", video.SAMFAST, "fp32+compile", objects=1, videos=1)
+    video.measure(row, GrowingStepTracker(grow_every), clip, torch.device("cpu"), warmup_frames=1)
+    torch._dynamo.reset()
+    if grow_every is None:
+        assert row.compiled_while_timed == 0 and video.timed_compile_note(row) == ""
+    else:  # frames 0-1 warmed up one shape; the timed frames 2-3 and 4-5 bring two more
+        assert row.compiled_while_timed == 2
+        assert "2 graph(s) compiled while timed" in video.timed_compile_note(row)
