@@ -1,7 +1,8 @@
 """The gate's own time budget: wall seconds per step and for the whole run, per runner class and cache state.
 
     budget = load(runner_class(gpus), "cold")          # {"whole": 480.0, "gpu": 300.0, ...} or None
-    findings = over_budget({"gpu": 412.0, "whole": 530.0}, budget)
+    findings = over_budget({"gpu": 412.0, "whole": 530.0}, budget)   # every step over its budget
+    failing = over_budget({"gpu": 412.0, "whole": 530.0}, budget, STRICT_SLACK)  # those --strict-time fails
 
 budgets.toml holds [gate_time.<runner class>.<cold|warm>] tables (keys: whole and the gate's steps,
 STEPS). A run whose compile cache was left by a killed run ("resumed") is held to warm plus half of
@@ -71,9 +72,18 @@ def load(runner: str, state: str, path: Path | None = None) -> dict[str, float] 
     return {step: warm[step] + (cold[step] - warm[step]) / 2 for step in warm if step in cold}
 
 
-def over_budget(wall: dict[str, float], budget: dict[str, float]) -> list[str]:
-    """One finding per step that took longer than its budget, the furthest over first."""
-    over = [(wall[step] / limit, step, limit) for step, limit in budget.items() if step in wall and wall[step] > limit]
+# --strict-time fails a step only past this multiple of its budget; below it a step over budget is a
+# finding in the report. Healthy H100 runners of 16 cores differ: the same warm gate took 1.26x as long on
+# one host (8351550) as on another (c43208b), its CPU layers 1.39x (docs/gpu-gate.md, session 25). The
+# growth that made the budget (the gpu layer from 201 to 377 s, 1.9x: issue 35) is well past it.
+STRICT_SLACK = 1.5
+
+
+def over_budget(wall: dict[str, float], budget: dict[str, float], slack: float = 1.0) -> list[str]:
+    """One finding per step that took longer than slack times its budget (each names the budget itself),
+    the furthest over first: slack 1 gives the report's findings, STRICT_SLACK those --strict-time fails."""
+    over = [(wall[step] / limit, step, limit) for step, limit in budget.items()
+            if step in wall and wall[step] > limit * slack]
     return [f"{step} took {wall[step]:.1f} s, over its {limit:g} s budget ({ratio:.2f}x)"
             for ratio, step, limit in sorted(over, reverse=True)]
 
