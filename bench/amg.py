@@ -38,7 +38,8 @@ import torch
 
 import samfast
 from bench.families import DEFAULT_THRESHOLDS, MODEL_TYPES, built_stages, not_built, reference_model, reference_name
-from bench.timing import device_name, fmt, peak_gib, reset_peak, run_configurations, sync
+from bench.timing import (counting_compiles, device_name, fmt, peak_gib, reset_peak, run_configurations, sync,
+                          timed_compile_note)
 from samfast.sam2.config import is_sam2_type
 from samfast.stages import LADDER, canonical_name, parse_stages
 
@@ -106,18 +107,22 @@ def build(model_type: str, impl: str, stage: str, device: torch.device):
     return lambda settings: samfast.SamAutomaticMaskGenerator(model, points_per_batch=None, **settings)
 
 
-def time_generate(generator, image: np.ndarray, device: torch.device, repeats: int) -> tuple[float, int, float | None]:
-    """(median ms per image, masks out, peak GiB) after one warm-up call."""
+def time_generate(generator, image: np.ndarray, device: torch.device, repeats: int,
+                  notes: dict | None = None) -> tuple[float, int, float | None]:
+    """(median ms per image, masks out, peak GiB) after one warm-up call; graphs compiled after it counted
+    into `notes` (a row's, for its note)."""
+    notes = {} if notes is None else notes
     records = generator.generate(image)
     sync(device)
     reset_peak(device)
     runs = []
-    for _ in range(repeats):
-        sync(device)
-        start = time.perf_counter()
-        records = generator.generate(image)  # returns host records: the call ends synchronized
-        sync(device)
-        runs.append((time.perf_counter() - start) * 1e3)
+    with counting_compiles(notes):
+        for _ in range(repeats):
+            sync(device)
+            start = time.perf_counter()
+            records = generator.generate(image)  # returns host records: the call ends synchronized
+            sync(device)
+            runs.append((time.perf_counter() - start) * 1e3)
     return statistics.median(runs), len(records), peak_gib(device)
 
 
@@ -148,7 +153,7 @@ def run_group(rows: list[Row], args, image: np.ndarray, device: torch.device) ->
             pred_iou, stability = thresholds(row.model, row.thresholds)
             generator = make_generator(dict(points_per_side=args.points_per_side, pred_iou_thresh=pred_iou,
                                             stability_score_thresh=stability))
-            row.ms_per_image, row.masks, row.peak_gib = time_generate(generator, image, device, args.repeats)
+            row.ms_per_image, row.masks, row.peak_gib = time_generate(generator, image, device, args.repeats, row.notes)
     except Exception as err:  # noqa: BLE001 - record and go on: one configuration must not end the run
         for row in rows:
             if row.ms_per_image is None:
@@ -181,7 +186,8 @@ def markdown(env: dict, rows: list[Row]) -> str:
         speedup = f"{base / r.ms_per_image:.1f}x" if r.ms_per_image and base else "-"
         lines.append(
             f"| {r.model} | {r.thresholds} | {r.impl} | {r.stage} | {fmt(r.ms_per_image, 1)} | {speedup} | "
-            f"{'-' if r.masks is None else r.masks} | {fmt(r.peak_gib)} | {(r.error or r.skipped or '').replace('|', '/')} |"
+            f"{'-' if r.masks is None else r.masks} | {fmt(r.peak_gib)} | "
+            f"{(r.error or r.skipped or timed_compile_note(r.notes)).replace('|', '/')} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -1,8 +1,10 @@
-"""What every benchmark here measures the same way: a device sync, the median time of a call, peak
-memory, freeing between configurations, the device's name, and how a figure is printed."""
+"""What every benchmark here measures the same way: a device sync, the median time of a call, graphs
+compiled while timed, peak memory, freeing between configurations, the device's name, and how a figure
+is printed."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import platform
@@ -12,6 +14,8 @@ import time
 from collections.abc import Callable, Sequence
 
 import torch
+
+from parity.checks.compile import watch
 
 
 # --- timing --------------------------------------------------------------------------------------
@@ -41,6 +45,25 @@ def time_call(fn, device: torch.device, *, warmup: int, iters: int, repeats: int
                 fn()
             runs.append((time.perf_counter() - t0) / iters)
     return statistics.median(runs)
+
+
+@contextlib.contextmanager
+def counting_compiles(notes: dict):
+    """Around a timed region: adds the graphs torch.compile built inside it to notes["compiled_while_timed"].
+    Anything compiled after the warm-up (a recompile) makes the figure compile time; timed_compile_note
+    says so in the row (an H100 video row read 6.5 fps that way, with nothing saying so)."""
+    with watch() as seen:
+        yield
+    notes["compiled_while_timed"] = notes.get("compiled_while_timed", 0) + seen.graphs_compiled
+
+
+def timed_compile_note(notes: dict) -> str:
+    """The row's note when its timed region compiled ("" when not)."""
+    graphs = notes.get("compiled_while_timed", 0)
+    if not graphs:
+        return ""
+    return (f"**{graphs} graph(s) compiled while timed**: a recompile after the warm-up, the figure includes "
+            "compiling (TORCH_LOGS=recompiles names it)")
 
 
 def peak_gib(device: torch.device) -> float | None:

@@ -60,8 +60,8 @@ from PIL import Image
 
 import samfast
 from bench.families import SEED
-from bench.timing import device_name, fmt, peak_gib, reset_peak, run_configurations, sync
-from parity.checks.compile import watch
+from bench.timing import (counting_compiles, device_name, fmt, peak_gib, reset_peak, run_configurations, sync,
+                          timed_compile_note)
 from samfast.errors import StageError
 from samfast.stages import canonical_name, parse_stages
 
@@ -91,7 +91,6 @@ class Row:
     build_s: float | None = None
     error: str | None = None
     skipped: str | None = None  # planned so: a stage refused, a bf16 row on a CPU
-    compiled_while_timed: int = 0  # graphs torch.compile built during the timed sessions (a recompile)
     notes: dict = field(default_factory=dict)
 
 
@@ -259,10 +258,9 @@ def measure(row: Row, predictor, clip: BenchClip, device: torch.device, warmup_f
     del warm_sessions
     sync(device)
     reset_peak(device)
-    with watch() as timed:  # a graph compiled here makes the timed figures compile time, not tracking
+    with counting_compiles(row.notes):
         sessions = [open_session(predictor, clip, row.objects, device) for _ in range(row.videos)]
         runs = propagate(predictor, [state for state, _, _ in sessions], device)
-    row.compiled_while_timed = timed.graphs_compiled
     row.peak_gib = peak_gib(device)
     row.fps = sum(len(run) for run in runs) / sum(run[-1] for run in runs)
     row.first_frame_ms = 1e3 * sum(prompt for _, _, prompt in sessions) / len(sessions)
@@ -370,19 +368,11 @@ def markdown(env: dict, rows: list[Row]) -> str:
         "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
-        note = (r.error or r.skipped or timed_compile_note(r)).replace("|", "/")
+        note = (r.error or r.skipped or timed_compile_note(r.notes)).replace("|", "/")
         lines.append(f"| {r.model} | {r.objects} | {r.impl} | {r.stage} | {fmt(r.fps)} | {versus_sam2(r, rows)} | "
                      f"{per_object_ratio(r, rows)} | {fmt(r.first_frame_ms, 1)} | {fmt(r.compile_s, 1)} | "
                      f"{fmt(r.peak_gib)} | {note} |")
     return "\n".join(lines) + "\n"
-
-
-def timed_compile_note(row: Row) -> str:
-    """What a reader must know before trusting the row's fps: graphs compiled while it was timed."""
-    if not row.compiled_while_timed:
-        return ""
-    return (f"**{row.compiled_while_timed} graph(s) compiled while timed**: a recompile after the warm-up, "
-            "the fps includes compiling (TORCH_LOGS=recompiles names it)")
 
 
 def versus_sam2(row: Row, rows: list[Row]) -> str:

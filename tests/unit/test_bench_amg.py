@@ -19,6 +19,7 @@ def test_quick_cpu_run_writes_markdown_and_json(tmp_path):
         if r["impl"] == "segment-anything-fast" and r["error"]:
             continue  # recorded as not installed
         assert r["error"] is None and r["ms_per_image"] > 0 and r["masks"] is not None, r
+        assert r["notes"]["compiled_while_timed"] == 0, r  # counted around the timed calls (bench.timing)
     table = (tmp_path / "amg.md").read_text()
     assert "| vit_tiny | zero | samfast | fp32 |" in table and "| vit_tiny | default | reference | fp32 |" in table
 
