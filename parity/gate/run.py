@@ -334,7 +334,8 @@ def main(argv: list[str] | None = None) -> int:
         cores = len(other_cores or available)
         spare = spare_cores(cores)
         cpu_workers = choose_cpu_workers(args.cpu_workers, spare, have_xdist)
-        runner = time_budget.runner_class(gpu_names() if gpus else [])  # visible_gpus gives indices
+        gpu_models = gpu_names() if gpus else []  # visible_gpus gives indices
+        runner = time_budget.runner_class(gpu_models)
         if args.strict_time and time_budget.load(runner, "cold") is None:
             raise GateUsageError("--strict-time: " + time_budget.missing_row(runner, "cold"))
     except (GateUsageError, BudgetError) as error:
@@ -406,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
              "CPU core-seconds by step (at least: /proc read every second): " + ", ".join(
                  f"{step} {used:.0f} ({used / wall[step]:.1f} cores over its {wall[step]:.0f} s)"
                  for step, used in core_seconds.items() if wall.get(step)),
-             f"runner: {', '.join(gpu_names()) or 'no GPU'}; {cpu_model()}, {len(available)} cores",
+             f"runner: {', '.join(gpu_models) or 'no GPU'}; {cpu_model()}, {len(available)} cores",
              f"pytest workers: {workers} for the gpu tests ({why}); {cpu_workers} for the others, with CUDA hidden "
              f"({cores} CPU cores); these and the checks at the same time (the CPU layers at "
              f"niceness {CPU_LAYERS_NICENESS}), then perf "

@@ -237,7 +237,8 @@ def test_perf_early_times_perf_while_the_cpu_layers_still_run(tmp_path, monkeypa
     # what each step's processes used, one line under the table (cpu_use.StepCpu)
     assert re.search(r"CPU core-seconds by step .*: pytest cpu \d+ \(\d+\.\d cores over its \d+ s\), pytest gpu", table)
     # which machine: runners of one GPU kind differ by their CPU
-    assert f"runner: {', '.join(gate.gpu_names()) or 'no GPU'}; {cpu_model()}, {len(os.sched_getaffinity(0))} cores" in table
+    gpu_models = gate.gpu_names() if gate.visible_gpus() else []  # the GPUs the gate uses, as its runner class
+    assert f"runner: {', '.join(gpu_models) or 'no GPU'}; {cpu_model()}, {len(os.sched_getaffinity(0))} cores" in table
 
 
 @pytest.mark.parametrize("asked", [None, "ACTIVE"])
