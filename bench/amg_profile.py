@@ -6,7 +6,8 @@ For every model and variant: one samfast generate on sam-demo dog.jpg (points_pe
 thresholds, seeded weights), one warm-up then the median of --repeats, and the time of each step
 of the generator (CUDA-synchronised timers around _embed, _decode, the per-crop filters and the
 records); for the last variant a torch.profiler table of the CUDA kernels. The variants undo, in
-this process only, what sessions 10, 12 and 14 changed, so one run shows what each change is worth:
+this process only, what sessions 10, 12 and 14 changed to SAM 1, so one run shows what each change is
+worth (a SAM 2 model runs as built, variant "all" only):
 
 - before: PIL resize on the host, cuDNN's transposed convolutions in the decoder;
 - resize: + the image resized on the device (samfast.resize);
@@ -34,6 +35,7 @@ import torch
 import samfast
 import samfast.predictor as predictor_module
 from bench.amg import load_image, time_generate
+from bench.families import MODEL_TYPES
 from bench.timing import device_name, sync
 from samfast.amg.generator import SamAutomaticMaskGenerator
 
@@ -45,6 +47,9 @@ STEPS = ("_embed", "_decode", "_filter_crop", "_records")
 def variant(model, name: str):
     """The model and modules as they were before the changes that `name` leaves out."""
     level = VARIANTS.index(name)
+    if level == len(VARIANTS) - 1:  # nothing left out: any family's model as built (SAM 2 has only this one)
+        yield
+        return
     transformer = model.mask_decoder.transformer
     saved = (predictor_module.same_as_pil, model.mask_decoder.upscale_impl, transformer.fused_cross_attention)
     if level < 1:
@@ -91,7 +96,7 @@ def kernel_table(generator, image: np.ndarray, rows: int = 25) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.amg_profile", description=__doc__.split("\n\n")[0])
-    p.add_argument("--models", nargs="+", default=["vit_b", "vit_h"], choices=samfast.MODEL_TYPES)
+    p.add_argument("--models", nargs="+", default=["vit_b", "vit_h"], choices=MODEL_TYPES)
     p.add_argument("--stage", default="nt")
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     p.add_argument("--compile-mode", default="default", help="SAMFAST_COMPILE_MODE for the build")
@@ -116,14 +121,15 @@ def main(argv: list[str] | None = None) -> int:
     tables = []
     for model_type in args.models:
         model = samfast.build_sam(model_type, device=device, stages=args.stage, batch_size=1)
-        generator = SamAutomaticMaskGenerator(model, points_per_batch=None)
-        for name in args.variants:
+        generator = SamAutomaticMaskGenerator(model, points_per_batch=None)  # sam2's generator for a SAM 2 model
+        variants = args.variants if model_type in samfast.MODEL_TYPES else ["all"]
+        for name in variants:
             with variant(model, name):
                 ms, masks, _ = time_generate(generator, image, device, args.repeats)
                 totals: dict[str, float] = {}
                 with step_timers(generator, device, totals):
                     generator.generate(image)
-                if name == args.variants[-1] and device.type == "cuda":
+                if name == variants[-1] and device.type == "cuda":
                     tables.append(f"## {model_type} {name}: CUDA kernels over one generate\n\n```\n{kernel_table(generator, image)}\n```\n")
             lines.append(f"| {model_type} | {name} | {ms:.1f} | {masks} | " + " | ".join(f"{totals.get(s, 0):.1f}" for s in STEPS) + " |")
             print(lines[-1], file=sys.stderr, flush=True)

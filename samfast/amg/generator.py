@@ -142,6 +142,10 @@ class SamAutomaticMaskGenerator(ServesFamilies):
     def model(self):
         return self.predictor.model
 
+    def _prompt_encoder(self):
+        """The model's prompt encoder (the family's name for it: SAM 2's is sam_prompt_encoder)."""
+        return self.model.prompt_encoder
+
     @property
     def mask_threshold(self) -> float:
         """The logit above which a pixel is in a mask: the model's here, a parameter in sam2's generator."""
@@ -192,11 +196,11 @@ class SamAutomaticMaskGenerator(ServesFamilies):
         coords = to_device(coords[:, None, :], torch.float64, self.predictor.device)
         crop_index = to_device(crop_index, torch.int64, self.predictor.device)
         labels = torch.ones(len(coords), 1, dtype=torch.int, device=self.model.device)
-        image_pe = self.model.prompt_encoder.get_dense_pe()
+        image_pe = self._prompt_encoder().get_dense_pe()
         step = self._points_per_call(len(coords))
         logits, iou = [], []
         for s in range(0, len(coords), step):
-            sparse, dense = self.model.prompt_encoder(points=(coords[s : s + step], labels[s : s + step]), boxes=None, masks=None)
+            sparse, dense = self._prompt_encoder()(points=(coords[s : s + step], labels[s : s + step]), boxes=None, masks=None)
             batch_logits, batch_iou = self.model.mask_decoder(
                 image_embeddings=features,
                 image_pe=image_pe,
@@ -221,8 +225,9 @@ class SamAutomaticMaskGenerator(ServesFamilies):
         # blocks the caching allocator holds but nothing uses are free to the decoder too: without them
         # the count depended on what earlier calls had left cached (1024 points split into 1014 + 10)
         free += torch.cuda.memory_reserved(self.model.device) - torch.cuda.memory_allocated(self.model.device)
-        embedding = self.model.prompt_encoder.no_mask_embed.weight
-        h, w = self.model.prompt_encoder.image_embedding_size
+        prompt_encoder = self._prompt_encoder()
+        embedding = prompt_encoder.no_mask_embed.weight
+        h, w = prompt_encoder.image_embedding_size
         per_prompt = DECODER_ACTIVATIONS_PER_PROMPT * embedding.shape[1] * h * w * embedding.element_size()
         return max(1, min(n_points, int(free * DECODER_MEMORY_SHARE // per_prompt)))
 

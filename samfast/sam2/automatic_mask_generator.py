@@ -29,8 +29,9 @@ LOW_RES_CLAMP = 32.0
 
 class SAM2AutomaticMaskGenerator(SamAutomaticMaskGenerator, serves=SAM2Base):
     """sam2's SAM2AutomaticMaskGenerator: generate(image) -> records with the keys segmentation, area,
-    bbox, predicted_iou, point_coords, stability_score, crop_box. points_per_batch=None decodes all
-    of a crop's points in one call. Extra keyword arguments are accepted and ignored, as sam2 does."""
+    bbox, predicted_iou, point_coords, stability_score, crop_box. points_per_batch=None decodes as
+    many of a crop's points in one call as fit in memory (all of them on a large GPU, usually; 64 on
+    a CPU), as SAM 1's generator does. Extra keyword arguments are accepted and ignored, as sam2 does."""
 
     point_dtype = np.float32
     removes_small_regions = False
@@ -68,6 +69,9 @@ class SAM2AutomaticMaskGenerator(SamAutomaticMaskGenerator, serves=SAM2Base):
     def _new_predictor(self, model: SAM2Base) -> SAM2ImagePredictor:
         return SAM2ImagePredictor(model, max_hole_area=self.min_mask_region_area, max_sprinkle_area=self.min_mask_region_area)
 
+    def _prompt_encoder(self):
+        return self.model.sam_prompt_encoder
+
     @property
     def mask_threshold(self) -> float:
         return self._mask_threshold
@@ -94,7 +98,7 @@ class SAM2AutomaticMaskGenerator(SamAutomaticMaskGenerator, serves=SAM2Base):
         for c, crop in enumerate(crops):
             own = (embeds[c : c + 1], [level[c : c + 1] for level in high_res])
             points = to_device(crop.points, torch.float32, self.predictor.device)  # point_dtype: float32
-            step = self.points_per_batch or len(points)
+            step = self._points_per_call(len(points))
             batches = [self._decode_points(batch, crop, own, step) for batch in points.split(step)]
             logits.append(torch.cat([b[0] for b in batches]))
             ious.append(torch.cat([b[1] for b in batches]).float())

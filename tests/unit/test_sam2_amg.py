@@ -109,3 +109,22 @@ def test_the_shared_generator_serves_a_sam2_model_with_sam2s_parameters(models):
         0.8, 0.0, True, True)
     sam1 = samfast.SamAutomaticMaskGenerator(samfast.build_sam("vit_tiny", device="cpu"), points_per_side=4)
     assert type(sam1) is samfast.SamAutomaticMaskGenerator and sam1.pred_iou_thresh == 0.88
+
+
+@pytest.mark.slow
+def test_points_per_batch_none_decodes_as_many_points_as_fit_64_on_a_cpu(models, image):
+    """None sizes the decoder calls by memory, as SAM 1's generator does (it once decoded every point
+    in one call: sam2's default 32 x 32 grid took 24 GB of host memory with the nano on a CPU)."""
+    ours, _ = models
+    settings = dict(points_per_side=9, pred_iou_thresh=0.0, stability_score_thresh=0.0)
+    generator = SAM2AutomaticMaskGenerator(ours, points_per_batch=None, **settings)
+    decode, calls = generator.predictor._decode, []
+
+    def counted(points, *args, **kwargs):
+        calls.append(len(points))
+        return decode(points, *args, **kwargs)
+
+    generator.predictor._decode = counted
+    records = generator.generate(image)
+    assert calls == [64, 17]
+    assert_same_records(records, SAM2AutomaticMaskGenerator(ours, points_per_batch=64, **settings).generate(image))
