@@ -90,9 +90,9 @@ def apply_stages(model, switches: frozenset[str]) -> None:
     if "compile" in switches:
         if (patch := model.patch_embedding()) is not None:  # None: the family's patch conv has no GEMM form
             patch.as_gemm = True  # see PatchEmbed: cuDNN's conv for it is slow
-        # likewise the decoder's transposed convs (kernels.upscaled_masks_reference), where the decoder
-        # offers that path: SAM 2's adds high-resolution features between the two convs
-        if "triton" not in switches and hasattr(decoder, "upscale_impl"):
+        # likewise the decoder's transposed convs (kernels.upscaled_masks_reference; SAM 2's adds its
+        # high-resolution levels between the two)
+        if "triton" not in switches:
             decoder.upscale_impl = "gemm"
         if "bf16" in switches and not switches & {"int8", "sparse", FP8}:
             # see MLPBlock: lin1 + GELU as one GEMM; the tanh GELU is within bf16's rounding, not fp32's,

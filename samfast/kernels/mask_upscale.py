@@ -37,7 +37,9 @@ _INTERPRET_BLOCK_R = 64
 # --------------------------------------------------------------------------- reference path
 
 
-def upscaled_masks_reference(src: torch.Tensor, upscaling: nn.Sequential, hyper_in: torch.Tensor) -> torch.Tensor:
+def upscaled_masks_reference(
+    src: torch.Tensor, upscaling: nn.Sequential, hyper_in: torch.Tensor, high_res: tuple[torch.Tensor, torch.Tensor] | None = None
+) -> torch.Tensor:
     """SAM's output_upscaling and mask product on channels-last (P, h, w, C) tokens, as matrix multiplies.
 
     A 2x2 stride-2 transposed convolution is one GEMM per input pixel (C_in -> C_out x 2 x 2)
@@ -45,11 +47,14 @@ def upscaled_masks_reference(src: torch.Tensor, upscaling: nn.Sequential, hyper_
     bf16 in 8.8 ms of a decoder call over 1024 AMG prompts on an H100, and the transformer's
     tokens are already channels-last, so the NCHW transpose goes too: 4-5 ms off that call
     (docs/amg.md, the upscaling as GEMMs, commit 355f977). Same weights, same products up to the order of summation.
-    Returns (P, M, 4h, 4w) for hyper_in (P, M, C / 8).
+    Returns (P, M, 4h, 4w) for hyper_in (P, M, C / 8). high_res: SAM 2's stride-8 and stride-4 levels
+    per prompt, channels-last (P, 2h, 2w, C / 4) and (P, 4h, 4w, C / 8), added to the first and second
+    convolutions' outputs (before the layer norm and the second GELU), as sam2's decoder adds them.
     """
     conv1, norm, act1, conv2, act2 = upscaling
-    x = act1(norm(_conv_transpose_2x2(src, conv1), channels_last=True))
-    x = act2(_conv_transpose_2x2(x, conv2))  # (P, 4h, 4w, C / 8)
+    feat_s1, feat_s0 = high_res if high_res is not None else (0.0, 0.0)
+    x = act1(norm(_conv_transpose_2x2(src, conv1) + feat_s1, channels_last=True))
+    x = act2(_conv_transpose_2x2(x, conv2) + feat_s0)  # (P, 4h, 4w, C / 8)
     p, h4, w4, c8 = x.shape
     return (hyper_in @ x.view(p, h4 * w4, c8).transpose(1, 2)).view(p, -1, h4, w4)
 

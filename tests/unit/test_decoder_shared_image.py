@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import samfast
+from tests.sam2_decoder_inputs import sam2_decoder_inputs
 
 
 @pytest.fixture(scope="module")
@@ -51,4 +52,21 @@ def test_the_comparison_tells_the_images_apart(decoder_inputs):
     shuffled = _decode(decoder, embeddings, image_pe, sparse, dense, index.roll(1))
     per_prompt = _decode(decoder, embeddings, image_pe, sparse, dense.contiguous(), index)
     with pytest.raises(AssertionError):
+        torch.testing.assert_close(shuffled[0], per_prompt[0], rtol=1e-4, atol=1e-4)
+
+
+def test_sam2_image_projected_once_equals_a_copy_per_prompt():
+    """SAM 2's decoder takes the same shared path when its prompts come with image_index (nt, the compiled
+    decoder, segment everything); its high-resolution levels are gathered to the prompts either way."""
+    model = samfast.build_sam("sam2.1_hiera_nano", device="cpu")
+    embeddings, image_pe, sparse, dense, high_res, index = sam2_decoder_inputs(model, 7)
+    assert dense.stride(0) == 0
+    decoder = model.sam_mask_decoder
+    with torch.no_grad():
+        shared = decoder.predict_masks(embeddings, image_pe, sparse, dense, False, high_res, index)
+        per_prompt = decoder.predict_masks(embeddings, image_pe, sparse, dense.contiguous(), False, high_res, index)
+        shuffled = decoder.predict_masks(embeddings, image_pe, sparse, dense, False, high_res, index.roll(1))
+    for got, want in zip(shared, per_prompt, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    with pytest.raises(AssertionError):  # the comparison tells the images apart
         torch.testing.assert_close(shuffled[0], per_prompt[0], rtol=1e-4, atol=1e-4)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from samfast import kernels
 from samfast.modeling.common import LayerNorm2d
 from samfast.sam2.config import (
     DYNAMIC_MULTIMASK_STABILITY_DELTA,
@@ -59,6 +60,9 @@ class Sam2MaskDecoder(nn.Module):
         self.dynamic_multimask_stability_delta = DYNAMIC_MULTIMASK_STABILITY_DELTA
         self.dynamic_multimask_stability_thresh = DYNAMIC_MULTIMASK_STABILITY_THRESH
         self.compiled_predict_masks = None  # set by compile_for_any_prompt_count (the compile switch)
+        # "conv" (sam2's transposed convolutions) or "gemm" (the compile switch: the same products as
+        # GEMMs on channels-last tokens, samfast.kernels.upscaled_masks_reference), as SAM 1's decoder
+        self.upscale_impl = "conv"
 
     def compile_for_any_prompt_count(self) -> None:
         """torch.compile predict_masks into one graph for every image count, prompt count and points per prompt.
@@ -150,32 +154,44 @@ class Sam2MaskDecoder(nn.Module):
         output_tokens = output_tokens.unsqueeze(0).expand(num_prompts, -1, -1)
         tokens = torch.cat((output_tokens, sparse_prompt_embeddings), dim=1)
 
-        if image_index is not None:
-            src = image_embeddings.index_select(0, image_index)
-            high_res_features = [feat.index_select(0, image_index) for feat in high_res_features]
-        elif repeat_image:
-            src = torch.repeat_interleave(image_embeddings, num_prompts, dim=0)
+        per_image = image_index is not None and (dense_prompt_embeddings.shape[0] == 1 or dense_prompt_embeddings.stride(0) == 0)
+        if per_image:
+            # One dense embedding for every prompt (no mask inputs: the broadcast no-mask embedding), so
+            # the transformer's first layer works on each image once and gathers to the prompts where
+            # they mix, as SAM 1's decoder does (segment everything: 1 image, 1024 prompts)
+            src, pos_src, transformer_index = image_embeddings + dense_prompt_embeddings[:1], image_pe, image_index
         else:
-            src = image_embeddings
-        src = src + dense_prompt_embeddings
-        pos_src = torch.repeat_interleave(image_pe, num_prompts, dim=0)
-        b, c, h, w = src.shape
+            if image_index is not None:
+                src = image_embeddings.index_select(0, image_index)
+            elif repeat_image:
+                src = torch.repeat_interleave(image_embeddings, num_prompts, dim=0)
+            else:
+                src = image_embeddings
+            src = src + dense_prompt_embeddings
+            pos_src, transformer_index = torch.repeat_interleave(image_pe, num_prompts, dim=0), None
+        if image_index is not None:
+            high_res_features = [feat.index_select(0, image_index) for feat in high_res_features]
+        _, c, h, w = src.shape
+        b = num_prompts
 
-        hs, src = self.transformer(src, pos_src, tokens)
+        hs, src = self.transformer(src, pos_src, tokens, image_index=transformer_index)
         iou_token_out = hs[:, 1, :]
         mask_tokens_out = hs[:, 2 : 2 + self.num_mask_tokens, :]
-
-        src = src.transpose(1, 2).view(b, c, h, w)
-        dc1, ln1, act1, dc2, act2 = self.output_upscaling
-        feat_s0, feat_s1 = high_res_features
-        upscaled = act1(ln1(dc1(src) + feat_s1))
-        upscaled = act2(dc2(upscaled) + feat_s0)
 
         hyper_in = torch.stack(
             [mlp(mask_tokens_out[:, i, :]) for i, mlp in enumerate(self.output_hypernetworks_mlps)], dim=1
         )
-        b, c, h, w = upscaled.shape
-        masks = (hyper_in @ upscaled.view(b, c, h * w)).view(b, -1, h, w)
+        feat_s0, feat_s1 = high_res_features
+        if self.upscale_impl == "gemm":
+            high_res = (feat_s1.permute(0, 2, 3, 1), feat_s0.permute(0, 2, 3, 1))  # channels-last views
+            masks = kernels.upscaled_masks_reference(src.view(b, h, w, c), self.output_upscaling, hyper_in, high_res)
+        else:
+            src = src.transpose(1, 2).view(b, c, h, w)
+            dc1, ln1, act1, dc2, act2 = self.output_upscaling
+            upscaled = act1(ln1(dc1(src) + feat_s1))
+            upscaled = act2(dc2(upscaled) + feat_s0)
+            b, c, h, w = upscaled.shape
+            masks = (hyper_in @ upscaled.view(b, c, h * w)).view(b, -1, h, w)
         iou_pred = torch.sigmoid(self.iou_prediction_head(iou_token_out))
         object_score_logits = self.pred_obj_score_head(hs[:, 0, :])
         return masks, iou_pred, mask_tokens_out, object_score_logits
