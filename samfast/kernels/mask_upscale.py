@@ -74,10 +74,12 @@ def _conv_transpose_2x2(x: torch.Tensor, conv: nn.ConvTranspose2d) -> torch.Tens
 
 def _upscale_masks_fwd(
     Y, B1, G, BETA, W2, B2, HBD, Out,
+    S1, S0, IMAGE,  # SAM 2's high-resolution levels per image, channels-last, and each prompt's image
     stride_hp, stride_hk, stride_ht,
     stride_op, stride_om, stride_oy, stride_ox,
     GRID_W,
     ROWS_PER_PROMPT,  # 4 sub-pixels x h x w
+    HIGH_RES: tl.constexpr,  # add S1 before the layer norm and S0 before the second GELU (SAM 2)
     EPS: tl.constexpr,
     C1: tl.constexpr,  # channels after the first transposed conv (64)
     N2: tl.constexpr,  # 4 sub-pixels x channels after the second (4 x 32)
@@ -100,6 +102,13 @@ def _upscale_masks_fwd(
 
     y = tl.load(Y + (p * ROWS_PER_PROMPT + local)[:, None] * C1 + offs_c1[None, :], mask=r_mask[:, None], other=0.0)
     y = y.to(tl.float32) + tl.load(B1 + offs_c1).to(tl.float32)[None, :]
+    if HIGH_RES:
+        image = tl.load(IMAGE + p).to(tl.int64)
+        # the stride-8 level (2h, 2w, C1) at this row's sub-pixel (a, b) = (sub // 2, sub % 2)
+        s1_pixel = (2 * row + sub // 2) * (2 * GRID_W) + 2 * col + sub % 2
+        s1 = tl.load(S1 + image * ROWS_PER_PROMPT * C1 + s1_pixel[:, None] * C1 + offs_c1[None, :],
+                     mask=r_mask[:, None], other=0.0)
+        y = y + s1.to(tl.float32)
     mean = tl.reduce(y, 1, tl.standard._sum_combine) / C1
     centred = y - mean[:, None]
     var = tl.reduce(centred * centred, 1, tl.standard._sum_combine) / C1
@@ -112,6 +121,15 @@ def _upscale_masks_fwd(
     w2 = tl.load(W2 + offs_c1[:, None] * N2 + offs_n2[None, :])
     z = tl.dot(y, w2, input_precision=PRECISION)
     z = z + tl.load(B2 + offs_n2).to(tl.float32)[None, :]
+    if HIGH_RES:
+        # the stride-4 level (4h, 4w, C2) at column (c, d, k)'s output pixel
+        C2: tl.constexpr = N2 // 4
+        cd2, k2 = offs_n2 // C2, offs_n2 % C2
+        s0_y = 4 * row[:, None] + 2 * (sub // 2)[:, None] + (cd2 // 2)[None, :]
+        s0_x = 4 * col[:, None] + 2 * (sub % 2)[:, None] + (cd2 % 2)[None, :]
+        s0 = tl.load(S0 + image * ROWS_PER_PROMPT * N2 + (s0_y * (4 * GRID_W) + s0_x) * C2 + k2[None, :],
+                     mask=r_mask[:, None], other=0.0)
+        z = z + s0.to(tl.float32)
     z = (0.5 * z * (1.0 + tl.math.erf(z * 0.7071067811865476))).to(Y.dtype.element_ty)
 
     # mask product, block-diagonal over the sub-pixels: column t = (c, d, mask)
@@ -143,7 +161,9 @@ def _empty_out(src: torch.Tensor, hyper_in: torch.Tensor) -> torch.Tensor:
     return src.new_empty(p, hyper_in.shape[1], 4 * h, 4 * w)
 
 
-def _launch(src, w1, b1, gamma, beta, w2, b2, hyper_in, out, eps: float) -> None:
+def _launch(src, w1, b1, gamma, beta, w2, b2, hyper_in, out, eps: float, s1=None, s0=None, image=None) -> None:
+    """s1, s0, image: SAM 2's high-resolution levels, channels-last contiguous (N, 2h, 2w, C1) and
+    (N, 4h, 4w, C2), and the image (P,) int64 of each prompt; all None for SAM 1."""
     p, h, w, c = src.shape
     c1, c2, m = w1.shape[1], w2.shape[1], hyper_in.shape[1]
     # the first transposed conv as one GEMM, columns in (a, b, C1) order: its output is rows
@@ -160,11 +180,14 @@ def _launch(src, w1, b1, gamma, beta, w2, b2, hyper_in, out, eps: float) -> None
     def grid(meta_):
         return (triton.cdiv(4 * h * w, meta_["BLOCK_R"]), p)
 
+    high_res = s1 is not None
     launcher()(kernel)[grid](
         y, b1, gamma, beta, w2_all, b2.repeat(4), hbd, out,
+        *((s1, s0, image) if high_res else (y, y, y)),  # unread without HIGH_RES
         *hbd.stride(), *out.stride(),
         w,
         4 * h * w,
+        HIGH_RES=high_res,
         EPS=eps,
         C1=c1,
         N2=4 * c2,
@@ -188,13 +211,16 @@ if triton is not None and hasattr(torch.library, "triton_op"):
         b2: torch.Tensor,
         hyper_in: torch.Tensor,
         eps: float,
+        s1: torch.Tensor | None,
+        s0: torch.Tensor | None,
+        image: torch.Tensor | None,
     ) -> torch.Tensor:
         out = _empty_out(src, hyper_in)
-        _launch(src, w1, b1, gamma, beta, w2, b2, hyper_in, out, eps)
+        _launch(src, w1, b1, gamma, beta, w2, b2, hyper_in, out, eps, s1, s0, image)
         return out
 
     @_upscaled_masks_op.register_fake
-    def _(src, w1, b1, gamma, beta, w2, b2, hyper_in, eps):
+    def _(src, w1, b1, gamma, beta, w2, b2, hyper_in, eps, s1, s0, image):
         return _empty_out(src, hyper_in)
 
     def _run_kernel(*args):
@@ -202,9 +228,9 @@ if triton is not None and hasattr(torch.library, "triton_op"):
 
 else:  # pragma: no cover - old torch: plain launch, still correct, not traceable
 
-    def _run_kernel(src, w1, b1, gamma, beta, w2, b2, hyper_in, eps):
+    def _run_kernel(src, w1, b1, gamma, beta, w2, b2, hyper_in, eps, s1, s0, image):
         out = _empty_out(src, hyper_in)
-        _launch(src, w1, b1, gamma, beta, w2, b2, hyper_in, out, eps)
+        _launch(src, w1, b1, gamma, beta, w2, b2, hyper_in, out, eps, s1, s0, image)
         return out
 
 
@@ -215,10 +241,10 @@ def _is_pow2_at_least_16(n: int) -> bool:
     return n >= 16 and n & (n - 1) == 0
 
 
-def _unsupported_reason(src, upscaling, hyper_in) -> str | None:
+def _unsupported_reason(src, upscaling, hyper_in, high_res) -> str | None:
     conv1, norm, act1, conv2, act2 = upscaling
     params = (conv1.weight, conv1.bias, norm.weight, norm.bias, conv2.weight, conv2.bias)
-    reason = unsupported_reason((src, hyper_in, *params))
+    reason = unsupported_reason((src, hyper_in, *params, *high_res))
     if reason is not None:
         return reason
     if not all(_is_pow2_at_least_16(n) for n in (conv1.out_channels, 4 * conv2.out_channels)):
@@ -232,13 +258,21 @@ def _unsupported_reason(src, upscaling, hyper_in) -> str | None:
     return None
 
 
-def upscaled_masks(src: torch.Tensor, upscaling: nn.Sequential, hyper_in: torch.Tensor) -> torch.Tensor:
+def upscaled_masks(
+    src: torch.Tensor,
+    upscaling: nn.Sequential,
+    hyper_in: torch.Tensor,
+    high_res: tuple[torch.Tensor, torch.Tensor] | None = None,
+    image_index: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Masks (P, M, 4h, 4w) from channels-last tokens src (P, h, w, C) and hyper_in (P, M, C / 8).
 
     `upscaling` is SAM's output_upscaling (transposed conv, LayerNorm2d, GELU, transposed conv,
-    GELU). Runs the fused kernel on CUDA (fp16, bf16, fp32) or under TRITON_INTERPRET=1 (fp16,
-    fp32); otherwise :func:`upscaled_masks_reference`, with the reason counted in
-    samfast.kernels.dispatch.FALLBACK_COUNTS.
+    GELU). high_res: SAM 2's stride-8 and stride-4 levels per image, NCHW (N, C / 4, 2h, 2w) and
+    (N, C / 8, 4h, 4w), prompt p reading image image_index[p] (None: image p, or image 0 when N is 1),
+    read in the kernel without a copy per prompt. Runs the fused kernel on CUDA (fp16, bf16, fp32) or
+    under TRITON_INTERPRET=1 (fp16, fp32); otherwise :func:`upscaled_masks_reference`, with the
+    reason counted in samfast.kernels.dispatch.FALLBACK_COUNTS.
     """
     conv1, conv2 = upscaling[0], upscaling[3]
     if src.dim() != 4 or src.shape[-1] != conv1.in_channels or hyper_in.shape != (
@@ -248,11 +282,26 @@ def upscaled_masks(src: torch.Tensor, upscaling: nn.Sequential, hyper_in: torch.
             f"need src (P, h, w, {conv1.in_channels}) and hyper_in (P, masks, {conv2.out_channels}) for this "
             f"upscaling; got {tuple(src.shape)} and {tuple(hyper_in.shape)}"
         )
-    reason = _unsupported_reason(src, upscaling, hyper_in)
+    p, h, w, _ = src.shape
+    if high_res is not None:
+        feat_s1, feat_s0 = high_res
+        n = feat_s1.shape[0]
+        want = ((n, conv1.out_channels, 2 * h, 2 * w), (n, conv2.out_channels, 4 * h, 4 * w))
+        if (tuple(feat_s1.shape), tuple(feat_s0.shape)) != want:
+            raise ValueError(f"need high_res levels {want[0]} and {want[1]} for these tokens; "
+                             f"got {tuple(feat_s1.shape)} and {tuple(feat_s0.shape)}")
+        if image_index is None:
+            image_index = torch.arange(p, device=src.device) if n > 1 else torch.zeros(p, dtype=torch.long, device=src.device)
+    reason = _unsupported_reason(src, upscaling, hyper_in, high_res or ())
     if reason is not None:
         note_fallback("upscaled_masks", reason, "the GEMM reference path")
-        return upscaled_masks_reference(src, upscaling, hyper_in)
+        if high_res is not None:  # each prompt's own image's levels, channels-last
+            high_res = tuple(feat.index_select(0, image_index).permute(0, 2, 3, 1) for feat in high_res)
+        return upscaled_masks_reference(src, upscaling, hyper_in, high_res)
     norm = upscaling[1]
+    s1, s0 = (None, None) if high_res is None else (
+        feat.permute(0, 2, 3, 1).contiguous() for feat in high_res)  # per image: small copies
     return _run_kernel(
-        src, conv1.weight, conv1.bias, norm.weight, norm.bias, conv2.weight, conv2.bias, hyper_in, float(norm.eps)
+        src, conv1.weight, conv1.bias, norm.weight, norm.bias, conv2.weight, conv2.bias, hyper_in, float(norm.eps),
+        s1, s0, None if image_index is None else image_index.to(torch.int64).contiguous(),
     )

@@ -18,10 +18,10 @@ from samfast.sam2.config import model_type_of_config_file, sam2_config
 from samfast.sam2.sam2_base import SAM2Base, build_sam2_modules
 from samfast.stages import SWITCHES, apply_stages, parse_stages
 
-# the switches built for SAM 2 so far: the lossless ones (nt: predict_batch decodes every image's prompts
-# in one call), and int8 / fp8 on Hiera's linears (the encoder_linears the model names); triton (no
-# rel-pos in Hiera) and sparse are not
-SAM2_SWITCHES = frozenset({"bf16", "compile", "sdpa", "nt", "int8", "fp8"})
+# the switches built for SAM 2 so far: the lossless ones (triton: the decoder's Triton kernels, Hiera
+# having no rel-pos attention for it; nt: predict_batch decodes every image's prompts in one call), and
+# int8 / fp8 on Hiera's linears (the encoder_linears the model names); sparse is not
+SAM2_SWITCHES = frozenset({"bf16", "compile", "sdpa", "triton", "nt", "int8", "fp8"})
 
 
 def refuse_unbuilt_switches(model_type: str, stages: str) -> None:

@@ -29,8 +29,8 @@ class MLP(SamMLP):
 class HieraMLP(MLP):
     """Hiera's block MLP (two layers, GELU; sam2's `layers.{0,1}` keys) with SAM 1's MLPBlock GELU paths:
     `gelu_impl` "module" (as sam2 runs it) or "epilogue" (lin1 and its tanh GELU as one GEMM, set by the
-    compile switch on a bf16 encoder); "quantized_kernel" goes with the triton switch, not built for SAM 2
-    (samfast.modeling.common.gelu_mlp)."""
+    compile switch on a bf16 encoder) or "quantized_kernel" (the triton switch with int8 or fp8: GELU and
+    lin2's activation quantization in one kernel) (samfast.modeling.common.gelu_mlp)."""
 
     def __init__(self, dim: int, hidden_dim: int) -> None:
         super().__init__(dim, hidden_dim, dim, num_layers=2, activation=nn.GELU)

@@ -231,3 +231,22 @@ def test_decoder_with_the_kernels_equals_the_module_path(monkeypatch, mask_input
     assert fallback_counts() == {}
     torch.testing.assert_close(outputs[True][0], outputs[False][0], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(outputs[True][1], outputs[False][1], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("mask_inputs", [False, True], ids=["shared-image", "mask-input-per-prompt"])
+@torch.no_grad()
+def test_sam2_decoder_with_the_kernels_equals_the_module_path(monkeypatch, mask_inputs):
+    """SAM 2's two-way transformer is SAM 1's (sam2's MLP keys): the nano's decoder end to end, fp32,
+    masks, IoUs, mask tokens and object scores, prompts of two images."""
+    from tests.sam2_decoder_inputs import sam2_decoder_inputs
+
+    monkeypatch.setattr(da, "_INTERPRET_BLOCK_L", 512)
+    model = samfast.build_sam("sam2.1_hiera_nano", device="cpu")
+    embeddings, pe, sparse, dense, high_res, index = sam2_decoder_inputs(model, 3, mask_inputs=mask_inputs)
+    decoder, outputs = model.sam_mask_decoder, {}
+    for fused in (False, True):
+        decoder.transformer.fused_cross_attention = fused
+        outputs[fused] = decoder.predict_masks(embeddings, pe, sparse, dense, False, high_res, index)
+    assert fallback_counts() == {}
+    for got, want in zip(outputs[True], outputs[False], strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)

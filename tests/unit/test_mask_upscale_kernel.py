@@ -176,3 +176,85 @@ def test_mismatched_shapes_are_refused_with_the_expected_ones(request):
         upscaled_masks(src, upscaling, hyper_in[..., :8])
     with pytest.raises(ValueError, match=r"src \(P, h, w, 64\)"):
         upscaled_masks(src[..., :32], upscaling, hyper_in)
+
+
+# --- SAM 2: the high-resolution levels, read per prompt's image -------------------------------------
+
+
+def make_high_res(seed: int, n: int, h: int, w: int, c1: int, c2: int, dtype):
+    """SAM 2's stride-8 and stride-4 levels of n images, NCHW (n, c1, 2h, 2w) and (n, c2, 4h, 4w)."""
+    g = torch.Generator().manual_seed(seed + 1)
+    return torch.randn(n, c1, 2 * h, 2 * w, generator=g).to(dtype), torch.randn(n, c2, 4 * h, 4 * w, generator=g).to(dtype)
+
+
+def fp64_sam2_masks(src, upscaling, hyper_in, high_res, image_index):
+    """The reference with each prompt's own image's levels gathered, channels-last, in float64."""
+    gathered = tuple(feat.double().index_select(0, image_index).permute(0, 2, 3, 1) for feat in high_res)
+    return upscaled_masks_reference(src.double(), copy.deepcopy(upscaling).double(), hyper_in.double(), gathered)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize(
+    "p, h, w, c, c1, c2, m, images",
+    [
+        (3, 3, 5, 256, 64, 32, 4, 2),  # SAM 2's widths, prompts of two images
+        (2, 4, 2, 64, 16, 16, 1, 1),  # one image for every prompt, one mask
+    ],
+)
+@torch.no_grad()
+def test_kernel_with_high_res_levels_matches_fp64(request, dtype, p, h, w, c, c1, c2, m, images):
+    upscaling = make_upscaling(_seed(request), c, c1, c2)
+    src, hyper_in = make_inputs(_seed(request), p, h, w, c, c2, m, dtype)
+    high_res = make_high_res(_seed(request), images, h, w, c1, c2, dtype)
+    image_index = torch.arange(p) % images
+    got = upscaled_masks(src, upscaling.to(dtype), hyper_in, high_res, image_index)
+    assert fallback_counts() == {}, "the kernel did not run"
+    want = fp64_sam2_masks(src, upscaling, hyper_in, high_res, image_index)
+    assert relative_error(got, want) < RELATIVE_TOLERANCE[dtype]
+
+
+def _transposed(feat: torch.Tensor) -> torch.Tensor:
+    """A level read at (x, y) instead of (y, x): square maps, so the shape stays right."""
+    return feat.transpose(2, 3).contiguous()
+
+
+@pytest.mark.parametrize("plant", ["images-swapped", "stride-8-transposed", "stride-4-transposed"])
+@torch.no_grad()
+def test_planted_high_res_defect_is_caught(request, plant):
+    """Each level must reach its own prompt's image and its own pixels."""
+    upscaling = make_upscaling(_seed(request), 64, 16, 16)
+    src, hyper_in = make_inputs(_seed(request), 2, 4, 4, 64, 16, 4, torch.float32)
+    s1, s0 = make_high_res(_seed(request), 2, 4, 4, 16, 16, torch.float32)
+    image_index = torch.tensor([0, 1])
+    given = {"images-swapped": ((s1, s0), image_index.flip(0)), "stride-8-transposed": ((_transposed(s1), s0), image_index),
+             "stride-4-transposed": ((s1, _transposed(s0)), image_index)}[plant]
+    got = upscaled_masks(src, upscaling, hyper_in, *given)
+    assert fallback_counts() == {}
+    want = fp64_sam2_masks(src, upscaling, hyper_in, (s1, s0), image_index)
+    assert relative_error(got, want) > 10 * RELATIVE_TOLERANCE[torch.float32]
+
+
+@torch.no_grad()
+def test_sam2_decoder_with_the_kernel_equals_the_gemm_path(monkeypatch):
+    """The nano's decoder (SAM 2's widths, 64x64 tokens) end to end, fp32, prompts of two images."""
+    from tests.sam2_decoder_inputs import sam2_decoder_inputs
+
+    monkeypatch.setattr(mu, "_INTERPRET_BLOCK_R", 256)
+    model = samfast.build_sam("sam2.1_hiera_nano", device="cpu")
+    embeddings, pe, sparse, dense, high_res, index = sam2_decoder_inputs(model, 3)
+    decoder, outputs = model.sam_mask_decoder, {}
+    for impl in ("gemm", "triton"):
+        decoder.upscale_impl = impl
+        outputs[impl] = decoder.predict_masks(embeddings, pe, sparse, dense, False, high_res, index)
+    assert fallback_counts() == {}
+    torch.testing.assert_close(outputs["triton"][0], outputs["gemm"][0], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(outputs["triton"][1], outputs["gemm"][1], rtol=0, atol=0)
+
+
+@torch.no_grad()
+def test_high_res_levels_of_the_wrong_size_are_refused(request):
+    upscaling = make_upscaling(_seed(request), 64, 16, 16)
+    src, hyper_in = make_inputs(_seed(request), 2, 3, 5, 64, 16, 4, torch.float32)
+    s1, s0 = make_high_res(_seed(request), 1, 3, 5, 16, 16, torch.float32)
+    with pytest.raises(ValueError, match=r"need high_res levels \(1, 16, 6, 10\) and \(1, 16, 12, 20\)"):
+        upscaled_masks(src, upscaling, hyper_in, (s1, s0[..., :-4]))

@@ -159,7 +159,7 @@ class Sam2MaskDecoder(nn.Module):
             # One dense embedding for every prompt (no mask inputs: the broadcast no-mask embedding), so
             # the transformer's first layer works on each image once and gathers to the prompts where
             # they mix, as SAM 1's decoder does (segment everything: 1 image, 1024 prompts)
-            src, pos_src, transformer_index = image_embeddings + dense_prompt_embeddings[:1], image_pe, image_index
+            src, transformer_index = image_embeddings + dense_prompt_embeddings[:1], image_index
         else:
             if image_index is not None:
                 src = image_embeddings.index_select(0, image_index)
@@ -167,34 +167,45 @@ class Sam2MaskDecoder(nn.Module):
                 src = torch.repeat_interleave(image_embeddings, num_prompts, dim=0)
             else:
                 src = image_embeddings
-            src = src + dense_prompt_embeddings
-            pos_src, transformer_index = torch.repeat_interleave(image_pe, num_prompts, dim=0), None
-        if image_index is not None:
-            high_res_features = [feat.index_select(0, image_index) for feat in high_res_features]
-        _, c, h, w = src.shape
-        b = num_prompts
+            src, transformer_index = src + dense_prompt_embeddings, None
+        h, w = src.shape[-2:]
 
-        hs, src = self.transformer(src, pos_src, tokens, image_index=transformer_index)
+        # image_pe (1, C, h, w) broadcasts over the images or prompts. sam2 repeats it per prompt, which also
+        # makes it contiguous: so is it here, since its memory layout decides the one of `keys + pe` and so
+        # the order of the projections' sums (bit-equality with sam2 in fp32)
+        hs, src = self.transformer(src, image_pe.contiguous(), tokens, image_index=transformer_index)
         iou_token_out = hs[:, 1, :]
         mask_tokens_out = hs[:, 2 : 2 + self.num_mask_tokens, :]
 
         hyper_in = torch.stack(
             [mlp(mask_tokens_out[:, i, :]) for i, mlp in enumerate(self.output_hypernetworks_mlps)], dim=1
         )
-        feat_s0, feat_s1 = high_res_features
-        if self.upscale_impl == "gemm":
-            high_res = (feat_s1.permute(0, 2, 3, 1), feat_s0.permute(0, 2, 3, 1))  # channels-last views
-            masks = kernels.upscaled_masks_reference(src.view(b, h, w, c), self.output_upscaling, hyper_in, high_res)
-        else:
-            src = src.transpose(1, 2).view(b, c, h, w)
-            dc1, ln1, act1, dc2, act2 = self.output_upscaling
-            upscaled = act1(ln1(dc1(src) + feat_s1))
-            upscaled = act2(dc2(upscaled) + feat_s0)
-            b, c, h, w = upscaled.shape
-            masks = (hyper_in @ upscaled.view(b, c, h * w)).view(b, -1, h, w)
+        masks = self._upscaled_masks(src, (h, w), hyper_in, high_res_features, image_index)
         iou_pred = torch.sigmoid(self.iou_prediction_head(iou_token_out))
         object_score_logits = self.pred_obj_score_head(hs[:, 0, :])
         return masks, iou_pred, mask_tokens_out, object_score_logits
+
+    def _upscaled_masks(self, tokens: torch.Tensor, size: tuple[int, int], hyper_in: torch.Tensor,
+                        high_res_features: list[torch.Tensor], image_index: torch.Tensor | None) -> torch.Tensor:
+        """Masks (P, M, 4h, 4w) from the transformer's image tokens (P, h * w, C) by the path `upscale_impl`
+        names; high_res_features [stride 4, stride 8] per image (image_index) or per prompt."""
+        (b, _, c), (h, w) = tokens.shape, size
+        src = tokens.view(b, h, w, c)  # channels-last
+        feat_s0, feat_s1 = high_res_features
+        if self.upscale_impl == "triton":  # the kernel reads each prompt's image's levels through image_index
+            return kernels.upscaled_masks(src, self.output_upscaling, hyper_in, (feat_s1, feat_s0), image_index)
+        if image_index is not None:
+            feat_s0, feat_s1 = (feat.index_select(0, image_index) for feat in (feat_s0, feat_s1))
+        if self.upscale_impl == "gemm":
+            high_res = (feat_s1.permute(0, 2, 3, 1), feat_s0.permute(0, 2, 3, 1))  # channels-last views
+            return kernels.upscaled_masks_reference(src, self.output_upscaling, hyper_in, high_res)
+        dc1, ln1, act1, dc2, act2 = self.output_upscaling
+        # sam2's NCHW view of the tokens, strides and all: a permute of the channels-last view differs in the
+        # batch stride of a single prompt (1048576 vs 256), and with it the convolution's fp32 bits
+        upscaled = act1(ln1(dc1(tokens.transpose(1, 2).view(b, c, h, w)) + feat_s1))
+        upscaled = act2(dc2(upscaled) + feat_s0)
+        b, c, h, w = upscaled.shape
+        return (hyper_in @ upscaled.view(b, c, h * w)).view(b, -1, h, w)
 
     def _get_stability_scores(self, mask_logits: torch.Tensor) -> torch.Tensor:
         """IoU of the mask thresholded at +delta and at -delta."""
