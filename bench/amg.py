@@ -204,7 +204,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--models", nargs="+", default=["vit_b", "vit_h"], choices=MODEL_TYPES,
                    help="SAM 1 and SAM 2 model types (SAM 2: beside sam2's generator)")
     p.add_argument("--stages", nargs="+", default=None,
-                   help="samfast stages (default: fp32 .. nt, those built for the model's family: SAM 2 fp32 .. sdpa; "
+                   help="samfast stages (default: fp32 .. nt, those built for the model's family; "
                         "a stage asked for that the family has no build of is recorded as not built)")
     p.add_argument("--reference-thresholds", nargs="*", default=list(THRESHOLD_SETTINGS), choices=list(THRESHOLD_SETTINGS),
                    help="threshold settings to time the reference at (its 'zero' takes ~50 s per image on an H100: "

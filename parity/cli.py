@@ -264,7 +264,7 @@ def _under_torchrun(nproc: int, argv: list[str]) -> int:
 
 def default_stages(model_type: str, device: torch.device) -> list[str]:
     """The stages a check runs unless told: the device's default list, less those the model's family
-    has no switch built for (SAM 2 so far: no triton, so none of the ladder above sdpa)."""
+    has no switch built for (SAM 2 so far: sparse)."""
     stages = DEFAULT_GPU_STAGES if device.type == "cuda" else DEFAULT_CPU_STAGES
     return [stage for stage in stages if parse_stages(stage) <= built_switches(model_type)]
 

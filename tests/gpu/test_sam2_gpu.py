@@ -34,9 +34,10 @@ from tests.stage_accuracy import (
 MODEL = "sam2.1_hiera_t_5block"
 STATIC_BATCH = 2
 COMPILE_MODE = "default"
-# the lossless stack: every lossless switch built for SAM 2 (nt: predict_batch's prompts of every image in one
-# compiled decoder call, the same graph predict uses)
-LOSSLESS_STACK = "bf16+compile+sdpa+nt"
+# the lossless stack: every lossless switch built for SAM 2 (triton: the decoder's kernels; nt: predict_batch's
+# prompts of every image in one compiled decoder call, the same graph predict uses); "compile" keeps the
+# decoder's GEMM upscaling and module cross attentions covered
+LOSSLESS_STACK = "bf16+compile+sdpa+triton+nt"
 # every switch built for SAM 2, alone and stacked. int8 compiled on the lossless stack: torchao's eager int8
 # syncs at every quantized linear (1104 cudaStreamSynchronize in one predict_batch here, H100, 8351550), its
 # compiled graph does not; fp8 eager (sync-free; its compiled path is SAM 1's, gated there)
