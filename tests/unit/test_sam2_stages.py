@@ -29,6 +29,7 @@ import torch
 
 import samfast
 from parity.checks.exercised import watch_switches
+from parity.checks.switch_proofs import PROOFS, RunTrace
 from samfast.errors import StageError
 from samfast.sam2 import build as sam2_build
 from samfast.sam2.sam.mask_decoder import Sam2MaskDecoder
@@ -281,3 +282,24 @@ def test_compile_gives_the_encoder_one_batch_size_padded_or_split():
     assert torch.equal(plain[0], padded[0]) and all(torch.equal(a, b) for a, b in zip(plain[1], padded[1]))
     built = samfast.build_sam("sam2.1_hiera_nano", device="cpu", stages="fp32+compile", batch_size=2)
     assert built.static_batch == 2
+
+
+# --- triton: the decoder's kernels ------------------------------------------------------------------
+@pytest.mark.parametrize("stage,fused", [("fp32+triton", True), ("fp32+compile+triton", False)])
+def test_triton_puts_the_sam2_decoder_on_its_kernels(stage, fused):
+    """The upscaling kernel always; the cross-attention kernels only eager: SAM 2's compiled decoder takes
+    any number of tokens per prompt, which those kernels (tokens padded at trace time) cannot."""
+    decoder = samfast.build_sam(NT_MODEL, device="cpu", stages=stage).prompt_decoder()
+    assert (decoder.upscale_impl, decoder.transformer.fused_cross_attention) == ("triton", fused)
+    sam1 = samfast.build_sam("vit_tiny", device="cpu", stages=stage).prompt_decoder()
+    assert sam1.transformer.fused_cross_attention  # SAM 1's compiled graph specializes on the token count
+
+
+def test_triton_proof_on_sam2_names_a_decoder_left_off_its_kernels():
+    model = samfast.build_sam(NT_MODEL, device="cpu", stages="fp32+compile+triton")
+    switches = parse_stages("fp32+compile+triton")
+    ran, sentence = PROOFS["triton"](model, RunTrace(), switches)
+    assert ran and "its cross attentions on the module path" in sentence
+    model.prompt_decoder().upscale_impl = "gemm"  # planted: the switch left the upscaling behind
+    ran, sentence = PROOFS["triton"](model, RunTrace(), switches)
+    assert not ran and sentence == "triton: 1 module(s) stayed off the Triton kernels: prompt decoder's upscaling"
