@@ -65,15 +65,16 @@ def test_a_sam1_golden_is_refused_for_a_sam2_model(scenes, tmp_path):
 def test_default_stages_are_those_built_for_the_family():
     cpu, gpu = torch.device("cpu"), torch.device("cuda")
     assert cli.default_stages(MODEL, cpu) == ["fp32", "fp32+sdpa", "fp32+nt"]
-    assert cli.default_stages(MODEL, gpu) == ["fp32", "bf16", "compile", "sdpa"]
+    assert cli.default_stages(MODEL, gpu) == cli.DEFAULT_GPU_STAGES  # every ladder switch is built for SAM 2
     assert cli.default_stages("vit_tiny", cpu) == cli.DEFAULT_CPU_STAGES
 
 
 def test_a_switch_not_built_for_sam2_is_refused_before_anything_runs(capsys, tmp_path):
-    code = cli.main(["check", "--model", MODEL, "--seed", "0", "--stages", "fp32+triton", "--report-dir", str(tmp_path)])
+    code = cli.main(["check", "--model", MODEL, "--seed", "0", "--stages", "fp32+sparse", "--report-dir", str(tmp_path)])
     assert code == 2
     err = capsys.readouterr().err
-    assert "triton switch(es) are not built for SAM 2" in err and "any combination of bf16, compile, sdpa, nt, int8, fp8" in err
+    assert "sparse switch(es) are not built for SAM 2" in err
+    assert "any combination of bf16, compile, sdpa, triton, nt, int8, fp8" in err
     assert "use 'fp32' for the built part of this stage" in err
 
 

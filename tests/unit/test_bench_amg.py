@@ -28,12 +28,12 @@ def test_quick_cpu_run_of_a_sam2_model_beside_sam2s_generator(tmp_path):
     """SAM 2 beside sam2's SAM2AutomaticMaskGenerator (no segment-anything-fast row), sam2's default
     thresholds; a stage not built for SAM 2 is recorded as not built."""
     pytest.importorskip("sam2", reason="the SAM 2 reference package sam2==1.1.0 is not installed")
-    assert ladder.main(["--amg", "--quick", "--cpu", "--models", "sam2.1_hiera_nano", "--stages", "fp32", "nt",
+    assert ladder.main(["--amg", "--quick", "--cpu", "--models", "sam2.1_hiera_nano", "--stages", "fp32", "sparse",
                         "--reference-thresholds", "default", "--out", str(tmp_path)]) == 0
     results = json.loads((tmp_path / "amg.json").read_text())["results"]
     assert [(r["impl"], r["stage"], r["thresholds"]) for r in results] == [
         ("reference", "fp32", "default"), ("samfast", "fp32", "default"), ("samfast", "fp32", "zero"),
-        ("samfast", "nt", "default"), ("samfast", "nt", "zero")]
+        ("samfast", "sparse", "default"), ("samfast", "sparse", "zero")]
     for r in results[:3]:
         assert r["error"] is None and r["ms_per_image"] > 0 and r["masks"] is not None, r
     for r in results[3:]:

@@ -33,17 +33,17 @@ def test_quick_cpu_run_of_a_sam2_model_beside_sam2(tmp_path):
     """SAM 2 (the small nano config) beside the reference sam2 with the same seeded weights; sam2's
     compiled bf16 path is recorded as skipped on a CPU, a stage not built for SAM 2 as not built."""
     pytest.importorskip("sam2", reason="the SAM 2 reference package sam2==1.1.0 is not installed")
-    assert ladder.main(["--quick", "--cpu", "--models", "sam2.1_hiera_nano", "--batches", "1", "--stages", "fp32", "nt",
+    assert ladder.main(["--quick", "--cpu", "--models", "sam2.1_hiera_nano", "--batches", "1", "--stages", "fp32", "sparse",
                         "--reference", "fp32", "bf16", "--warmup", "0", "--repeats", "1", "--out", str(tmp_path)]) == 0
     results = json.loads((tmp_path / "bench.json").read_text())["results"]
     assert [(r["impl"], r["stage"]) for r in results] == [
-        ("reference", "reference fp32"), ("reference", "reference bf16+compile"), ("samfast", "fp32"), ("samfast", "nt")]
-    reference, reference_bf16, fp32, nt = results
+        ("reference", "reference fp32"), ("reference", "reference bf16+compile"), ("samfast", "fp32"), ("samfast", "sparse")]
+    reference, reference_bf16, fp32, sparse = results
     for r in (reference, fp32):
         assert r["error"] is None and r["skipped"] is None and r["encoder_img_s"] > 0 and r["e2e_img_s"] > 0, r
     assert reference["notes"]["version"] == "1.1.0" and reference["notes"]["prompts"] == fp32["notes"]["prompts"]
     assert reference_bf16["error"] is None and "GPU only" in reference_bf16["skipped"] and reference_bf16["encoder_img_s"] is None
-    assert nt["error"] is None and nt["skipped"].startswith("not built for SAM 2") and nt["build_s"] is None
+    assert sparse["error"] is None and sparse["skipped"].startswith("not built for SAM 2") and sparse["build_s"] is None
     table = (tmp_path / "bench.md").read_text()
     assert "| sam2.1_hiera_nano | 1 | reference fp32 |" in table and "| sam2.1_hiera_nano | 1 | fp32 |" in table
     assert "seeded synthetic" in table and "SAM 2 rows:" in table and "reference sam2 1.1.0" in table
@@ -55,7 +55,8 @@ def test_default_stages_and_reference_rows_follow_the_family():
     compiled bf16; SAM 1 keeps the whole ladder beside segment_anything."""
     rows = ladder.plan(ladder.parse_args(["--cpu", "--models", "vit_b", "sam2.1_hiera_l", "--batches", "1"]))
     stages = {model: [r.stage for r in rows if r.model == model] for model in ("vit_b", "sam2.1_hiera_l")}
-    assert stages["sam2.1_hiera_l"] == ["reference fp32", "reference bf16+compile", "fp32", "bf16", "compile", "sdpa"]
+    sam2_stages = [stage for stage in ladder.DEFAULT_STAGES if "sparse" not in stage]  # all but 2:4 are built
+    assert stages["sam2.1_hiera_l"] == ["reference fp32", "reference bf16+compile", *sam2_stages]
     assert stages["vit_b"] == ["reference fp32", "reference bf16", *ladder.DEFAULT_STAGES]
     assert not any(r.skipped for r in rows)
 
