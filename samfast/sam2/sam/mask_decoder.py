@@ -171,10 +171,9 @@ class Sam2MaskDecoder(nn.Module):
             src, transformer_index = src + dense_prompt_embeddings, None
         h, w = src.shape[-2:]
 
-        # image_pe (1, C, h, w) broadcasts over the images or prompts. sam2 repeats it per prompt, which also
-        # makes it contiguous: so is it here, since its memory layout decides the one of `keys + pe` and so
-        # the order of the projections' sums (bit-equality with sam2 in fp32)
-        hs, src = self.transformer(src, image_pe.contiguous(), tokens, image_index=transformer_index)
+        # image_pe (1, C, h, w) broadcasts over the images or prompts (sam2 repeats it per prompt: the same
+        # sums; the fused cross attentions need it unrepeated)
+        hs, src = self.transformer(src, image_pe, tokens, image_index=transformer_index)
         iou_token_out = hs[:, 1, :]
         mask_tokens_out = hs[:, 2 : 2 + self.num_mask_tokens, :]
 
