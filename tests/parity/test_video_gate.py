@@ -167,7 +167,7 @@ def test_stage_not_built_for_tracking_is_refused_by_name(golden, tmp_path, capsy
     code = main(["check", *CLI_ARGS, "--seed", "0", "--golden", str(golden), "--stages", "bf16+triton",
                  "--report-dir", str(tmp_path)])
     assert code == 2
-    err = capsys.readouterr().err  # SAM 2 builds no triton switch either: the family's refusal comes first
+    err = capsys.readouterr().err  # tracking builds no triton (samfast.video.build.VIDEO_STAGES), image SAM 2 does
     assert "triton" in err and "not built" in err
 
 
