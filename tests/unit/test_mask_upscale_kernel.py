@@ -159,10 +159,16 @@ def test_decoder_with_the_kernel_equals_the_gemm_path(request, monkeypatch):
     monkeypatch.setattr(mu, "_INTERPRET_BLOCK_R", 256)  # fewer interpreted programs: same arithmetic
     model = samfast.build_sam("vit_tiny", device="cpu")
     inputs = decoder_inputs(model, 3)
+    assert_kernel_equals_the_gemm_path(model.mask_decoder, lambda: model.mask_decoder(*inputs[:4], True, inputs[4]))
+
+
+def assert_kernel_equals_the_gemm_path(decoder, decode) -> None:
+    """decode() with the decoder's upscaling on the GEMM path, then on the kernel: masks within fp32
+    rounding, the IoU predictions (computed before the upscaling) identical, and no fallback."""
     outputs = {}
     for impl in ("gemm", "triton"):
-        model.mask_decoder.upscale_impl = impl
-        outputs[impl] = model.mask_decoder(*inputs[:4], True, inputs[4])
+        decoder.upscale_impl = impl
+        outputs[impl] = decode()
     assert fallback_counts() == {}
     torch.testing.assert_close(outputs["triton"][0], outputs["gemm"][0], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(outputs["triton"][1], outputs["gemm"][1], rtol=0, atol=0)
@@ -242,13 +248,9 @@ def test_sam2_decoder_with_the_kernel_equals_the_gemm_path(monkeypatch):
     monkeypatch.setattr(mu, "_INTERPRET_BLOCK_R", 256)
     model = samfast.build_sam("sam2.1_hiera_nano", device="cpu")
     embeddings, pe, sparse, dense, high_res, index = sam2_decoder_inputs(model, 3)
-    decoder, outputs = model.sam_mask_decoder, {}
-    for impl in ("gemm", "triton"):
-        decoder.upscale_impl = impl
-        outputs[impl] = decoder.predict_masks(embeddings, pe, sparse, dense, False, high_res, index)
-    assert fallback_counts() == {}
-    torch.testing.assert_close(outputs["triton"][0], outputs["gemm"][0], rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(outputs["triton"][1], outputs["gemm"][1], rtol=0, atol=0)
+    decoder = model.sam_mask_decoder
+    assert_kernel_equals_the_gemm_path(
+        decoder, lambda: decoder.predict_masks(embeddings, pe, sparse, dense, False, high_res, index))
 
 
 @torch.no_grad()
