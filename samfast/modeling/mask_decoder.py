@@ -13,6 +13,8 @@ from .transformer import TwoWayTransformer
 
 
 class MaskDecoder(nn.Module):
+    compiled_tokens_dynamic = False  # its compiled graph is traced for a call's tokens per prompt (stages.fuses_cross_attention)
+
     def __init__(
         self,
         *,
@@ -41,7 +43,6 @@ class MaskDecoder(nn.Module):
         )
         self.iou_prediction_head = MLP(transformer_dim, iou_head_hidden_dim, self.num_mask_tokens, iou_head_depth)
         self.compiled_predict_masks = None  # set by compile_for_any_prompt_count (the compile switch)
-        self.compiled_tokens_dynamic = False  # its graph is traced for a call's tokens per prompt (stages.fuses_cross_attention)
         # How the upscaling and mask product run: "conv" (as the reference), "gemm" (the compile
         # switch; samfast.kernels.upscaled_masks_reference) or "triton" (the triton switch: one
         # fused kernel, samfast.kernels.upscaled_masks)

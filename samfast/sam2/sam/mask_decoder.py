@@ -24,6 +24,8 @@ from samfast.sam2.sam.transformer import Sam2TwoWayTransformer
 
 
 class Sam2MaskDecoder(nn.Module):
+    compiled_tokens_dynamic = True  # its compiled graph takes any tokens per prompt (stages.fuses_cross_attention)
+
     def __init__(
         self,
         *,
@@ -60,7 +62,6 @@ class Sam2MaskDecoder(nn.Module):
         self.dynamic_multimask_stability_delta = DYNAMIC_MULTIMASK_STABILITY_DELTA
         self.dynamic_multimask_stability_thresh = DYNAMIC_MULTIMASK_STABILITY_THRESH
         self.compiled_predict_masks = None  # set by compile_for_any_prompt_count (the compile switch)
-        self.compiled_tokens_dynamic = True  # its graph takes any tokens per prompt (stages.fuses_cross_attention)
         # "conv" (sam2's transposed convolutions) or "gemm" (the compile switch: the same products as
         # GEMMs on channels-last tokens, samfast.kernels.upscaled_masks_reference), as SAM 1's decoder
         self.upscale_impl = "conv"
