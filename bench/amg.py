@@ -41,7 +41,7 @@ from bench.families import DEFAULT_THRESHOLDS, MODEL_TYPES, built_stages, not_bu
 from bench.timing import (counting_compiles, device_name, fmt, peak_gib, reset_peak, run_configurations, sync,
                           timed_compile_note)
 from samfast.sam2.config import is_sam2_type
-from samfast.stages import LADDER, canonical_name, parse_stages
+from samfast.stages import LADDER, canonical_name, compile_mode, parse_stages
 
 # fp32 .. nt, those built for the model's family; int8 and sparse trade accuracy (add them with --stages)
 LOSSLESS_STAGES = list(LADDER[:6])
@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         "torch": torch.__version__,
         "command": "python -m bench.amg " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)),
         "image": source,
-        "compile_mode": os.environ.get("SAMFAST_COMPILE_MODE") or ("max-autotune" if device.type == "cuda" else "default"),
+        "compile_mode": compile_mode(device),
         "points_per_side": args.points_per_side,
         "repeats": args.repeats,
     }

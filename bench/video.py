@@ -43,6 +43,7 @@ import contextlib
 import importlib.metadata
 import json
 import math
+import os
 import shlex
 import subprocess
 import sys
@@ -63,7 +64,7 @@ from bench.families import SEED
 from bench.timing import (counting_compiles, device_name, fmt, peak_gib, reset_peak, run_configurations, sync,
                           timed_compile_note)
 from samfast.errors import StageError
-from samfast.stages import canonical_name, parse_stages
+from samfast.stages import canonical_name, compile_mode, parse_stages
 
 SAMFAST, SAM2 = "samfast", "sam2"
 VOS = "bf16 vos_optimized"
@@ -330,6 +331,7 @@ def environment(device: torch.device, args, clip: BenchClip, argv: list[str]) ->
         "input_size": args.input_size or "the model's (1024)",
         "prompts": {n: clip.describe(n) for n in args.objects},
         "frames_per_encode": args.frames_per_encode,
+        "compile_mode": compile_mode(device),
         "timing": f"one warm-up session per row and object count (init_state, prompts, {args.warmup_frames} tracked frames), "
                   "then init_state and the prompts timed by time.perf_counter between synchronizations, propagate_in_video "
                   + ("by CUDA events at every frame, one synchronize at its end" if device.type == "cuda" else "by time.perf_counter"),
@@ -359,7 +361,7 @@ def markdown(env: dict, rows: list[Row]) -> str:
         f"- clip: {env['clip']}; model input size {env['input_size']}",
         *[f"- {n} object(s) prompted: {text}" for n, text in env["prompts"].items()],
         f"- samfast rows: the image encoder takes {env['frames_per_encode']} frame(s) about to be tracked per call "
-        "(--frames-per-encode); sam2's takes one",
+        f"(--frames-per-encode); sam2's takes one; the compile switch's mode {env['compile_mode']}",
         f"- timing: {env['timing']}; {FPS_NOTE}",
         COLUMNS_NOTE,
         SAM2_NOTE,
@@ -424,6 +426,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="the models' input size (default: their own, 1024); 256 for a CPU smoke test")
     p.add_argument("--warmup-frames", type=int, default=WARMUP_FRAMES,
                    help=f"frames the warm-up session tracks after frame 0 (default {WARMUP_FRAMES})")
+    p.add_argument("--compile-mode", help="sets SAMFAST_COMPILE_MODE for samfast's compiled rows (default: max-autotune "
+                   "on the GPU, CUDA graphs included; sam2's vos_optimized row compiles as sam2 ships it, max-autotune)")
     p.add_argument("--out", default="reports/bench")
     p.add_argument("--cpu", action="store_true", help="run on the CPU even when CUDA is available")
     args = p.parse_args(argv)
@@ -445,6 +449,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
+    if args.compile_mode:
+        os.environ["SAMFAST_COMPILE_MODE"] = args.compile_mode
     device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -41,11 +41,14 @@ def report(tmp_path_factory):
                                                                   "--reference", "fp32", "bf16"])
 
 
-def test_several_videos_go_through_one_call_for_samfast_and_one_after_another_for_sam2(tmp_path):
-    """Two videos, samfast's frames encoded two a call (--frames-per-encode, said in the header)."""
+def test_several_videos_go_through_one_call_for_samfast_and_one_after_another_for_sam2(tmp_path, monkeypatch):
+    """Two videos, samfast's frames encoded two a call (--frames-per-encode) and the compile mode asked for,
+    both said in the header."""
+    monkeypatch.setenv("SAMFAST_COMPILE_MODE", "default")  # restored after the test: --compile-mode sets it
     results, table = run_bench(tmp_path, [*QUICK, "--objects", "1", "--videos", "2", "--stages", "fp32", "--reference", "fp32",
-                                          "--frames-per-encode", "2"])
+                                          "--frames-per-encode", "2", "--compile-mode", "reduce-overhead"])
     assert results["environment"]["frames_per_encode"] == 2 and "takes 2 frame(s) about to be tracked per call" in table
+    assert results["environment"]["compile_mode"] == "reduce-overhead" and "the compile switch's mode reduce-overhead" in table
     rows = {r["impl"]: r for r in results["results"]}
     assert rows["samfast"]["notes"]["videos_together"] is True and len(rows["samfast"]["notes"]["per_run_fps"]) == 1
     assert rows["sam2"]["notes"]["videos_together"] is False and len(rows["sam2"]["notes"]["per_run_fps"]) == 2
