@@ -78,7 +78,7 @@ def apply_stages(model, switches: frozenset[str]) -> None:
         for module in model.relpos_attention_modules().values():
             module.attn_impl = "triton"
         decoder.upscale_impl = "triton"  # the upscaling and mask product fused: kernels.upscaled_masks
-        decoder.transformer.fused_cross_attention = fuses_cross_attention(decoder, switches)  # kernels.decoder_attention
+        decoder.transformer.fused_cross_attention = True  # kernels.decoder_attention
     if switches & {"int8", "sparse", FP8}:
         quantize_linears(model.image_encoder, model.encoder_linears(), int8="int8" in switches,
                          sparse="sparse" in switches, fp8=FP8 in switches)
@@ -102,14 +102,6 @@ def apply_stages(model, switches: frozenset[str]) -> None:
         model.image_encoder.compile(mode=compile_mode(model.device), dynamic=False, fullgraph=True)
         decoder.compile_for_any_prompt_count()
     model.switches = switches
-
-
-def fuses_cross_attention(decoder, switches: frozenset[str]) -> bool:
-    """Whether the triton switch puts the decoder's cross attentions on kernels.decoder_attention: not in a
-    compiled decoder whose graph takes any number of tokens per prompt (SAM 2's), since the kernels pad
-    the tokens to a power of 2 fixed at trace time (a symbolic count blew up inductor's shape algebra
-    into a crash on the H200 after 45 s of tracing)."""
-    return "triton" in switches and not ("compile" in switches and decoder.compiled_tokens_dynamic)
 
 
 def compile_mode(device: torch.device) -> str:

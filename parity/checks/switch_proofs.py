@@ -16,7 +16,6 @@ from typing import Callable
 
 import torch
 
-from samfast.stages import fuses_cross_attention
 
 NAMES_SHOWN = 4
 
@@ -96,8 +95,7 @@ def prove_triton(model, run: RunTrace, switches: frozenset) -> tuple[bool, str]:
     decoder = model.prompt_decoder()
     if decoder.upscale_impl != "triton":
         behind.append("prompt decoder's upscaling")
-    fused = fuses_cross_attention(decoder, switches)
-    if decoder.transformer.fused_cross_attention != fused:
+    if not decoder.transformer.fused_cross_attention:
         behind.append("prompt decoder's cross attention")
     if behind:
         return False, f"triton: {len(behind)} module(s) stayed off the Triton kernels: {names(behind)}"
@@ -105,8 +103,7 @@ def prove_triton(model, run: RunTrace, switches: frozenset) -> tuple[bool, str]:
         reasons = ", ".join(f"{n}x {reason}" for reason, n in run.kernel_fallbacks.items())
         return False, f"a Triton kernel fell back to its reference path ({reasons})"
     return True, (f"triton: {len(model.relpos_attention_modules())} rel-pos attentions and the decoder's upscaling "
-                  + ("and cross attention" if fused else "(its cross attentions on the module path: a compiled graph "
-                     "for any token count)") + " on the Triton kernels; no call fell back")
+                  "and cross attention on the Triton kernels; no call fell back")
 
 
 def prove_nt(model, run: RunTrace, switches: frozenset) -> tuple[bool, str]:

@@ -19,7 +19,10 @@ the projections fold into small per-prompt matrices, so one pass over the image 
 
 Per-image keys (the first layer, before the image side becomes per prompt) are read through
 image_index, so nothing per prompt is gathered first. T is padded to a power of 2 per head (zero
-columns pool nothing that is kept; padded tokens get a -inf logit).
+columns pool nothing that is kept; padded tokens get a -inf logit), or with `widest` to the most
+they take, :func:`max_fused_tokens`: a graph compiled for any number of tokens (SAM 2's decoder)
+needs its kernels' widths constant at trace time (a width that followed its symbolic count crashed
+inductor on the H200 after 45 s of tracing).
 
 Arithmetic: fp32 accumulation, softmax and layer norm; keys + pe and the softmax weights are
 rounded to the input dtype before their tensor-core products, as flash attention rounds them.
@@ -47,11 +50,13 @@ from samfast.kernels.dispatch import (
 __all__ = [
     "image_to_token_attention",
     "image_to_token_attention_reference",
+    "max_fused_tokens",
     "token_to_image_attention",
     "token_to_image_attention_reference",
 ]
 
 MAX_COLUMNS = 128  # heads x padded tokens: the kernels keep a (columns, C) fp32 tile in registers
+TOO_MANY_TOKENS = f"heads x padded tokens above {MAX_COLUMNS} (or heads not a power of 2)"  # a fallback reason
 LOG2E = 1.4426950408889634
 
 #: Image-token rows per step under the interpreter (no autotuning there). Tests may change it.
@@ -293,8 +298,16 @@ else:  # pragma: no cover - old torch: plain launch, still correct, not traceabl
 # --------------------------------------------------------------------------- dispatch and folding
 
 
-def _padded_tokens(tokens: int, heads: int) -> int:
-    """Tokens per head padded to a power of 2 with heads x tokens >= 16 (tl.dot's smallest width)."""
+def max_fused_tokens(heads: int) -> int:
+    """The most tokens per prompt the kernels take with this many heads (heads x padded tokens <= MAX_COLUMNS)."""
+    return MAX_COLUMNS // heads
+
+
+def _padded_tokens(tokens: int, heads: int, widest: bool = False) -> int:
+    """Tokens per head padded to a power of 2 with heads x tokens >= 16 (tl.dot's smallest width), or
+    with `widest` to max_fused_tokens whatever the count."""
+    if widest:
+        return max_fused_tokens(heads)
     return max(triton.next_power_of_2(tokens), triton.cdiv(16, heads))
 
 
@@ -312,8 +325,10 @@ def _unsupported_reason(attn, keys, pe, tokens, extra=()) -> str | None:
     if c < 16 or c & (c - 1):
         return "an image-token width that is not a power of 2 >= 16"
     heads = attn.num_heads
-    if heads & (heads - 1) or heads * _padded_tokens(tokens.shape[1], heads) > MAX_COLUMNS:
-        return f"heads x padded tokens above {MAX_COLUMNS} (or heads not a power of 2)"
+    # in a graph compiled for any token count the comparison is a guard, which its caller's routing
+    # keeps true (Sam2MaskDecoder)
+    if heads & (heads - 1) or tokens.shape[1] > max_fused_tokens(heads):
+        return TOO_MANY_TOKENS
     return None
 
 
@@ -346,11 +361,12 @@ def _heads(x: torch.Tensor, heads: int, t_pad: int) -> torch.Tensor:
     return F.pad(x.view(p, t, heads, hd // heads), (0, 0, 0, 0, 0, t_pad - t))
 
 
-def token_to_image_attention(attn: nn.Module, queries_in, keys, pe, image_index=None) -> torch.Tensor:
+def token_to_image_attention(attn: nn.Module, queries_in, keys, pe, image_index=None, *, widest=False) -> torch.Tensor:
     """``attn(q=queries_in, k=keys + pe, v=keys)`` (P, T, C) for each prompt, in one pass over its image tokens.
 
     attn is the decoder's Attention; queries_in (P, T, C) the tokens with their positional
     encoding; keys (P, L, C) per prompt, or (B, L, C) per image with image_index (P,); pe (1, L, C).
+    widest: the tokens padded to max_fused_tokens, not to their count's power of 2 (the same numbers).
     Runs the kernel on CUDA (fp16, bf16) or under TRITON_INTERPRET=1 (fp16, fp32); otherwise
     :func:`token_to_image_attention_reference`, the reason counted in samfast.kernels.dispatch.
     """
@@ -361,7 +377,7 @@ def token_to_image_attention(attn: nn.Module, queries_in, keys, pe, image_index=
         return token_to_image_attention_reference(attn, queries_in, keys, pe, image_index)
     keys, pe, image_index = _kernel_inputs(keys, pe, image_index)
     heads, (p, t, c) = attn.num_heads, queries_in.shape
-    t_pad = _padded_tokens(t, heads)
+    t_pad = _padded_tokens(t, heads, widest)
     q = _heads(attn.q_proj(queries_in), heads, t_pad)  # (P, T_pad, H, d)
     d = q.shape[-1]
     w_k = attn.k_proj.weight.view(heads, d, c)
@@ -372,11 +388,11 @@ def token_to_image_attention(attn: nn.Module, queries_in, keys, pe, image_index=
 
 
 def image_to_token_attention(
-    attn: nn.Module, norm: nn.LayerNorm, keys, pe, tokens_k, tokens_v, image_index=None
+    attn: nn.Module, norm: nn.LayerNorm, keys, pe, tokens_k, tokens_v, image_index=None, *, widest=False
 ) -> torch.Tensor:
     """``norm(keys + attn(q=keys + pe, k=tokens_k, v=tokens_v))`` (P, L, C), each image token read once.
 
-    Shapes as :func:`token_to_image_attention`; tokens_k, tokens_v (P, T, C). The kernel or
+    Shapes and widest as :func:`token_to_image_attention`; tokens_k, tokens_v (P, T, C). The kernel or
     :func:`image_to_token_attention_reference`, as there.
     """
     _check_shapes(keys, pe, tokens_k, image_index)
@@ -389,7 +405,7 @@ def image_to_token_attention(
         return image_to_token_attention_reference(attn, norm, keys, pe, tokens_k, tokens_v, image_index)
     keys, pe, image_index = _kernel_inputs(keys, pe, image_index)
     heads, (p, t, c) = attn.num_heads, tokens_k.shape
-    t_pad = _padded_tokens(t, heads)
+    t_pad = _padded_tokens(t, heads, widest)
     k = _heads(attn.k_proj(tokens_k), heads, t_pad)  # (P, T_pad, H, d)
     v = _heads(attn.v_proj(tokens_v), heads, t_pad)
     d = k.shape[-1]

@@ -13,8 +13,6 @@ from .transformer import TwoWayTransformer
 
 
 class MaskDecoder(nn.Module):
-    compiled_tokens_dynamic = False  # its compiled graph is traced for a call's tokens per prompt (stages.fuses_cross_attention)
-
     def __init__(
         self,
         *,

@@ -38,28 +38,37 @@ class TwoWayTransformer(nn.Module):
         # The triton switch: the cross attentions with their projections folded into per-prompt
         # matrices, one pass over the image tokens each (samfast.kernels.decoder_attention)
         self.fused_cross_attention = False
+        # Set by a decoder whose compiled graph takes any number of tokens per prompt (SAM 2's): the
+        # kernels pad every prompt's tokens to the most they take, a width constant at trace time
+        self.pad_tokens_to_widest = False
 
     def forward(
-        self, image_embedding: Tensor, image_pe: Tensor, point_embedding: Tensor, image_index: Tensor | None = None
+        self,
+        image_embedding: Tensor,
+        image_pe: Tensor,
+        point_embedding: Tensor,
+        image_index: Tensor | None = None,
+        fused: bool | None = None,
     ) -> tuple[Tensor, Tensor]:
         """image_embedding, image_pe: (B, C, h, w); point_embedding: (P, N, C) -> (queries, keys), both per prompt.
 
         Without image_index, B == P: one image embedding per prompt. With image_index (P,), prompt p
         reads image image_index[p], and the first layer's image-side work (its projections of the
-        image tokens) runs once per image instead of once per prompt.
+        image tokens) runs once per image instead of once per prompt. fused: the cross attentions on
+        the kernels or not, for this call (None: as fused_cross_attention says).
         """
         image_embedding = image_embedding.flatten(2).permute(0, 2, 1)
         image_pe = image_pe.flatten(2).permute(0, 2, 1)
         queries, keys = point_embedding, image_embedding
-        fused = self.fused_cross_attention
+        fused = self.fused_cross_attention if fused is None else fused
+        widest = self.pad_tokens_to_widest
         for layer in self.layers:
-            queries, keys = layer(
-                queries, keys, query_pe=point_embedding, key_pe=image_pe, image_index=image_index, fused=fused
-            )
+            queries, keys = layer(queries, keys, query_pe=point_embedding, key_pe=image_pe, image_index=image_index,
+                                  fused=fused, widest=widest)
             image_index = None  # from here on the keys hold each prompt's own image tokens
         final, q = self.final_attn_token_to_image, queries + point_embedding
         if fused:
-            attended = kernels.token_to_image_attention(final, q, keys, image_pe)
+            attended = kernels.token_to_image_attention(final, q, keys, image_pe, widest=widest)
         else:
             attended = final(q=q, k=keys + image_pe, v=keys)
         queries = self.norm_final_attn(queries + attended)
@@ -96,13 +105,14 @@ class TwoWayAttentionBlock(nn.Module):
         key_pe: Tensor,
         image_index: Tensor | None = None,
         fused: bool = False,
+        widest: bool = False,
     ) -> tuple[Tensor, Tensor]:
         """queries (P, N, C) per prompt; keys (P, L, C) per prompt, or per image (B, L, C) with image_index (P,).
 
         Per-image keys are projected once per image and the projections gathered to the prompts:
         the same numbers as projecting a per-prompt copy, without making that copy first. `fused`:
         both cross attentions through samfast.kernels.decoder_attention, which read per-image
-        keys through image_index and never write per-prompt projections.
+        keys through image_index and never write per-prompt projections (`widest`: theirs).
         """
 
         def per_prompt(x: Tensor) -> Tensor:
@@ -117,7 +127,8 @@ class TwoWayAttentionBlock(nn.Module):
 
         to_image = self.cross_attn_token_to_image
         if fused:
-            attended = kernels.token_to_image_attention(to_image, queries + query_pe, keys, key_pe, image_index)
+            attended = kernels.token_to_image_attention(to_image, queries + query_pe, keys, key_pe, image_index,
+                                                        widest=widest)
         else:
             k = keys + key_pe
             attended = to_image.attend(
@@ -131,7 +142,7 @@ class TwoWayAttentionBlock(nn.Module):
         to_token = self.cross_attn_image_to_token
         if fused:
             keys = kernels.image_to_token_attention(
-                to_token, self.norm4, keys, key_pe, queries + query_pe, queries, image_index
+                to_token, self.norm4, keys, key_pe, queries + query_pe, queries, image_index, widest=widest
             )
         else:
             attended = to_token.attend(

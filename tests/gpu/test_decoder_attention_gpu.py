@@ -4,8 +4,8 @@ SAM's decoder widths (256 channels, 8 heads of 16 after the 2x downsampling, 7 t
 tokens and a point with its padding point) over the 64x64 token grid, per-image keys gathered by
 image_index (the first layer) and per-prompt keys, for a few prompts and a segment-everything
 batch. The error is max |kernel - fp64| relative to max |fp64| of the module path in float64 on the
-same rounded inputs and weights. Also: the compiled decoder of the triton stage launches both
-kernels without a fallback and keeps the module path's masks.
+same rounded inputs and weights. Also: the compiled decoders of the triton stage (SAM 1's, and SAM 2's
+for any number of points) launch both kernels without a fallback and keep the module path's masks.
 """
 
 from __future__ import annotations
@@ -24,8 +24,11 @@ from samfast.kernels import (
     token_to_image_attention,
     token_to_image_attention_reference,
 )
+from parity.checks.compile import watch
+from samfast.kernels.decoder_attention import TOO_MANY_TOKENS
 from samfast.modeling.transformer import Attention
 from tests.decoder_inputs import decoder_inputs
+from tests.sam2_decoder_inputs import sam2_decoder_inputs
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("triton_compiled")]
 
@@ -107,7 +110,35 @@ def test_compiled_triton_decoder_runs_the_kernels_and_keeps_the_masks(monkeypatc
         model.mask_decoder.transformer.fused_cross_attention = fused
         outputs[fused] = model.mask_decoder(*inputs[:4], True, inputs[4])
     assert fallback_counts() == {}
-    masks, module_masks = outputs[True][0].float(), outputs[False][0].float()
+    assert_same_masks(outputs[True], outputs[False])
+
+
+def assert_same_masks(fused, module) -> None:
+    """(masks, IoUs) of the fused decoder against those of its module path, in bf16."""
+    masks, module_masks = fused[0].float(), module[0].float()
     assert ((masks - module_masks).abs().max() / module_masks.abs().max()).item() < 5e-2
     assert ((masks > 0) == (module_masks > 0)).float().mean().item() > 0.99
-    torch.testing.assert_close(outputs[True][1].float(), outputs[False][1].float(), rtol=5e-2, atol=5e-2)
+    torch.testing.assert_close(fused[1].float(), module[1].float(), rtol=5e-2, atol=5e-2)
+
+
+@torch.no_grad()
+def test_compiled_sam2_decoder_runs_the_kernels_for_any_point_count_and_keeps_the_masks(monkeypatch):
+    """SAM 2's compiled decoder takes any number of points per prompt: up to 8 (15 tokens) in its graph with
+    the kernels padded to their widest (16), more in its module graph (the fallback counted); each graph
+    compiled once over 1..16 points, and the kernels' masks the module path's."""
+    monkeypatch.setenv("SAMFAST_COMPILE_MODE", "default")
+    torch._dynamo.reset()
+    model = samfast.build_sam("sam2.1_hiera_t_5block", device="cuda", stages="bf16+compile+sdpa+triton")
+    decoder = model.sam_mask_decoder
+    with watch() as seen:
+        for points in (1, 4, 8, 9, 16):
+            embeddings, pe, sparse, dense, high_res, index = sam2_decoder_inputs(
+                model, 40, points_per_prompt=points, dtype=torch.bfloat16)
+            outputs = {}
+            for fused in (False, True):
+                decoder.transformer.fused_cross_attention = fused
+                outputs[fused] = decoder(embeddings, pe, sparse, dense, True, False, high_res, image_index=index)
+            assert_same_masks(outputs[True], outputs[False])
+    seen.assert_clean()
+    assert seen.graphs_compiled == 2
+    assert fallback_counts() == {TOO_MANY_TOKENS: 2}  # 9 and 16 points: the module graph

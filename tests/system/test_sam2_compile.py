@@ -56,3 +56,51 @@ def test_sam2_compiles_once_for_every_image_and_point_count():
                                    features[1:], image_index=image_index)
     seen.assert_clean()
     assert seen.graphs_compiled == 2 and used.exercised == ["compile: 2 graph(s) compiled"]
+
+
+def kernel_as_torch_ops(name: str):
+    """samfast's triton_op of one decoder attention kernel written as torch ops (its math, per prompt), so
+    the compiled graph that calls it is traced on the CPU, where the kernel cannot run inside torch.compile."""
+    import torch.nn.functional as F
+
+    ln2 = 0.6931471805599453  # the kernels' logits are in log2 units
+
+    def token_to_image(keys, pe, m, index):
+        x = keys.index_select(0, index)
+        weights = torch.softmax((x + pe) @ m * ln2, dim=1)  # over the image tokens
+        return weights.transpose(1, 2) @ x
+
+    def image_to_token(keys, pe, a, a_bias, b, out_bias, gamma, beta, index, t_pad, eps):
+        x = keys.index_select(0, index)
+        p, length, columns = x.shape[0], x.shape[1], a.shape[2]
+        logits = ((x + pe) @ a + a_bias[:, None, :]) * ln2
+        weights = torch.softmax(logits.view(p, length, columns // t_pad, t_pad), dim=-1).view(p, length, columns)
+        return F.layer_norm(weights @ b + x + out_bias, (x.shape[-1],), gamma, beta, eps)
+
+    return {"token_to_image": token_to_image, "image_to_token": image_to_token}[name]
+
+
+@pytest.mark.usefixtures("triton_interpreted")
+def test_sam2_decoder_compiled_with_its_kernels_pads_to_the_widest_and_never_recompiles(monkeypatch):
+    """The triton switch's fused graph takes prompts of 2..9 tokens in one graph (the kernels padded to their
+    widest, a width constant at trace time), more go to the module graph: 2 graphs, no recompile, the
+    module path's masks. The kernels' launches are their math in torch ops here (the CPU); on the GPU
+    tests/gpu/test_decoder_attention_gpu.py runs the kernels themselves."""
+    from samfast.kernels import decoder_attention as da
+    from tests.sam2_decoder_inputs import sam2_decoder_inputs
+
+    monkeypatch.setattr(da, "unsupported_reason", lambda tensors: None)  # as on a GPU
+    monkeypatch.setattr(da, "_run_token_to_image", kernel_as_torch_ops("token_to_image"))
+    monkeypatch.setattr(da, "_run_image_to_token", kernel_as_torch_ops("image_to_token"))
+    torch._dynamo.reset()
+    model = samfast.build_sam("sam2.1_hiera_nano", device="cpu", stages="fp32+compile+triton")
+    decoder, eager = model.sam_mask_decoder, samfast.build_sam("sam2.1_hiera_nano", device="cpu").sam_mask_decoder
+    with watch() as seen, torch.no_grad():
+        for points in (1, 4, 8, 9, 16):  # 8 points, sam2's padding point and 6 output tokens: 15 of 16
+            embeddings, pe, sparse, dense, high_res, index = sam2_decoder_inputs(model, 3, points_per_prompt=points)
+            got = decoder(embeddings, pe, sparse, dense, True, False, high_res, image_index=index)
+            want = eager(embeddings, pe, sparse, dense, True, False, high_res, image_index=index)
+            for a, b in zip(got, want, strict=True):
+                torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    seen.assert_clean()
+    assert seen.graphs_compiled == 2

@@ -10,6 +10,7 @@ padded tokens left in the softmax) and require the same tolerance to reject them
 from __future__ import annotations
 
 import copy
+import functools
 import importlib
 import logging
 import zlib
@@ -250,3 +251,39 @@ def test_sam2_decoder_with_the_kernels_equals_the_module_path(monkeypatch, mask_
     assert fallback_counts() == {}
     for got, want in zip(outputs[True], outputs[False], strict=True):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@torch.no_grad()
+def test_padding_to_the_widest_gives_the_same_numbers(request, monkeypatch, dtype):
+    """widest (SAM 2's compiled decoder: a width constant at trace time) pads SAM's 7 tokens to 16 per head,
+    not 8: more zero columns, the same attention."""
+    widths = []
+    heads = da._heads
+    monkeypatch.setattr(da, "_heads", lambda x, h, t_pad: widths.append(t_pad) or heads(x, h, t_pad))
+    shape = SHAPES[0]  # SAM's widths, 7 tokens
+    errors = (token_to_image_error(request, dtype, shape, run=functools.partial(token_to_image_attention, widest=True)),
+              image_to_token_error(request, dtype, shape, run=functools.partial(image_to_token_attention, widest=True)))
+    assert max(errors) < RELATIVE_TOLERANCE[dtype] and fallback_counts() == {}
+    assert set(widths) == {da.max_fused_tokens(8)} == {16} and da._padded_tokens(7, 8) == 8
+
+
+@pytest.mark.parametrize("points,fused", [(1, True), (8, True), (9, False), (16, False)])
+@torch.no_grad()
+def test_compiled_sam2_decoder_routes_prompts_the_kernels_cannot_take_to_its_module_graph(points, fused):
+    """SAM 2's compiled decoder has a graph for the kernels and one for the module path: prompts of fewer than
+    16 tokens (6 output tokens, the points and sam2's padding point: 8 points) take the first, more take the
+    second with the fallback counted, as the kernels count it outside a compiled graph. The compiled graphs
+    are swapped for their eager functions here (the kernels do not run inside torch.compile on the CPU)."""
+    from tests.sam2_decoder_inputs import sam2_decoder_inputs
+
+    model = samfast.build_sam("sam2.1_hiera_nano", device="cpu", stages="fp32+compile+triton")
+    decoder, taken = model.sam_mask_decoder, []
+    decoder.compiled_predict_masks = {
+        route: (lambda *args, route=route: taken.append(route) or eager(*args))
+        for route, eager in ((True, decoder._predict_masks_fused), (False, decoder._predict_masks_unfused))
+    }
+    embeddings, pe, sparse, dense, high_res, index = sam2_decoder_inputs(model, 3, points_per_prompt=points)
+    masks, *_ = decoder(embeddings, pe, sparse, dense, True, False, high_res, image_index=index)
+    assert taken == [fused] and masks.shape == (3, 3, 256, 256)
+    assert fallback_counts() == ({} if fused else {da.TOO_MANY_TOKENS: 1})

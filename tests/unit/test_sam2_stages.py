@@ -285,21 +285,22 @@ def test_compile_gives_the_encoder_one_batch_size_padded_or_split():
 
 
 # --- triton: the decoder's kernels ------------------------------------------------------------------
-@pytest.mark.parametrize("stage,fused", [("fp32+triton", True), ("fp32+compile+triton", False)])
-def test_triton_puts_the_sam2_decoder_on_its_kernels(stage, fused):
-    """The upscaling kernel always; the cross-attention kernels only eager: SAM 2's compiled decoder takes
-    any number of tokens per prompt, which those kernels (tokens padded at trace time) cannot."""
+@pytest.mark.parametrize("stage", ["fp32+triton", "fp32+compile+triton"])
+def test_triton_puts_the_sam2_decoder_on_its_kernels(stage):
+    """The upscaling and the cross-attention kernels, eager and compiled (the compiled decoder routes
+    prompts of more tokens than the kernels take to a graph of its own: test_compiled_sam2_decoder_*)."""
     decoder = samfast.build_sam(NT_MODEL, device="cpu", stages=stage).prompt_decoder()
-    assert (decoder.upscale_impl, decoder.transformer.fused_cross_attention) == ("triton", fused)
-    sam1 = samfast.build_sam("vit_tiny", device="cpu", stages=stage).prompt_decoder()
-    assert sam1.transformer.fused_cross_attention  # SAM 1's compiled graph specializes on the token count
+    assert (decoder.upscale_impl, decoder.transformer.fused_cross_attention) == ("triton", True)
 
 
 def test_triton_proof_on_sam2_names_a_decoder_left_off_its_kernels():
     model = samfast.build_sam(NT_MODEL, device="cpu", stages="fp32+compile+triton")
     switches = parse_stages("fp32+compile+triton")
     ran, sentence = PROOFS["triton"](model, RunTrace(), switches)
-    assert ran and "its cross attentions on the module path" in sentence
+    assert ran and "the decoder's upscaling and cross attention on the Triton kernels" in sentence
     model.prompt_decoder().upscale_impl = "gemm"  # planted: the switch left the upscaling behind
     ran, sentence = PROOFS["triton"](model, RunTrace(), switches)
     assert not ran and sentence == "triton: 1 module(s) stayed off the Triton kernels: prompt decoder's upscaling"
+    model.prompt_decoder().transformer.fused_cross_attention = False  # planted: and the cross attentions
+    ran, sentence = PROOFS["triton"](model, RunTrace(), switches)
+    assert not ran and sentence.endswith("prompt decoder's upscaling, prompt decoder's cross attention")

@@ -10,10 +10,14 @@ unstable. Every config (2.0 and 2.1) turns all of these on, so they are not opti
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
 from samfast import kernels
+from samfast.kernels.decoder_attention import TOO_MANY_TOKENS, max_fused_tokens
+from samfast.kernels.dispatch import note_fallback
 from samfast.modeling.common import LayerNorm2d
 from samfast.sam2.config import (
     DYNAMIC_MULTIMASK_STABILITY_DELTA,
@@ -24,8 +28,6 @@ from samfast.sam2.sam.transformer import Sam2TwoWayTransformer
 
 
 class Sam2MaskDecoder(nn.Module):
-    compiled_tokens_dynamic = True  # its compiled graph takes any tokens per prompt (stages.fuses_cross_attention)
-
     def __init__(
         self,
         *,
@@ -61,7 +63,8 @@ class Sam2MaskDecoder(nn.Module):
         self.dynamic_multimask_via_stability = dynamic_multimask_via_stability
         self.dynamic_multimask_stability_delta = DYNAMIC_MULTIMASK_STABILITY_DELTA
         self.dynamic_multimask_stability_thresh = DYNAMIC_MULTIMASK_STABILITY_THRESH
-        self.compiled_predict_masks = None  # set by compile_for_any_prompt_count (the compile switch)
+        # set by compile_for_any_prompt_count (the compile switch): {cross attentions fused: compiled graph}
+        self.compiled_predict_masks: dict[bool, Callable] | None = None
         # "conv" (sam2's transposed convolutions) or "gemm" (the compile switch: the same products as
         # GEMMs on channels-last tokens, samfast.kernels.upscaled_masks_reference), as SAM 1's decoder
         self.upscale_impl = "conv"
@@ -73,8 +76,24 @@ class Sam2MaskDecoder(nn.Module):
         label -1 would change the answer (a -1 point is still a token every other token attends to).
         Dynamo specializes sizes 0 and 1, so `_predict_masks_compiled` pads the image and prompt counts
         to at least 2; the tokens per prompt are at least 2 already (a point and sam2's padding point, or a box).
+
+        Two graphs, each compiled on its first call: one with the cross attentions on the triton switch's
+        kernels, for prompts of fewer than kernels.max_fused_tokens tokens (segment everything's 8; up to
+        8 points a prompt, `_max_fused_prompt_tokens`), and one on the module path for the rest (and for
+        every call without the switch). Each is its own function, so dynamo caches them apart: the second graph is a first compile,
+        never a recompile of the first.
         """
-        self.compiled_predict_masks = torch.compile(self.predict_masks, fullgraph=True)
+        self.transformer.pad_tokens_to_widest = True  # the kernels' widths constant, whatever the count
+        self.compiled_predict_masks = {
+            True: torch.compile(self._predict_masks_fused, fullgraph=True),
+            False: torch.compile(self._predict_masks_unfused, fullgraph=True),
+        }
+
+    def _predict_masks_fused(self, *args):
+        return self.predict_masks(*args, fused_cross_attention=True)
+
+    def _predict_masks_unfused(self, *args):
+        return self.predict_masks(*args, fused_cross_attention=False)
 
     def forward(
         self,
@@ -135,10 +154,34 @@ class Sam2MaskDecoder(nn.Module):
         high_res_features = [feat.contiguous() for feat in high_res_features]
         for tensor in (image_embeddings, *high_res_features, sparse, dense, image_index):
             torch._dynamo.mark_dynamic(tensor, 0)
-        torch._dynamo.mark_dynamic(sparse, 1)
-        outputs = self.compiled_predict_masks(image_embeddings, image_pe, sparse, dense, False, high_res_features,
-                                              image_index)
+        fused = self._fuses_cross_attention(sparse.shape[1])
+        # the kernels' check of the token count would be a guard of the fused graph on a dimension marked
+        # dynamic, which dynamo refuses (ConstraintViolationError on the H100): it must know the bound
+        # (min as well: max alone fails in torch's value ranges, "not simple sympy type NoneType")
+        bounds = {"min": 2, "max": self._max_fused_prompt_tokens()} if fused else {}
+        torch._dynamo.mark_dynamic(sparse, 1, **bounds)
+        outputs = self.compiled_predict_masks[fused](image_embeddings, image_pe, sparse, dense, False,
+                                                     high_res_features, image_index)
         return tuple(out[:num_prompts] for out in outputs)
+
+    def _max_fused_prompt_tokens(self) -> int:
+        """The most prompt tokens the fused graph takes: the kernels' width less the object-score, IoU and
+        mask tokens predict_masks puts before the prompt's, less one. At a count equal to the width the
+        padding is empty, a case the traced ops tell apart (dynamo: "Not all values of ... <= 10 satisfy
+        the generated guard 2048 != (768 + 128*...)"), which would be a second graph for that count."""
+        output_tokens = self.obj_score_token.num_embeddings + self.iou_token.num_embeddings + self.num_mask_tokens
+        return max_fused_tokens(self.transformer.final_attn_token_to_image.num_heads) - output_tokens - 1
+
+    def _fuses_cross_attention(self, prompt_tokens: int) -> bool:
+        """Whether a call with prompts of this many tokens takes the fused graph: with the triton switch on
+        and the tokens within the kernels' width; more is counted as a fallback, as the kernels count it
+        outside a compiled graph."""
+        if not self.transformer.fused_cross_attention:
+            return False
+        if prompt_tokens > self._max_fused_prompt_tokens():
+            note_fallback("the decoder's cross attentions", TOO_MANY_TOKENS, "the module path")
+            return False
+        return True
 
     def predict_masks(
         self,
@@ -149,8 +192,10 @@ class Sam2MaskDecoder(nn.Module):
         repeat_image: bool,
         high_res_features: list[torch.Tensor],
         image_index: torch.Tensor | None = None,
+        fused_cross_attention: bool | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """All four masks and IoUs, the mask tokens and the object score logits."""
+        """All four masks and IoUs, the mask tokens and the object score logits. fused_cross_attention:
+        the transformer's cross attentions on the kernels or not (None: as the transformer is set)."""
         num_prompts = sparse_prompt_embeddings.shape[0]
         output_tokens = torch.cat([self.obj_score_token.weight, self.iou_token.weight, self.mask_tokens.weight])
         output_tokens = output_tokens.unsqueeze(0).expand(num_prompts, -1, -1)
@@ -174,7 +219,7 @@ class Sam2MaskDecoder(nn.Module):
 
         # image_pe (1, C, h, w) broadcasts over the images or prompts (sam2 repeats it per prompt: the same
         # sums; the fused cross attentions need it unrepeated)
-        hs, src = self.transformer(src, image_pe, tokens, image_index=transformer_index)
+        hs, src = self.transformer(src, image_pe, tokens, image_index=transformer_index, fused=fused_cross_attention)
         iou_token_out = hs[:, 1, :]
         mask_tokens_out = hs[:, 2 : 2 + self.num_mask_tokens, :]
 
