@@ -155,9 +155,10 @@ class Sam2MaskDecoder(nn.Module):
         for tensor in (image_embeddings, *high_res_features, sparse, dense, image_index):
             torch._dynamo.mark_dynamic(tensor, 0)
         fused = self._fuses_cross_attention(sparse.shape[1])
-        # the kernels' check of the token count would be a guard of the fused graph on a dimension marked
-        # dynamic, which dynamo refuses (ConstraintViolationError on the H100): it must know the bound
-        # (min as well: max alone fails in torch's value ranges, "not simple sympy type NoneType")
+        # the fused graph's token counts bounded for dynamo: a guard its trace makes inside that range (as
+        # the empty padding at the kernels' full width did) fails its first compile, ConstraintViolationError,
+        # not a later call with a recompile (tests/system/test_sam2_compile.py); min as well: max alone
+        # fails in torch's value ranges ("not simple sympy type NoneType")
         bounds = {"min": 2, "max": self._max_fused_prompt_tokens()} if fused else {}
         torch._dynamo.mark_dynamic(sparse, 1, **bounds)
         outputs = self.compiled_predict_masks[fused](image_embeddings, image_pe, sparse, dense, False,
