@@ -16,7 +16,6 @@ from typing import Callable
 
 import torch
 
-
 NAMES_SHOWN = 4
 
 

@@ -280,7 +280,7 @@ def test_compiled_sam2_decoder_routes_prompts_the_kernels_cannot_take_to_its_mod
     model = samfast.build_sam("sam2.1_hiera_nano", device="cpu", stages="fp32+compile+triton")
     decoder, taken = model.sam_mask_decoder, []
     decoder.compiled_predict_masks = {
-        route: (lambda *args, route=route: taken.append(route) or eager(*args))
+        route: (lambda *args, route=route, eager=eager: taken.append(route) or eager(*args))
         for route, eager in ((True, decoder._predict_masks_fused), (False, decoder._predict_masks_unfused))
     }
     embeddings, pe, sparse, dense, high_res, index = sam2_decoder_inputs(model, 3, points_per_prompt=points)

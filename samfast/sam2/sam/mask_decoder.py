@@ -78,10 +78,10 @@ class Sam2MaskDecoder(nn.Module):
         to at least 2; the tokens per prompt are at least 2 already (a point and sam2's padding point, or a box).
 
         Two graphs, each compiled on its first call: one with the cross attentions on the triton switch's
-        kernels, for prompts of fewer than kernels.max_fused_tokens tokens (segment everything's 8; up to
-        8 points a prompt, `_max_fused_prompt_tokens`), and one on the module path for the rest (and for
-        every call without the switch). Each is its own function, so dynamo caches them apart: the second graph is a first compile,
-        never a recompile of the first.
+        kernels, for prompts of fewer than decoder_attention.max_fused_tokens tokens (segment everything's
+        8; up to 8 points a prompt, `_max_fused_prompt_tokens`), and one on the module path for the rest
+        (and for every call without the switch). Each is its own function, so dynamo caches them apart:
+        the second graph is a first compile, never a recompile of the first.
         """
         self.transformer.pad_tokens_to_widest = True  # the kernels' widths constant, whatever the count
         self.compiled_predict_masks = {
