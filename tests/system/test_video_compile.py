@@ -19,6 +19,7 @@ compiling), 24 s warm.
 
 from __future__ import annotations
 
+import functools
 import warnings
 
 import numpy as np
@@ -125,3 +126,41 @@ def test_unpadded_memory_recompiles_and_the_check_says_so(compiled, clip):
     assert any(event.reason.startswith("attend") for event in later.recompiles), later.recompiles
     with pytest.raises(AssertionError, match="recompile"):
         later.assert_clean()
+
+
+def track_object_counts(counts, monkeypatch) -> list[int]:
+    """Sessions of each object count in turn, on one compiled predictor (clicks at distinct points of frame 0,
+    one tracked frame each); the counts tracked before one failed. Traced with aot_eager: the limit under
+    test is dynamo's, and inductor's C++ compiling of every graph would take minutes here."""
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
+    torch._dynamo.reset()
+    predictor, clip, done = build("fp32+compile"), generate_clip(0, frames=2), []
+    with warnings.catch_warnings(), torch.inference_mode():
+        warnings.simplefilter("ignore")
+        for count in counts:
+            state = predictor.init_state(list(clip.frames))
+            for obj in range(count):
+                predictor.add_new_points_or_box(state, 0, obj + 1, points=np.array([[20.0 + 25 * obj, 40.0]], dtype=np.float32),
+                                                labels=np.array([1], dtype=np.int32))
+            assert sum(1 for _ in predictor.propagate_in_video(state, start_frame_idx=0)) == 2
+            done.append(count)
+    torch._dynamo.reset()
+    return done
+
+
+def test_a_process_tracks_more_object_counts_than_dynamos_default_limit(monkeypatch):
+    """The memory encoder and attention compile a graph per object count; past dynamo's recompile_limit
+    (8) a fullgraph function raises FailOnRecompileLimitHit, so a ninth count crashed tracking
+    (samfast.sam2.memory.static_graphs lifts the cap per call). Counts 1..9 in one process."""
+    assert torch._dynamo.config.recompile_limit == 8  # the default this guards against
+    assert track_object_counts(range(1, 10), monkeypatch) == list(range(1, 10))
+
+
+def test_without_the_lifted_cap_the_object_counts_crash(monkeypatch):
+    """Planted defect: the cap left at dynamo's (lowered to 2 here, for time): the third count fails."""
+    from samfast.sam2.memory import static_graphs
+
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 2)
+    monkeypatch.setattr(static_graphs, "GRAPHS_PER_FUNCTION", 2)
+    with pytest.raises(torch._dynamo.exc.FailOnRecompileLimitHit):
+        track_object_counts(range(1, 4), monkeypatch)

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from samfast.sam2.memory.rope import apply_rotary_enc, axial_rotations
+from samfast.sam2.memory.static_graphs import compile_per_shape
 
 ROPE_THETA = 10000.0
 ROPE_FEAT_SIZES = (64, 64)  # the feature map at sam2's 1024 input
@@ -190,8 +191,8 @@ class MemoryAttention(nn.Module):
 
     def compile_static(self, mode: str) -> None:
         """torch.compile the layers into one graph per shape (fullgraph, static): the tracker pads the
-        memory to a fixed capacity, so a video's steps share one shape."""
-        self.compiled_attend = torch.compile(self.attend, mode=mode, fullgraph=True, dynamic=False)
+        memory to a fixed capacity, so a video's steps share one shape (static_graphs)."""
+        self.compiled_attend = compile_per_shape(self.attend, mode)
 
     def rotations(self, num_tokens: int, device: torch.device) -> torch.Tensor:
         """The rotations of a square map of num_tokens tokens (kept for the next call of that size)."""
