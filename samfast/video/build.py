@@ -67,11 +67,10 @@ def build_sam_video(
 
 def compile_tracking(model: SAM2Base) -> None:
     """The compile switch's tracking half (build_sam2_model compiled the image encoder and the decoder):
-    the memory read at its fixed capacity, so that the memory attention compiles into one graph
-    (fullgraph, static shapes) per batch of objects and number of conditioning frames, the memory
-    encoder into one per batch (the memories of the objects prompted on a frame are encoded as one
-    batch, as a group's tracked frames are: one graph when they were prompted together), and neither
-    recompiles as the video grows. Mode: SAMFAST_COMPILE_MODE,
+    the memory read at its fixed capacity, so that neither the memory attention nor the memory encoder
+    recompiles as the video grows. Each compiles (fullgraph) a static graph for one object and one graph
+    for every larger batch of objects (samfast.sam2.memory.static_graphs), the attention one per number of
+    conditioning frames too. Mode: SAMFAST_COMPILE_MODE,
     else max-autotune on a GPU and inductor's default on a CPU, as for images."""
     model.fixed_capacity_memory = True
     mode = compile_mode(model.device)

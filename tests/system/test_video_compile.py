@@ -128,40 +128,56 @@ def test_unpadded_memory_recompiles_and_the_check_says_so(compiled, clip):
         later.assert_clean()
 
 
-def track_object_counts(counts, monkeypatch) -> list[int]:
+def track_object_counts(counts, monkeypatch) -> dict[int, int]:
     """Sessions of each object count in turn, on one compiled predictor (clicks at distinct points of frame 0,
-    one tracked frame each); the counts tracked before one failed. Traced with aot_eager: the limit under
-    test is dynamo's, and inductor's C++ compiling of every graph would take minutes here."""
+    one tracked frame each): {count: graphs compiled for it}. Traced with aot_eager: what is under test is
+    dynamo's graphs and limits, and inductor's C++ compiling of every graph would take minutes here."""
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
     torch._dynamo.reset()
-    predictor, clip, done = build("fp32+compile"), generate_clip(0, frames=2), []
+    predictor, clip, compiled = build("fp32+compile"), generate_clip(0, frames=2), {}
     with warnings.catch_warnings(), torch.inference_mode():
         warnings.simplefilter("ignore")
         for count in counts:
-            state = predictor.init_state(list(clip.frames))
-            for obj in range(count):
-                predictor.add_new_points_or_box(state, 0, obj + 1, points=np.array([[20.0 + 25 * obj, 40.0]], dtype=np.float32),
-                                                labels=np.array([1], dtype=np.int32))
-            assert sum(1 for _ in predictor.propagate_in_video(state, start_frame_idx=0)) == 2
-            done.append(count)
+            with watch() as session:
+                state = predictor.init_state(list(clip.frames))
+                for obj in range(count):
+                    predictor.add_new_points_or_box(state, 0, obj + 1, points=np.array([[20.0 + 25 * obj, 40.0]], dtype=np.float32),
+                                                    labels=np.array([1], dtype=np.int32))
+                assert sum(1 for _ in predictor.propagate_in_video(state, start_frame_idx=0)) == 2
+            compiled[count] = session.graphs_compiled
     torch._dynamo.reset()
-    return done
+    return compiled
 
 
-def test_a_process_tracks_more_object_counts_than_dynamos_default_limit(monkeypatch):
-    """The memory encoder and attention compile a graph per object count; past dynamo's recompile_limit
-    (8) a fullgraph function raises FailOnRecompileLimitHit, so a ninth count crashed tracking
-    (samfast.sam2.memory.static_graphs lifts the cap per call). Counts 1..9 in one process."""
+def test_object_counts_from_two_on_share_one_graph(monkeypatch):
+    """The memory encoder and attention compile a static graph for one object and one for every larger
+    count (samfast.sam2.memory.static_graphs): counts 1..9 in one process, nothing compiles after count 2.
+    Under dynamo's default recompile_limit (8): a graph per count crashed the ninth (session 27)."""
     # dynamo's default, which the gate's ModelCache (parity.gate.models) raises for the whole process
     monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
-    assert track_object_counts(range(1, 10), monkeypatch) == list(range(1, 10))
+    compiled = track_object_counts(range(1, 10), monkeypatch)
+    assert compiled[1] > 0 and compiled[2] > 0, compiled
+    assert {count: n for count, n in compiled.items() if count > 2 and n} == {}, f"graphs compiled per count: {compiled}"
 
 
-def test_without_the_lifted_cap_the_object_counts_crash(monkeypatch):
-    """Planted defect: the cap left at dynamo's (lowered to 2 here, for time): the third count fails."""
+def test_without_the_dynamic_object_dimension_every_count_compiles(monkeypatch):
+    """Planted defect: no count gets the dynamic graph: counts 3 and 4 compile graphs of their own, which
+    the test above would report."""
+    from samfast.sam2.memory import static_graphs
+
+    monkeypatch.setattr(static_graphs, "DYNAMIC_FROM_OBJECTS", 1000)
+    compiled = track_object_counts(range(1, 5), monkeypatch)
+    assert compiled[3] > 0 and compiled[4] > 0, compiled
+
+
+def test_without_the_lifted_cap_shapes_past_dynamos_limit_crash(monkeypatch):
+    """Planted defect: static graphs per count and the cap left at dynamo's (lowered to 2 here, for time):
+    the third count fails, as the ninth did before the cap was lifted (the conditioning-frame counts still
+    make graphs of their own, so the cap stays)."""
     from samfast.sam2.memory import static_graphs
 
     monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 2)
     monkeypatch.setattr(static_graphs, "GRAPHS_PER_FUNCTION", 2)
+    monkeypatch.setattr(static_graphs, "DYNAMIC_FROM_OBJECTS", 1000)
     with pytest.raises(torch._dynamo.exc.FailOnRecompileLimitHit):
         track_object_counts(range(1, 4), monkeypatch)

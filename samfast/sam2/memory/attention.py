@@ -14,7 +14,7 @@ one object, one attention call gives the GPU one block of work per 64 queries: 6
 H100's 132 SMs, each walking every key. With `split_keys` (the sdpa switch's, set by
 samfast.video.build) the keys are cut into chunks attended in one batched call, each chunk's output
 weighted by its log-sum-exp: the same softmax, 3.2x faster for one object on an H100 (1455 -> 453 us
-a call, 4 chunks; 8 objects fill the GPU already and stay one call).
+a call, 4 chunks; two objects and more stay one call).
 """
 
 from __future__ import annotations
@@ -26,12 +26,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from samfast.sam2.memory.rope import apply_rotary_enc, axial_rotations
-from samfast.sam2.memory.static_graphs import compile_per_shape
+from samfast.sam2.memory.static_graphs import compile_per_object_count
 
 ROPE_THETA = 10000.0
 ROPE_FEAT_SIZES = (64, 64)  # the feature map at sam2's 1024 input
-# split_keys cuts the keys until batch x heads x chunks reaches this many sequences: 4 chunks for one
-# object measured fastest on an H100 (2: 785 us, 4: 453, 8: 493 a call of 4096 x 28736 keys)
+# split_keys cuts the keys of one sequence (one object, one head) into this many chunks: measured fastest
+# on an H100 (2: 785 us, 4: 453, 8: 493 a call of 4096 x 28736 keys)
 SPLIT_SEQUENCES = 4
 # keys per chunk are a multiple of this: the memory-efficient kernel takes a bias only with its rows
 # 16-byte aligned ("attn_bias is not correctly aligned", 130 keys a chunk in fp32 at a 256 input)
@@ -40,10 +40,12 @@ CHUNK_ALIGN = 8
 
 def key_splits(sequences: int, device: torch.device) -> int:
     """How many chunks split_keys cuts the keys of `sequences` (batch x heads) attention sequences into:
-    on a CPU one (its kernel loops over every query anyway), on a GPU enough to give it SPLIT_SEQUENCES."""
-    if device.type != "cuda":
+    on a CPU one (its kernel loops over every query anyway); on a GPU SPLIT_SEQUENCES for one sequence,
+    else one: two objects give the GPU a block per 64 queries of each (128 for 132 SMs), and the compiled
+    tracker's one graph for every count from 2 on (static_graphs) must not branch on the count."""
+    if device.type != "cuda" or sequences != 1:
         return 1
-    return max(1, -(-SPLIT_SEQUENCES // sequences))
+    return SPLIT_SEQUENCES
 
 
 def _attention_and_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -190,9 +192,10 @@ class MemoryAttention(nn.Module):
         self.compiled_attend = None  # set by compile_static (the compile switch)
 
     def compile_static(self, mode: str) -> None:
-        """torch.compile the layers into one graph per shape (fullgraph, static): the tracker pads the
-        memory to a fixed capacity, so a video's steps share one shape (static_graphs)."""
-        self.compiled_attend = compile_per_shape(self.attend, mode)
+        """torch.compile the layers (fullgraph): the tracker pads the memory to a fixed capacity, so a
+        video's steps share one shape; a static graph for one object, one for every larger batch (static_graphs)."""
+        # curr, memory, curr_pos, memory_pos: (tokens, objects, channels); memory_mask (objects, tokens)
+        self.compiled_attend = compile_per_object_count(self.attend, mode, {0: 1, 1: 1, 2: 1, 3: 1, 6: 0})
 
     def rotations(self, num_tokens: int, device: torch.device) -> torch.Tensor:
         """The rotations of a square map of num_tokens tokens (kept for the next call of that size)."""

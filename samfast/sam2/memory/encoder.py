@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from samfast.modeling.common import LayerNorm2d
-from samfast.sam2.memory.static_graphs import compile_per_shape
+from samfast.sam2.memory.static_graphs import compile_per_object_count
 from samfast.sam2.position_encoding import PositionEmbeddingSine
 
 
@@ -70,8 +70,8 @@ class MemoryEncoder(nn.Module):
         self.compiled_encode = None  # set by compile_static (the compile switch)
 
     def compile_static(self, mode: str) -> None:
-        """torch.compile the encoder into one graph per batch size (fullgraph, static shapes; static_graphs)."""
-        self.compiled_encode = compile_per_shape(self.encode, mode)
+        """torch.compile the encoder: a static graph for one object, one for every larger batch (static_graphs)."""
+        self.compiled_encode = compile_per_object_count(self.encode, mode, {0: 0, 1: 0})  # pix_feat, masks
 
     def forward(
         self, pix_feat: torch.Tensor, masks: torch.Tensor, skip_mask_sigmoid: bool = False

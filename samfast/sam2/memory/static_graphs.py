@@ -1,12 +1,18 @@
-"""torch.compile into one static graph per input shape, for the tracker's memory encoder and attention.
+"""torch.compile for the tracker's memory encoder and attention: a static graph for one object, one graph
+for every larger number of objects.
 
-Their shapes follow the number of objects tracked together (and of conditioning frames), so a process that
-tracks sessions of many object counts compiles a graph for each. Dynamo caps the graphs of one function at
-torch._dynamo.config.recompile_limit (8 by default) and, with fullgraph, raises FailOnRecompileLimitHit past
-it: a ninth object count crashed tracking (CPU, torch 2.14, session 27). Each call here lifts the cap to
-GRAPHS_PER_FUNCTION for its own cache lookup (config.patch, scoped to the call: the process's setting stays
-its own everywhere else). One graph for every object count (the dimension marked dynamic) would need no cap;
-it changes the compiled tracker's kernels, so it waits for a GPU measurement.
+Both take the objects tracked together as their batch. Compiled with static shapes only, every object
+count was a graph of its own: a new count meant a new compile (minutes in max-autotune, the GPU default),
+and past dynamo's recompile_limit (8) a fullgraph function raises FailOnRecompileLimitHit: a ninth count
+crashed tracking (session 27). Now, from DYNAMIC_FROM_OBJECTS on, the object dimension of each input is
+marked dynamic, so those counts share a graph; one object, the common case and the headline, keeps a
+static graph and its own kernels (split memory keys among them: samfast.sam2.memory.attention). The mark
+is maybe_mark_dynamic, which lets a backend cut the range where its kernels differ (a CPU's convolutions
+do at 16 images: there counts 2..15 share one graph and 16.. another) rather than fail the compile.
+
+Other shapes still make graphs of their own (the attention's number of conditioning frames, the memory's
+capacity): each call lifts dynamo's cap to GRAPHS_PER_FUNCTION for its own cache lookup (config.patch,
+scoped to the call: the process's setting stays its own everywhere else).
 """
 
 from __future__ import annotations
@@ -15,16 +21,28 @@ from collections.abc import Callable
 
 import torch
 
-GRAPHS_PER_FUNCTION = 64  # object counts x conditioning-frame counts one process may track
+GRAPHS_PER_FUNCTION = 64  # graphs of one function: conditioning-frame counts x capacities x object ranges
+DYNAMIC_FROM_OBJECTS = 2  # from this many objects on, the object dimension is dynamic
 
 
-def compile_per_shape(fn: Callable, mode: str) -> Callable:
-    """fn compiled (fullgraph, static shapes, `mode`), callable with up to GRAPHS_PER_FUNCTION shapes."""
+def compile_per_object_count(fn: Callable, mode: str, object_dims: dict[int, int]) -> Callable:
+    """fn compiled (fullgraph, `mode`): static for one object, dynamic in the objects from DYNAMIC_FROM_OBJECTS on.
+    object_dims: {position of a tensor argument: its object dimension}; a None argument is skipped,
+    the first one listed gives the count."""
     compiled = torch.compile(fn, mode=mode, fullgraph=True, dynamic=False)
+    (count_position, count_dim), *_ = object_dims.items()
 
-    def call(*args, **kwargs):
+    def call(*args):
+        if args[count_position].shape[count_dim] >= DYNAMIC_FROM_OBJECTS:
+            args = list(args)
+            for position, dim in object_dims.items():
+                if args[position] is not None:
+                    # the mark stays on the tensor it is put on: on an alias, so that the caller's tensor
+                    # enters other compiled graphs unmarked
+                    args[position] = args[position].view(args[position].shape)
+                    torch._dynamo.maybe_mark_dynamic(args[position], dim)
         limit = max(torch._dynamo.config.recompile_limit, GRAPHS_PER_FUNCTION)
         with torch._dynamo.config.patch(recompile_limit=limit):
-            return compiled(*args, **kwargs)
+            return compiled(*args)
 
     return call
