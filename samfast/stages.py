@@ -75,7 +75,7 @@ def apply_stages(model, switches: frozenset[str]) -> None:
         module.attn_impl = attn
     decoder = model.prompt_decoder()
     if "triton" in switches:
-        for module in model.relpos_attention_modules().values():
+        for module in model.triton_attention_modules().values():
             module.attn_impl = "triton"
         decoder.upscale_impl = "triton"  # the upscaling and mask product fused: kernels.upscaled_masks
         decoder.transformer.fused_cross_attention = True  # kernels.decoder_attention

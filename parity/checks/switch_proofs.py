@@ -72,7 +72,7 @@ def prove_compile(model, run: RunTrace, switches: frozenset) -> tuple[bool, str]
 
 def prove_sdpa(model, run: RunTrace, switches: frozenset) -> tuple[bool, str]:
     """Every attention module on the SDPA path but those the triton switch takes, and SDPA called."""
-    taken = set(model.relpos_attention_modules()) if "triton" in switches else set()
+    taken = set(model.triton_attention_modules()) if "triton" in switches else set()
     modules = model.attention_modules()
     behind = defaultdict(list)  # the path a module stayed on -> its names
     for name, module in modules.items():
@@ -89,8 +89,9 @@ def prove_sdpa(model, run: RunTrace, switches: frozenset) -> tuple[bool, str]:
 
 
 def prove_triton(model, run: RunTrace, switches: frozenset) -> tuple[bool, str]:
-    """The rel-pos attentions and the decoder on their kernels, and no call sent to a reference path."""
-    behind = [name for name, module in model.relpos_attention_modules().items() if module.attn_impl != "triton"]
+    """The encoder attentions the switch takes (SAM 1's rel-pos ones, Hiera's small windows) and the decoder
+    on their kernels, and no call sent to a reference path."""
+    behind = [name for name, module in model.triton_attention_modules().items() if module.attn_impl != "triton"]
     decoder = model.prompt_decoder()
     if decoder.upscale_impl != "triton":
         behind.append("prompt decoder's upscaling")
@@ -101,7 +102,7 @@ def prove_triton(model, run: RunTrace, switches: frozenset) -> tuple[bool, str]:
     if run.kernel_fallbacks:
         reasons = ", ".join(f"{n}x {reason}" for reason, n in run.kernel_fallbacks.items())
         return False, f"a Triton kernel fell back to its reference path ({reasons})"
-    return True, (f"triton: {len(model.relpos_attention_modules())} rel-pos attentions and the decoder's upscaling "
+    return True, (f"triton: {len(model.triton_attention_modules())} encoder attentions and the decoder's upscaling "
                   "and cross attention on the Triton kernels; no call fell back")
 
 

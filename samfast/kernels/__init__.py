@@ -1,6 +1,6 @@
 """Hand-written Triton kernels with their reference paths: the fused rel-pos attention of the
-encoder, the quantized MLP's GELU + quantization, the decoder's folded cross attentions and its fused
-upscaling; fallbacks of all are counted in dispatch."""
+encoder, Hiera's small-window attention, the quantized MLP's GELU + quantization, the decoder's folded
+cross attentions and its fused upscaling; fallbacks of all are counted in dispatch."""
 
 from samfast.kernels.decoder_attention import (
     image_to_token_attention,
@@ -18,6 +18,7 @@ from samfast.kernels.relpos_attention import (
     relpos_attention_from_tables,
     relpos_attention_reference,
 )
+from samfast.kernels.window_attention import window_attention, window_attention_reference
 
 __all__ = [
     "FALLBACK_COUNTS",
@@ -37,4 +38,6 @@ __all__ = [
     "token_to_image_attention_reference",
     "upscaled_masks",
     "upscaled_masks_reference",
+    "window_attention",
+    "window_attention_reference",
 ]

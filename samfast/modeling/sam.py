@@ -45,8 +45,8 @@ class Sam(nn.Module):
         """Every attention module with an `attn_impl` (the sdpa switch's), encoder then decoder, by qualified name."""
         return {name: m for name, m in self.named_modules() if hasattr(m, "attn_impl")}
 
-    def relpos_attention_modules(self) -> dict[str, nn.Module]:
-        """The encoder attentions with a decomposed rel-pos bias: those the triton switch's kernel takes."""
+    def triton_attention_modules(self) -> dict[str, nn.Module]:
+        """The encoder attentions the triton switch puts on a kernel: every one (decomposed rel-pos bias, kernels.relpos_attention)."""
         return {f"{name}.attn": block.attn for name, block in self.encoder_blocks().items()}
 
     def encoder_blocks(self) -> dict[str, nn.Module]:

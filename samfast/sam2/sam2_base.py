@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from samfast.kernels.window_attention import fits as fits_window_kernel
 from samfast.sam2.backbones.hiera import Hiera
 from samfast.sam2.backbones.image_encoder import ImageEncoder
 from samfast.modeling.static_batch import in_static_batches
@@ -91,9 +92,11 @@ class SAM2Base(SAM2Tracking, nn.Module):
         """Every attention module with an `attn_impl` (the sdpa switch's): Hiera's, then the decoder's."""
         return {name: m for name, m in self.named_modules() if hasattr(m, "attn_impl")}
 
-    def relpos_attention_modules(self) -> dict[str, nn.Module]:
-        """None: Hiera has no decomposed rel-pos bias (absolute windowed positional embeddings instead)."""
-        return {}
+    def triton_attention_modules(self) -> dict[str, nn.Module]:
+        """The encoder attentions the triton switch puts on a kernel: Hiera's whose windows fit
+        kernels.window_attention (the second stage's 4 x 4 windows); cuDNN keeps the larger ones."""
+        return {f"{name}.attn": block.attn for name, block in self.encoder_blocks().items()
+                if (tokens := block.window_tokens()) is not None and fits_window_kernel(*tokens)}
 
     def encoder_blocks(self) -> dict[str, nn.Module]:
         return {f"image_encoder.trunk.blocks.{i}": block for i, block in enumerate(self.image_encoder.trunk.blocks)}

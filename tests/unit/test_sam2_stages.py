@@ -284,13 +284,17 @@ def test_compile_gives_the_encoder_one_batch_size_padded_or_split():
     assert built.static_batch == 2
 
 
-# --- triton: the decoder's kernels ------------------------------------------------------------------
+# --- triton: Hiera's small windows and the decoder's kernels ----------------------------------------
 @pytest.mark.parametrize("stage", ["fp32+triton", "fp32+compile+triton"])
-def test_triton_puts_the_sam2_decoder_on_its_kernels(stage):
+def test_triton_puts_the_sam2_decoder_and_hieras_small_windows_on_their_kernels(stage):
     """The upscaling and the cross-attention kernels, eager and compiled (the compiled decoder routes
-    prompts of more tokens than the kernels take to a graph of its own: test_compiled_sam2_decoder_*)."""
-    decoder = samfast.build_sam(NT_MODEL, device="cpu", stages=stage).prompt_decoder()
+    prompts of more tokens than the kernels take to a graph of its own: test_compiled_sam2_decoder_*),
+    and Hiera's attentions whose windows fit the window kernel (the nano's blocks 1 and 2)."""
+    model = samfast.build_sam(NT_MODEL, device="cpu", stages=stage)
+    decoder = model.prompt_decoder()
     assert (decoder.upscale_impl, decoder.transformer.fused_cross_attention) == ("triton", True)
+    impls = {name: m.attn_impl for name, m in model.attention_modules().items() if ".trunk." in name}
+    assert impls == {f"image_encoder.trunk.blocks.{i}.attn": "triton" if i in (1, 2) else "math" for i in range(5)}
 
 
 def test_triton_proof_on_sam2_names_a_decoder_left_off_its_kernels():
@@ -304,3 +308,6 @@ def test_triton_proof_on_sam2_names_a_decoder_left_off_its_kernels():
     model.prompt_decoder().transformer.fused_cross_attention = False  # planted: and the cross attentions
     ran, sentence = PROOFS["triton"](model, RunTrace(), switches)
     assert not ran and sentence.endswith("prompt decoder's upscaling, prompt decoder's cross attention")
+    model.image_encoder.trunk.blocks[2].attn.attn_impl = "sdpa"  # planted: and a small-window attention
+    ran, sentence = PROOFS["triton"](model, RunTrace(), switches)
+    assert not ran and sentence.startswith("triton: 3 module(s) stayed off the Triton kernels: image_encoder.trunk.blocks.2.attn")

@@ -131,7 +131,7 @@ def test_linears_left_dense_are_not_exercised(switch, what):
 def test_triton_switch_that_did_nothing_names_the_modules(monkeypatch, triton_interpreted):
     """No kernel call, so no fallback to count: only the model shows the switch did nothing."""
     def undo(model):
-        for module in model.relpos_attention_modules().values():
+        for module in model.triton_attention_modules().values():
             module.attn_impl = "math"
         model.mask_decoder.upscale_impl = "conv"
 

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from samfast.kernels import window_attention
 from samfast.modeling.attention import attention
 from samfast.sam2.backbones.windows import window_partition, window_unpartition
 from samfast.sam2.mlp import HieraMLP
@@ -48,7 +49,8 @@ class MultiScaleAttention(nn.Module):
         self.proj = nn.Linear(dim_out, dim_out)
         self.scale = (dim_out // num_heads) ** -0.5
         # "sdpa" is sam2's own path (its outputs to the bit); the stages set "math" for fp32, SAM 1's
-        # reference order, which equals it to fp32 rounding (tests/unit/test_sam2_stages.py)
+        # reference order, which equals it to fp32 rounding (tests/unit/test_sam2_stages.py), and the
+        # triton switch "triton" where the windows are small (samfast.kernels.window_attention)
         self.attn_impl = "sdpa"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -58,7 +60,11 @@ class MultiScaleAttention(nn.Module):
             q = pool_hw(q.reshape(b, h, w, -1), self.q_pool)
             h, w = q.shape[1:3]
             q = q.reshape(b, h * w, self.num_heads, -1)
-        x = attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), self.scale, self.attn_impl)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if self.attn_impl == "triton":
+            x = window_attention(q, k, v, self.scale)
+        else:
+            x = attention(q, k, v, self.scale, self.attn_impl)
         return self.proj(x.transpose(1, 2).reshape(b, h, w, -1))
 
 
@@ -80,6 +86,13 @@ class MultiScaleBlock(nn.Module):
         self.mlp = HieraMLP(dim_out, 4 * dim_out)
         if dim != dim_out:
             self.proj = nn.Linear(dim, dim_out)
+
+    def window_tokens(self) -> tuple[int, int] | None:
+        """(queries, keys) of each window the attention sees; None for a global block (the whole map)."""
+        if self.window_size == 0:
+            return None
+        keys = self.window_size**2
+        return (keys // (self.q_stride[0] * self.q_stride[1]) if self.q_stride else keys), keys
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shortcut = x
