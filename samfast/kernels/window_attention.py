@@ -1,12 +1,13 @@
 """Attention within Hiera's smallest windows: one program per (window, head), the whole window at once.
 
 Every Hiera's second stage attends within 4 x 4 windows: 16 queries, and 16 keys (64 in the stage's
-first block, whose queries are pooled from 8 x 8 windows). At batch 8 Hiera-L has 32768 such
-(window, head) sequences a block, heads of 72 channels. cuDNN's flash kernel tiles every sequence
-64 queries x 128 keys and took 683 us a block on an H100 (bf16), where this kernel takes 184 us (445
-against 683 for the pooled block); at 64 queries cuDNN is as fast or faster (measured:
-docs/measurements/window-attention-h100-2026-11-26.md), so the triton switch routes only attentions
-whose windows fit MAX_QUERIES and MAX_KEYS here (:func:`fits`; samfast.sam2.sam2_base).
+first block, whose queries are pooled from 8 x 8 windows; the third stage's first block pools 4 x 4
+windows to 4 queries). At batch 8 Hiera-L has 32768 to 65536 such (window, head) sequences a block,
+heads of 72 channels, and cuDNN's flash kernel tiles each one 64 queries x 128 keys: 0.7 to 1.3 ms a
+block on an H100 in bf16. Here one program takes a whole window: the compiled hiera_l encoder at batch 8
+went from 152.9 to 166.4 img/s. At 64 queries a window cuDNN is as fast or faster, so the triton switch
+routes only attentions whose windows fit MAX_QUERIES and MAX_KEYS here (:func:`fits`;
+samfast.sam2.sam2_base). Measured: docs/measurements/window-attention-h100-2026-11-26.md.
 
 A program loads its window's queries, keys and values once (heads padded to a power of 2 in registers,
 never in memory), takes softmax(q k^T * scale) v with no running maximum to carry (every key is in
