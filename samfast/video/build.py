@@ -21,12 +21,10 @@ from samfast.stages import SWITCHES, compile_mode, parse_stages
 # the memory encoder with static shapes (compile_tracking): the memory read at its fixed capacity,
 # padded and masked. sdpa: as for images, plus the memory cross-attention's keys split into chunks
 # attended in one batched call where one call would leave the GPU idle (samfast.sam2.memory.attention).
-# triton: as for images (Hiera's small windows, the decoder's cross attentions and upscaling on kernels).
-VIDEO_SWITCHES = frozenset({"bf16", "compile", "sdpa", "triton"})
+VIDEO_SWITCHES = frozenset({"bf16", "compile", "sdpa"})
 # the stages the video gate runs unless told, from the baseline up: each switch alone on fp32, then
 # stacked on bf16 (on a CPU the gate leaves the compiled ones out: parity.tasks.video.runner.default_stages)
-VIDEO_STAGES = ("fp32", "fp32+sdpa", "bf16", "bf16+sdpa", "fp32+compile", "bf16+compile+sdpa",
-                "bf16+compile+sdpa+triton")
+VIDEO_STAGES = ("fp32", "fp32+sdpa", "bf16", "bf16+sdpa", "fp32+compile", "bf16+compile+sdpa")
 
 
 def build_sam_video(
