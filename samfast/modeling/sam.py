@@ -46,7 +46,8 @@ class Sam(nn.Module):
         return {name: m for name, m in self.named_modules() if hasattr(m, "attn_impl")}
 
     def triton_attention_modules(self) -> dict[str, nn.Module]:
-        """The encoder attentions the triton switch puts on a kernel: every one (decomposed rel-pos bias, kernels.relpos_attention)."""
+        """The encoder attentions the triton switch puts on a kernel: every one (their decomposed rel-pos
+        bias fused, kernels.relpos_attention)."""
         return {f"{name}.attn": block.attn for name, block in self.encoder_blocks().items()}
 
     def encoder_blocks(self) -> dict[str, nn.Module]:
