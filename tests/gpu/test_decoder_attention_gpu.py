@@ -28,6 +28,7 @@ from parity.checks.compile import watch
 from samfast.kernels.decoder_attention import TOO_MANY_TOKENS
 from samfast.modeling.transformer import Attention
 from tests.decoder_inputs import decoder_inputs
+from tests.kernel_accuracy import relative_error
 from tests.sam2_decoder_inputs import sam2_decoder_inputs
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("triton_compiled")]
@@ -52,10 +53,6 @@ def _case(prompts: int, per_image: bool, dtype, seed: int = 0):
     return attn, norm, keys, pe, tokens_k, tokens_v, index
 
 
-def _relative_error(got, want) -> float:
-    return ((got.double() - want).abs().max() / want.abs().max()).item()
-
-
 def _fp64(*xs):
     return [x.double() if isinstance(x, torch.Tensor) else copy.deepcopy(x).double() for x in xs]
 
@@ -70,9 +67,9 @@ def test_kernels_match_fp64(dtype, prompts, per_image):
     updated = image_to_token_attention(*low, keys, pe, tokens_k, tokens_v, index)
     assert fallback_counts() == {}, "a kernel did not run"
     attn64, norm64, keys64, pe64, k64, v64 = _fp64(low[0], low[1], keys, pe, tokens_k, tokens_v)
-    assert _relative_error(pooled, token_to_image_attention_reference(attn64, k64, keys64, pe64, index)) < MAX_RELATIVE[dtype]
+    assert relative_error(pooled, token_to_image_attention_reference(attn64, k64, keys64, pe64, index)) < MAX_RELATIVE[dtype]
     want = image_to_token_attention_reference(attn64, norm64, keys64, pe64, k64, v64, index)
-    assert _relative_error(updated, want) < MAX_RELATIVE[dtype]
+    assert relative_error(updated, want) < MAX_RELATIVE[dtype]
 
 
 @torch.no_grad()
@@ -94,8 +91,8 @@ def test_planted_first_image_only_fails_the_bound():
     pooled = token_to_image_attention(attn, tokens_k, keys, pe, planted)
     updated = image_to_token_attention(attn, norm, keys, pe, tokens_k, tokens_v, planted)
     bound = 5 * MAX_RELATIVE[torch.bfloat16]  # measured on an H100: 0.18 for the pooled keys (means of random keys)
-    assert _relative_error(pooled, token_to_image_attention_reference(attn64, k64, keys64, pe64, index)) > bound
-    assert _relative_error(updated, image_to_token_attention_reference(attn64, norm64, keys64, pe64, k64, v64, index)) > bound
+    assert relative_error(pooled, token_to_image_attention_reference(attn64, k64, keys64, pe64, index)) > bound
+    assert relative_error(updated, image_to_token_attention_reference(attn64, norm64, keys64, pe64, k64, v64, index)) > bound
 
 
 @torch.no_grad()

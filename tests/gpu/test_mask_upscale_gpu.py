@@ -17,6 +17,7 @@ import torch
 import samfast
 from samfast.kernels import fallback_counts, upscaled_masks, upscaled_masks_reference
 from tests.decoder_inputs import decoder_inputs
+from tests.kernel_accuracy import relative_error
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("triton_compiled")]
 
@@ -36,9 +37,9 @@ def _inputs(prompts: int, dtype, seed: int = 0):
     return src, upscaling, hyper_in
 
 
-def _relative_error(got, src, upscaling, hyper_in) -> float:
+def _error_against_fp64(got, src, upscaling, hyper_in) -> float:
     want = upscaled_masks_reference(src.double(), copy.deepcopy(upscaling).double(), hyper_in.double())
-    return ((got.double() - want).abs().max() / want.abs().max()).item()
+    return relative_error(got, want)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=["bf16", "fp16", "fp32"])
@@ -49,7 +50,7 @@ def test_kernel_matches_fp64(dtype, prompts):
     got = upscaled_masks(src, upscaling.to(dtype), hyper_in)
     assert fallback_counts() == {}, "the kernel did not run"
     assert got.shape == (prompts, 4, 256, 256)
-    assert _relative_error(got, src, upscaling, hyper_in) < MAX_RELATIVE[dtype]
+    assert _error_against_fp64(got, src, upscaling, hyper_in) < MAX_RELATIVE[dtype]
 
 
 @torch.no_grad()
@@ -58,7 +59,7 @@ def test_planted_sub_pixel_swap_fails_the_bound():
     planted = copy.deepcopy(upscaling)
     planted[3].weight.copy_(planted[3].weight.transpose(2, 3).clone())
     got = upscaled_masks(src, planted.to(torch.bfloat16), hyper_in)
-    assert _relative_error(got, src, upscaling, hyper_in) > 10 * MAX_RELATIVE[torch.bfloat16]
+    assert _error_against_fp64(got, src, upscaling, hyper_in) > 10 * MAX_RELATIVE[torch.bfloat16]
 
 
 @torch.no_grad()

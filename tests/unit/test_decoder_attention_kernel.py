@@ -13,7 +13,6 @@ import copy
 import functools
 import importlib
 import logging
-import zlib
 
 import pytest
 import torch
@@ -31,6 +30,7 @@ from samfast.kernels import (  # noqa: E402
 )
 from samfast.modeling.transformer import Attention  # noqa: E402
 from tests.decoder_inputs import decoder_inputs  # noqa: E402
+from tests.kernel_accuracy import node_seed, relative_error  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("triton_interpreted")
 
@@ -51,10 +51,6 @@ SHAPES = [
     (64, 8, 40, 16, 2, None),  # 8 heads x 16 tokens: the widest the kernels take
 ]
 SHAPE_IDS = ["sam-gathered", "sam-per-prompt", "4-heads", "2-heads", "128-columns"]
-
-
-def _seed(request) -> int:
-    return zlib.crc32(request.node.nodeid.encode())
 
 
 def make_modules(seed: int, c: int, heads: int) -> tuple[nn.Module, nn.LayerNorm]:
@@ -82,14 +78,10 @@ def fp64(*modules_or_tensors):
     return [x.double() if isinstance(x, torch.Tensor) else copy.deepcopy(x).double() for x in modules_or_tensors]
 
 
-def relative_error(got, want) -> float:
-    return ((got.double() - want).abs().max() / want.abs().max()).item()
-
-
 def token_to_image_error(request, dtype, shape, run=token_to_image_attention) -> float:
     c, heads, length, tokens, images, image_index = shape
-    attn, _ = make_modules(_seed(request), c, heads)
-    keys, pe, queries, _, index = make_inputs(_seed(request), c, length, tokens, images, image_index, dtype)
+    attn, _ = make_modules(node_seed(request), c, heads)
+    keys, pe, queries, _, index = make_inputs(node_seed(request), c, length, tokens, images, image_index, dtype)
     got = run(copy.deepcopy(attn).to(dtype), queries, keys, pe, index)
     assert got.shape == (queries.shape[0], tokens, c) and got.dtype == dtype
     return relative_error(got, token_to_image_attention_reference(*fp64(attn, queries, keys, pe), index))
@@ -97,8 +89,8 @@ def token_to_image_error(request, dtype, shape, run=token_to_image_attention) ->
 
 def image_to_token_error(request, dtype, shape, run=image_to_token_attention) -> float:
     c, heads, length, tokens, images, image_index = shape
-    attn, norm = make_modules(_seed(request), c, heads)
-    keys, pe, tokens_k, tokens_v, index = make_inputs(_seed(request), c, length, tokens, images, image_index, dtype)
+    attn, norm = make_modules(node_seed(request), c, heads)
+    keys, pe, tokens_k, tokens_v, index = make_inputs(node_seed(request), c, length, tokens, images, image_index, dtype)
     got = run(copy.deepcopy(attn).to(dtype), copy.deepcopy(norm).to(dtype), keys, pe, tokens_k, tokens_v, index)
     assert got.shape == (tokens_k.shape[0], length, c) and got.dtype == dtype
     want = image_to_token_attention_reference(*fp64(attn, norm, keys, pe, tokens_k, tokens_v), index)
@@ -172,8 +164,8 @@ def test_planted_image_to_token_defect_is_caught(request, monkeypatch, plant, dt
 @torch.no_grad()
 def test_cpu_without_interpreter_falls_back_visibly(request, monkeypatch, caplog):
     monkeypatch.delenv("TRITON_INTERPRET")
-    attn, norm = make_modules(_seed(request), 64, 4)
-    keys, pe, tokens_k, tokens_v, index = make_inputs(_seed(request), 64, 10, 3, 2, [1, 0, 1], torch.float32)
+    attn, norm = make_modules(node_seed(request), 64, 4)
+    keys, pe, tokens_k, tokens_v, index = make_inputs(node_seed(request), 64, 10, 3, 2, [1, 0, 1], torch.float32)
     with caplog.at_level(logging.WARNING, logger="samfast.kernels"):
         pooled = token_to_image_attention(attn, tokens_k, keys, pe, index)
         updated = image_to_token_attention(attn, norm, keys, pe, tokens_k, tokens_v, index)
@@ -188,8 +180,8 @@ def test_cpu_without_interpreter_falls_back_visibly(request, monkeypatch, caplog
 
 @torch.no_grad()
 def test_more_tokens_than_the_kernels_hold_fall_back(request):
-    attn, norm = make_modules(_seed(request), 64, 8)
-    keys, pe, tokens_k, tokens_v, _ = make_inputs(_seed(request), 64, 10, 17, 2, None, torch.float32)
+    attn, norm = make_modules(node_seed(request), 64, 8)
+    keys, pe, tokens_k, tokens_v, _ = make_inputs(node_seed(request), 64, 10, 17, 2, None, torch.float32)
     token_to_image_attention(attn, tokens_k, keys, pe)
     image_to_token_attention(attn, norm, keys, pe, tokens_k, tokens_v)
     (reason,) = fallback_counts()
@@ -198,8 +190,8 @@ def test_more_tokens_than_the_kernels_hold_fall_back(request):
 
 @torch.no_grad()
 def test_other_norms_fall_back(request):
-    attn, _ = make_modules(_seed(request), 64, 4)
-    keys, pe, tokens_k, tokens_v, index = make_inputs(_seed(request), 64, 10, 3, 2, [1, 0, 1], torch.float32)
+    attn, _ = make_modules(node_seed(request), 64, 4)
+    keys, pe, tokens_k, tokens_v, index = make_inputs(node_seed(request), 64, 10, 3, 2, [1, 0, 1], torch.float32)
     norm = nn.LayerNorm(64, elementwise_affine=False)
     got = image_to_token_attention(attn, norm, keys, pe, tokens_k, tokens_v, index)
     assert fallback_counts() == {"a norm other than an affine nn.LayerNorm": 1}
@@ -209,8 +201,8 @@ def test_other_norms_fall_back(request):
 
 @torch.no_grad()
 def test_mismatched_shapes_are_refused_with_the_expected_ones(request):
-    attn, norm = make_modules(_seed(request), 64, 4)
-    keys, pe, tokens_k, tokens_v, index = make_inputs(_seed(request), 64, 10, 3, 2, [1, 0, 1], torch.float32)
+    attn, norm = make_modules(node_seed(request), 64, 4)
+    keys, pe, tokens_k, tokens_v, index = make_inputs(node_seed(request), 64, 10, 3, 2, [1, 0, 1], torch.float32)
     with pytest.raises(ValueError, match=r"3 prompts of tokens but 2 of keys"):
         token_to_image_attention(attn, tokens_k, keys, pe)
     with pytest.raises(ValueError, match=r"pe \(1, L, C\)"):

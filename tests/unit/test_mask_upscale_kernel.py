@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import importlib
 import logging
-import zlib
 
 import pytest
 import torch
@@ -23,6 +22,7 @@ import samfast  # noqa: E402
 from samfast.kernels import fallback_counts, upscaled_masks, upscaled_masks_reference  # noqa: E402
 from samfast.modeling.common import LayerNorm2d  # noqa: E402
 from tests.decoder_inputs import decoder_inputs  # noqa: E402
+from tests.kernel_accuracy import node_seed, relative_error  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("triton_interpreted")
 
@@ -59,14 +59,6 @@ def fp64_masks(src, upscaling, hyper_in):
     return upscaled_masks_reference(src.double(), copy.deepcopy(upscaling).double(), hyper_in.double())
 
 
-def relative_error(got, want) -> float:
-    return ((got.double() - want).abs().max() / want.abs().max()).item()
-
-
-def _seed(request) -> int:
-    return zlib.crc32(request.node.nodeid.encode())
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 @pytest.mark.parametrize(
     "p, h, w, c, c1, c2, m",
@@ -78,8 +70,8 @@ def _seed(request) -> int:
 )
 @torch.no_grad()
 def test_kernel_matches_fp64(request, dtype, p, h, w, c, c1, c2, m):
-    upscaling = make_upscaling(_seed(request), c, c1, c2)
-    src, hyper_in = make_inputs(_seed(request), p, h, w, c, c2, m, dtype)
+    upscaling = make_upscaling(node_seed(request), c, c1, c2)
+    src, hyper_in = make_inputs(node_seed(request), p, h, w, c, c2, m, dtype)
     got = upscaled_masks(src, upscaling.to(dtype), hyper_in)
     assert fallback_counts() == {}, "the kernel did not run"
     assert got.shape == (p, m, 4 * h, 4 * w) and got.dtype == dtype
@@ -89,8 +81,8 @@ def test_kernel_matches_fp64(request, dtype, p, h, w, c, c1, c2, m):
 @torch.no_grad()
 def test_strided_tokens(request):
     """src as a non-contiguous view (every other prompt of a larger batch): strides are honoured."""
-    upscaling = make_upscaling(_seed(request), 64, 16, 16)
-    src, hyper_in = make_inputs(_seed(request), 4, 3, 6, 64, 16, 4, torch.float32)
+    upscaling = make_upscaling(node_seed(request), 64, 16, 16)
+    src, hyper_in = make_inputs(node_seed(request), 4, 3, 6, 64, 16, 4, torch.float32)
     src, hyper_in = src[::2], hyper_in[::2]
     assert not src.is_contiguous()
     got = upscaled_masks(src, upscaling, hyper_in)
@@ -116,8 +108,8 @@ def _drop_norm_scale(upscaling: nn.Sequential) -> nn.Sequential:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 @torch.no_grad()
 def test_planted_defect_is_caught(request, plant, dtype):
-    upscaling = make_upscaling(_seed(request), 64, 16, 16)
-    src, hyper_in = make_inputs(_seed(request), 2, 3, 5, 64, 16, 4, dtype)
+    upscaling = make_upscaling(node_seed(request), 64, 16, 16)
+    src, hyper_in = make_inputs(node_seed(request), 2, 3, 5, 64, 16, 4, dtype)
     got = upscaled_masks(src, plant(upscaling).to(dtype), hyper_in)
     assert fallback_counts() == {}
     assert relative_error(got, fp64_masks(src, upscaling, hyper_in)) > 10 * RELATIVE_TOLERANCE[dtype]
@@ -126,8 +118,8 @@ def test_planted_defect_is_caught(request, plant, dtype):
 @torch.no_grad()
 def test_cpu_without_interpreter_falls_back_visibly(request, monkeypatch, caplog):
     monkeypatch.delenv("TRITON_INTERPRET")
-    upscaling = make_upscaling(_seed(request), 64, 16, 16)
-    src, hyper_in = make_inputs(_seed(request), 2, 3, 5, 64, 16, 4, torch.float32)
+    upscaling = make_upscaling(node_seed(request), 64, 16, 16)
+    src, hyper_in = make_inputs(node_seed(request), 2, 3, 5, 64, 16, 4, torch.float32)
     with caplog.at_level(logging.WARNING, logger="samfast.kernels"):
         got = upscaled_masks(src, upscaling, hyper_in)
     assert fallback_counts() == {"cpu tensors without TRITON_INTERPRET=1": 1}
@@ -145,9 +137,9 @@ def test_cpu_without_interpreter_falls_back_visibly(request, monkeypatch, caplog
 )
 @torch.no_grad()
 def test_other_upscalings_fall_back(request, change, reason_part):
-    upscaling = make_upscaling(_seed(request), 64, 16, 16)
+    upscaling = make_upscaling(node_seed(request), 64, 16, 16)
     change(upscaling)
-    src, hyper_in = make_inputs(_seed(request), 1, 2, 2, 64, 16, 4, torch.float32)
+    src, hyper_in = make_inputs(node_seed(request), 1, 2, 2, 64, 16, 4, torch.float32)
     upscaled_masks(src, upscaling, hyper_in)
     (reason,) = fallback_counts()
     assert reason_part in reason
@@ -176,8 +168,8 @@ def assert_kernel_equals_the_gemm_path(decoder, decode) -> None:
 
 @torch.no_grad()
 def test_mismatched_shapes_are_refused_with_the_expected_ones(request):
-    upscaling = make_upscaling(_seed(request), 64, 16, 16)
-    src, hyper_in = make_inputs(_seed(request), 2, 3, 5, 64, 16, 4, torch.float32)
+    upscaling = make_upscaling(node_seed(request), 64, 16, 16)
+    src, hyper_in = make_inputs(node_seed(request), 2, 3, 5, 64, 16, 4, torch.float32)
     with pytest.raises(ValueError, match=r"hyper_in \(P, masks, 16\)"):
         upscaled_masks(src, upscaling, hyper_in[..., :8])
     with pytest.raises(ValueError, match=r"src \(P, h, w, 64\)"):
@@ -209,9 +201,9 @@ def fp64_sam2_masks(src, upscaling, hyper_in, high_res, image_index):
 )
 @torch.no_grad()
 def test_kernel_with_high_res_levels_matches_fp64(request, dtype, p, h, w, c, c1, c2, m, images):
-    upscaling = make_upscaling(_seed(request), c, c1, c2)
-    src, hyper_in = make_inputs(_seed(request), p, h, w, c, c2, m, dtype)
-    high_res = make_high_res(_seed(request), images, h, w, c1, c2, dtype)
+    upscaling = make_upscaling(node_seed(request), c, c1, c2)
+    src, hyper_in = make_inputs(node_seed(request), p, h, w, c, c2, m, dtype)
+    high_res = make_high_res(node_seed(request), images, h, w, c1, c2, dtype)
     image_index = torch.arange(p) % images
     got = upscaled_masks(src, upscaling.to(dtype), hyper_in, high_res, image_index)
     assert fallback_counts() == {}, "the kernel did not run"
@@ -228,9 +220,9 @@ def _transposed(feat: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def test_planted_high_res_defect_is_caught(request, plant):
     """Each level must reach its own prompt's image and its own pixels."""
-    upscaling = make_upscaling(_seed(request), 64, 16, 16)
-    src, hyper_in = make_inputs(_seed(request), 2, 4, 4, 64, 16, 4, torch.float32)
-    s1, s0 = make_high_res(_seed(request), 2, 4, 4, 16, 16, torch.float32)
+    upscaling = make_upscaling(node_seed(request), 64, 16, 16)
+    src, hyper_in = make_inputs(node_seed(request), 2, 4, 4, 64, 16, 4, torch.float32)
+    s1, s0 = make_high_res(node_seed(request), 2, 4, 4, 16, 16, torch.float32)
     image_index = torch.tensor([0, 1])
     given = {"images-swapped": ((s1, s0), image_index.flip(0)), "stride-8-transposed": ((_transposed(s1), s0), image_index),
              "stride-4-transposed": ((s1, _transposed(s0)), image_index)}[plant]
@@ -255,8 +247,8 @@ def test_sam2_decoder_with_the_kernel_equals_the_gemm_path(monkeypatch):
 
 @torch.no_grad()
 def test_high_res_levels_of_the_wrong_size_are_refused(request):
-    upscaling = make_upscaling(_seed(request), 64, 16, 16)
-    src, hyper_in = make_inputs(_seed(request), 2, 3, 5, 64, 16, 4, torch.float32)
-    s1, s0 = make_high_res(_seed(request), 1, 3, 5, 16, 16, torch.float32)
+    upscaling = make_upscaling(node_seed(request), 64, 16, 16)
+    src, hyper_in = make_inputs(node_seed(request), 2, 3, 5, 64, 16, 4, torch.float32)
+    s1, s0 = make_high_res(node_seed(request), 1, 3, 5, 16, 16, torch.float32)
     with pytest.raises(ValueError, match=r"need high_res levels \(1, 16, 6, 10\) and \(1, 16, 12, 20\)"):
         upscaled_masks(src, upscaling, hyper_in, (s1, s0[..., :-4]))

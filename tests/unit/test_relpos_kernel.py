@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib
 import logging
-import zlib
 
 import pytest
 import torch
@@ -27,6 +26,7 @@ from samfast.kernels import (  # noqa: E402
     relpos_attention_reference,
     reset_fallback_counts,
 )
+from tests.kernel_accuracy import node_seed  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("triton_interpreted")
 
@@ -35,10 +35,6 @@ rpa = importlib.import_module("samfast.kernels.relpos_attention")
 
 FP32_RTOL, FP32_ATOL = 1e-4, 1e-5
 FP16_MAX_ABS = 2e-3
-
-
-def _seed(request) -> int:
-    return zlib.crc32(request.node.nodeid.encode())
 
 
 def make_inputs(seed, B, H, kh, kw, D, dtype, rel_std=2.0, permuted=True):
@@ -106,7 +102,7 @@ SHAPES = [
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 @pytest.mark.parametrize("B,H,kh,kw,D", SHAPES)
 def test_kernel_matches_fp64_math(request, B, H, kh, kw, D, dtype):
-    inputs = make_inputs(_seed(request), B, H, kh, kw, D, dtype)
+    inputs = make_inputs(node_seed(request), B, H, kh, kw, D, dtype)
     out = relpos_attention(*inputs)
     assert fallback_counts() == {}, "the kernel did not run"
     assert out.dtype == dtype and out.shape == inputs[0].shape[1:]
@@ -118,20 +114,20 @@ def test_other_block_sizes(request, monkeypatch, block_m, block_n):
     """Blocks bigger than L, BLOCK_M != BLOCK_N, L (= 45) not a multiple of either."""
     monkeypatch.setattr(rpa, "_INTERPRET_BLOCK_M", block_m)
     monkeypatch.setattr(rpa, "_INTERPRET_BLOCK_N", block_n)
-    inputs = make_inputs(_seed(request), 2, 2, 5, 9, 16, torch.float32)
+    inputs = make_inputs(node_seed(request), 2, 2, 5, 9, 16, torch.float32)
     out = relpos_attention(*inputs)
     assert fallback_counts() == {}
     assert_matches_math(out, math_fp64(*inputs), torch.float32)
 
 
 def test_contiguous_inputs_and_explicit_scale(request):
-    inputs = make_inputs(_seed(request), 1, 2, 4, 4, 16, torch.float32, permuted=False)
+    inputs = make_inputs(node_seed(request), 1, 2, 4, 4, 16, torch.float32, permuted=False)
     out = relpos_attention(*inputs, scale=0.3)
     assert_matches_math(out, math_fp64(*inputs, scale=0.3), torch.float32)
 
 
 def test_output_transposes_to_a_view(request):
-    out = relpos_attention(*make_inputs(_seed(request), 2, 2, 4, 4, 16, torch.float32))
+    out = relpos_attention(*make_inputs(node_seed(request), 2, 2, 4, 4, 16, torch.float32))
     merged = out.transpose(1, 2)
     assert merged.is_contiguous(), "kernel output should be (B, L, H, D) memory"
 
@@ -154,7 +150,7 @@ DEFECT_SHAPES = [s for s in SHAPES if s.id in ("B1H1-3x5-D16-grid", "B1H2-3x20-D
 @pytest.mark.parametrize("B,H,kh,kw,D", DEFECT_SHAPES)
 def test_planted_defect_bias_without_log2e_fails(request, B, H, kh, kw, D, dtype):
     """The published kernel's bug (exp2 with an unscaled bias) must fail the same tolerance."""
-    inputs = make_inputs(_seed(request), B, H, kh, kw, D, dtype)
+    inputs = make_inputs(node_seed(request), B, H, kh, kw, D, dtype)
     ref = math_fp64(*inputs)
     assert error_vs_math(relpos_attention(*inputs), ref, dtype)[0]
     defective = relpos_attention(*inputs, _bias_log2e=False)
@@ -164,7 +160,7 @@ def test_planted_defect_bias_without_log2e_fails(request, B, H, kh, kw, D, dtype
 
 def test_planted_defect_is_caught_even_at_small_bias(request):
     """At rel ~ N(0, 1) the defect still exceeds the fp16 tolerance many times over."""
-    inputs = make_inputs(_seed(request), 1, 1, 4, 4, 64, torch.float16, rel_std=1.0)
+    inputs = make_inputs(node_seed(request), 1, 1, 4, 4, 64, torch.float16, rel_std=1.0)
     diff = (relpos_attention(*inputs, _bias_log2e=False).double() - math_fp64(*inputs)).abs().max()
     assert diff > 10 * FP16_MAX_ABS
 
@@ -190,7 +186,7 @@ TABLE_SHAPES = [s for s in SHAPES if "grid" in s.id] + [pytest.param(2, 2, 14, 1
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 @pytest.mark.parametrize("B,H,kh,kw,D", TABLE_SHAPES)
 def test_bias_from_tables_matches_fp64_math(request, B, H, kh, kw, D, dtype):
-    inputs = make_table_inputs(_seed(request), B, H, kh, kw, D, dtype)
+    inputs = make_table_inputs(node_seed(request), B, H, kh, kw, D, dtype)
     assert forms_bias_from_tables(*inputs)
     out = relpos_attention_from_tables(*inputs)
     assert fallback_counts() == {}, "the kernel did not run"
@@ -202,7 +198,7 @@ def test_bias_from_tables_matches_fp64_math(request, B, H, kh, kw, D, dtype):
 def test_bias_from_tables_across_query_blocks(request, monkeypatch, block_m):
     """Query blocks that start mid-row and run past L (the gather's clamped indices)."""
     monkeypatch.setattr(rpa, "_INTERPRET_BLOCK_M", block_m)
-    inputs = make_table_inputs(_seed(request), 1, 2, 5, 9, 16, torch.float32)
+    inputs = make_table_inputs(node_seed(request), 1, 2, 5, 9, 16, torch.float32)
     qkv, table_h, table_w = inputs
     assert_matches_math(relpos_attention_from_tables(*inputs, scale=0.3), math_fp64(
         qkv, *rel_factors_from_tables(qkv[0].double(), table_h.double(), table_w.double()), scale=0.3
@@ -210,7 +206,7 @@ def test_bias_from_tables_across_query_blocks(request, monkeypatch, block_m):
 
 
 def test_planted_defect_bias_from_tables_without_log2e_fails(request):
-    inputs = make_table_inputs(_seed(request), 1, 2, 3, 5, 16, torch.float16)
+    inputs = make_table_inputs(node_seed(request), 1, 2, 3, 5, 16, torch.float16)
     ok, msg = error_vs_math(relpos_attention_from_tables(*inputs, _bias_log2e=False), tables_math_fp64(*inputs), torch.float16)
     assert not ok, f"the tolerance let the log2(e) defect through: {msg}"
 
@@ -219,7 +215,7 @@ def test_rel_factors_from_tables_are_the_models_decomposed_rel_pos(request):
     """The PyTorch form of the tables' product equals SAM's decomposed rel-pos (segment_anything's math)."""
     from samfast.modeling.image_encoder import decomposed_rel_pos
 
-    qkv, table_h, table_w = make_table_inputs(_seed(request), 2, 3, 5, 7, 16, torch.float32)
+    qkv, table_h, table_w = make_table_inputs(node_seed(request), 2, 3, 5, 7, 16, torch.float32)
     q, table_h, table_w = qkv[0].double(), table_h.double(), table_w.double()
     for got, want in zip(rel_factors_from_tables(q, table_h, table_w), decomposed_rel_pos(q, table_h, table_w, (5, 7))):
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
@@ -227,7 +223,7 @@ def test_rel_factors_from_tables_are_the_models_decomposed_rel_pos(request):
 
 def test_bias_from_tables_refuses_what_it_cannot_serve(request):
     """Key rows a key tile can hold whole (kw = 16) take the rel_h / rel_w route; the error names it."""
-    inputs = make_table_inputs(_seed(request), 1, 1, 2, 16, 16, torch.float32)
+    inputs = make_table_inputs(node_seed(request), 1, 1, 2, 16, 16, torch.float32)
     assert not forms_bias_from_tables(*inputs)
     with pytest.raises(ValueError, match="rel_factors_from_tables"):
         relpos_attention_from_tables(*inputs)
@@ -240,7 +236,7 @@ def test_windowed_attention_block_forms_its_bias_in_the_kernel(request, monkeypa
     """SAM's windowed attention under the triton switch skips decomposed_rel_pos and equals the math path."""
     from samfast.modeling import image_encoder
 
-    torch.manual_seed(_seed(request))
+    torch.manual_seed(node_seed(request))
     attn = image_encoder.Attention(dim=64, num_heads=2, input_size=(14, 14)).requires_grad_(False)
     torch.nn.init.normal_(attn.rel_pos_h, std=0.3)
     torch.nn.init.normal_(attn.rel_pos_w, std=0.3)
@@ -265,7 +261,7 @@ def test_windowed_attention_block_forms_its_bias_in_the_kernel(request, monkeypa
     ids=["fp64", "bf16-interpreter", "D33"],
 )
 def test_unsupported_inputs_fall_back_visibly(request, caplog, dtype, D, reason_part):
-    inputs = make_inputs(_seed(request), 1, 2, 3, 5, D, dtype)
+    inputs = make_inputs(node_seed(request), 1, 2, 3, 5, D, dtype)
     with caplog.at_level(logging.WARNING, logger="samfast.kernels"):
         out = relpos_attention(*inputs)
         out2 = relpos_attention(*inputs)
@@ -288,7 +284,7 @@ def test_unsupported_inputs_fall_back_visibly(request, caplog, dtype, D, reason_
 
 def test_cpu_without_interpreter_falls_back(request, monkeypatch, caplog):
     monkeypatch.delenv("TRITON_INTERPRET")
-    inputs = make_inputs(_seed(request), 2, 1, 3, 5, 16, torch.float32)
+    inputs = make_inputs(node_seed(request), 2, 1, 3, 5, 16, torch.float32)
     with caplog.at_level(logging.WARNING, logger="samfast.kernels"):
         out = relpos_attention(*inputs)
     assert fallback_counts() == {"cpu tensors without TRITON_INTERPRET=1": 1}
@@ -297,7 +293,7 @@ def test_cpu_without_interpreter_falls_back(request, monkeypatch, caplog):
 
 
 def test_autograd_falls_back_and_has_gradients(request):
-    qkv, rel_h, rel_w = make_inputs(_seed(request), 1, 1, 3, 5, 16, torch.float32)
+    qkv, rel_h, rel_w = make_inputs(node_seed(request), 1, 1, 3, 5, 16, torch.float32)
     qkv = qkv.detach().requires_grad_()
     out = relpos_attention(qkv, rel_h, rel_w)
     out.sum().backward()
@@ -306,7 +302,7 @@ def test_autograd_falls_back_and_has_gradients(request):
 
 
 def test_reset_fallback_counts(request):
-    inputs = make_inputs(_seed(request), 1, 1, 3, 5, 16, torch.float64)
+    inputs = make_inputs(node_seed(request), 1, 1, 3, 5, 16, torch.float64)
     relpos_attention(*inputs)
     assert sum(fallback_counts().values()) == 1
     reset_fallback_counts()
@@ -314,12 +310,12 @@ def test_reset_fallback_counts(request):
 
 
 def test_reference_matches_fp64_math(request):
-    inputs = make_inputs(_seed(request), 2, 2, 3, 5, 16, torch.float64)
+    inputs = make_inputs(node_seed(request), 2, 2, 3, 5, 16, torch.float64)
     torch.testing.assert_close(relpos_attention_reference(*inputs), math_fp64(*inputs), rtol=1e-10, atol=1e-12)
 
 
 def test_bad_shapes_raise(request):
-    qkv, rel_h, rel_w = make_inputs(_seed(request), 1, 1, 3, 5, 16, torch.float32)
+    qkv, rel_h, rel_w = make_inputs(node_seed(request), 1, 1, 3, 5, 16, torch.float32)
     with pytest.raises(ValueError, match="kh \\* kw"):
         relpos_attention(qkv, rel_h[..., :2], rel_w)
     with pytest.raises(ValueError, match=r"\(3, B, H, L, D\)"):
@@ -332,7 +328,7 @@ def test_bad_shapes_raise(request):
 
 
 def test_custom_op_schema_and_fake_impl(request):
-    qkv, rel_h, rel_w = make_inputs(_seed(request), 1, 2, 4, 4, 16, torch.float32)
+    qkv, rel_h, rel_w = make_inputs(node_seed(request), 1, 2, 4, 4, 16, torch.float32)
     op = torch.ops.samfast.relpos_attention.default
     result = torch.library.opcheck(
         op, (qkv, rel_h, rel_w, 0.25, True), test_utils=("test_schema", "test_faketensor")
@@ -343,7 +339,7 @@ def test_custom_op_schema_and_fake_impl(request):
 def test_fallback_under_compile_has_no_graph_break(request, monkeypatch):
     """On CPU without the interpreter compile takes the fallback; counting it must not break the graph."""
     monkeypatch.delenv("TRITON_INTERPRET")
-    inputs = make_inputs(_seed(request), 1, 2, 3, 5, 16, torch.float32)
+    inputs = make_inputs(node_seed(request), 1, 2, 3, 5, 16, torch.float32)
 
     def f(qkv, rel_h, rel_w):
         return relpos_attention(qkv, rel_h, rel_w) * 2
