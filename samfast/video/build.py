@@ -17,10 +17,11 @@ from samfast.stages import SWITCHES, compile_mode, parse_stages
 # The switches the tracking step is built for so far. bf16: weights in bf16 as for images; the step
 # casts what it makes in fp32 (masks into the memory encoder, the pointers' sine encodings) to the
 # model's dtype where sam2 leaves that to CUDA autocast. compile: the image encoder (a static batch
-# of frames_per_encode frames a call) and the decoder as for images, plus the memory attention and
-# the memory encoder with static shapes (compile_tracking): the memory read at its fixed capacity,
-# padded and masked. sdpa: as for images, plus the memory cross-attention's keys split into chunks
-# attended in one batched call where one call would leave the GPU idle (samfast.sam2.memory.attention).
+# of frames_per_encode frames a call) and the decoder as for images, plus the memory attention, the
+# memory encoder and a propagated frame's heads with static shapes (compile_tracking): the memory read
+# at its fixed capacity, padded and masked. sdpa: as for images, plus the memory cross-attention's
+# keys split into chunks attended in one batched call where one call would leave the GPU idle
+# (samfast.sam2.memory.attention).
 VIDEO_SWITCHES = frozenset({"bf16", "compile", "sdpa"})
 # the stages the video gate runs unless told, from the baseline up: each switch alone on fp32, then
 # stacked on bf16 (on a CPU the gate leaves the compiled ones out: parity.tasks.video.runner.default_stages)
@@ -68,11 +69,13 @@ def build_sam_video(
 def compile_tracking(model: SAM2Base) -> None:
     """The compile switch's tracking half (build_sam2_model compiled the image encoder and the decoder):
     the memory read at its fixed capacity, so that neither the memory attention nor the memory encoder
-    recompiles as the video grows. Each compiles (fullgraph) a static graph for one object and one graph
-    for every larger batch of objects (samfast.sam2.memory.static_graphs), the attention one per number of
-    conditioning frames too. Mode: SAMFAST_COMPILE_MODE,
+    recompiles as the video grows, and the heads of a frame tracked without prompts (prompt encoder,
+    decoder, object pointer) as one graph. Each compiles (fullgraph) a static graph for one object and one
+    graph for every larger batch of objects (samfast.sam2.memory.static_graphs), the attention one per number
+    of conditioning frames too. Mode: SAMFAST_COMPILE_MODE,
     else max-autotune on a GPU and inductor's default on a CPU, as for images."""
     model.fixed_capacity_memory = True
     mode = compile_mode(model.device)
     model.memory_attention.compile_static(mode)
     model.memory_encoder.compile_static(mode)
+    model.compile_propagation_heads(mode)

@@ -1,7 +1,7 @@
-"""torch.compile for the tracker's memory encoder and attention: a static graph for one object, one graph
-for every larger number of objects.
+"""torch.compile for the tracker's memory encoder and attention and a propagated frame's heads: a static
+graph for one object, one graph for every larger number of objects.
 
-Both take the objects tracked together as their batch. Compiled with static shapes only, every object
+Each takes the objects tracked together as its batch. Compiled with static shapes only, every object
 count was a graph of its own: a new count meant a new compile (minutes in max-autotune, the GPU default),
 and past dynamo's recompile_limit (8) a fullgraph function raises FailOnRecompileLimitHit: a ninth count
 crashed tracking (session 27). Now, from DYNAMIC_FROM_OBJECTS on, the object dimension of each input is

@@ -111,7 +111,9 @@ class Sam2MaskDecoder(nn.Module):
         image embedding for all B prompts (else one per prompt). image_index (B,) instead: prompt b
         reads image image_index[b]'s embedding and high-resolution features (prompts of several
         images in one call: the nt switch)."""
-        predict = self.predict_masks if self.compiled_predict_masks is None else self._predict_masks_compiled
+        # inside another compiled graph (the tracker's propagation heads) traced inline at that graph's shapes
+        compiled = self.compiled_predict_masks is not None and not torch.compiler.is_compiling()
+        predict = self._predict_masks_compiled if compiled else self.predict_masks
         masks, iou_pred, mask_tokens_out, object_score_logits = predict(
             image_embeddings, image_pe, sparse_prompt_embeddings, dense_prompt_embeddings, repeat_image, high_res_features,
             image_index,
