@@ -22,10 +22,13 @@ from samfast.stages import SWITCHES, compile_mode, parse_stages
 # at its fixed capacity, padded and masked. sdpa: as for images, plus the memory cross-attention's
 # keys split into chunks attended in one batched call where one call would leave the GPU idle
 # (samfast.sam2.memory.attention).
-VIDEO_SWITCHES = frozenset({"bf16", "compile", "sdpa"})
+# triton: as for images (Hiera's small windows, the decoder's upscaling; its cross attentions only for
+# calls of MIN_FUSED_PROMPTS prompts and more, samfast.sam2.sam.mask_decoder, so not a tracked frame's few).
+VIDEO_SWITCHES = frozenset({"bf16", "compile", "sdpa", "triton"})
 # the stages the video gate runs unless told, from the baseline up: each switch alone on fp32, then
 # stacked on bf16 (on a CPU the gate leaves the compiled ones out: parity.tasks.video.runner.default_stages)
-VIDEO_STAGES = ("fp32", "fp32+sdpa", "bf16", "bf16+sdpa", "fp32+compile", "bf16+compile+sdpa")
+VIDEO_STAGES = ("fp32", "fp32+sdpa", "bf16", "bf16+sdpa", "fp32+compile", "bf16+compile+sdpa",
+                "bf16+compile+sdpa+triton")
 
 
 def build_sam_video(

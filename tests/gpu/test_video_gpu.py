@@ -4,7 +4,7 @@ that grow by a fixed number per tracked frame and never with the memory, and the
 
 Seeded sam2.1_hiera_nano at the video gate's 256 input (parity.tasks.video.track), the gate's generated
 clips, compile mode `default` (as the other GPU layers: max-autotune's search costs minutes and gates no
-threshold). The CPU layers hold the same predictor to sam2's (tests/unit/test_sam2_video.py), the fp32
+threshold), but for one test of the full stack replaying CUDA graphs (reduce-overhead). The CPU layers hold the same predictor to sam2's (tests/unit/test_sam2_video.py), the fp32
 stages to the video golden (tests/parity/test_video_gate.py) and the compiled tracker to eager
 (tests/system/test_video_compile.py); here the parts only CUDA has: bf16 on tensor cores, syncs, and
 inductor's Triton graphs.
@@ -25,6 +25,7 @@ from parity.tasks.source import ModelSource
 from parity.tasks.video import runner
 from parity.tasks.video.track import DEFAULT_INPUT_SIZE, prompts
 from samfast.stages import parse_stages
+from samfast.video.build import VIDEO_STAGES
 
 pytestmark = pytest.mark.gpu
 
@@ -32,6 +33,7 @@ DEVICE = "cuda"
 SOURCE = ModelSource("sam2.1_hiera_nano", None, 0)
 SPEC = runner.VideoSpec(videos=1, frames=8)
 COMPILED = "bf16+compile+sdpa"
+FULL_STACK = VIDEO_STAGES[-1]  # every switch built for tracking
 CUDA_STAGES = [s for s in runner.default_stages(torch.device(DEVICE)) if s != "fp32"]
 EAGER_STAGES = [s for s in CUDA_STAGES if "compile" not in parse_stages(s)]
 # Three xdist groups, which the gate's workers take in parallel: as one group they were one worker's 131 s,
@@ -88,6 +90,19 @@ def test_the_stage_sets_are_every_cuda_stage():
 @pytest.mark.parametrize("stages", STAGE_SETS)
 def test_cuda_stages_pass_against_the_fp32_golden(stages, golden, tmp_path):
     results, _ = runner.run_check(SOURCE, SPEC, stages, device=DEVICE, golden=golden, report_dir=tmp_path,
+                                  require_gpu=True)
+    failed = {r.stage: r.error or r.gates for r in results if not r.passed}
+    assert not failed, failed
+
+
+@compiled_group("cuda graphs")
+def test_compiled_stage_replaying_cuda_graphs_passes_against_the_fp32_golden(golden, tmp_path, monkeypatch):
+    """The compile switch's GPU default (max-autotune) and reduce-overhead replay CUDA graphs, whose outputs
+    live in a pool the next replay may reuse: a tensor kept across graphs unread is a crash ("accessing tensor
+    output of CUDAGraphs that has been overwritten", the memory attention's output before 2ac9c33 copied it)
+    or masks silently overwritten. The other compiled tests run mode default, without CUDA graphs."""
+    monkeypatch.setenv("SAMFAST_COMPILE_MODE", "reduce-overhead")
+    results, _ = runner.run_check(SOURCE, SPEC, [FULL_STACK], device=DEVICE, golden=golden, report_dir=tmp_path,
                                   require_gpu=True)
     failed = {r.stage: r.error or r.gates for r in results if not r.passed}
     assert not failed, failed

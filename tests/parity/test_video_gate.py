@@ -164,15 +164,16 @@ def test_coco_flags_are_refused_for_the_video_task(capsys):
 
 
 def test_stage_not_built_for_tracking_is_refused_by_name(golden, tmp_path, capsys):
-    code = main(["check", *CLI_ARGS, "--seed", "0", "--golden", str(golden), "--stages", "bf16+triton",
+    code = main(["check", *CLI_ARGS, "--seed", "0", "--golden", str(golden), "--stages", "bf16+nt",
                  "--report-dir", str(tmp_path)])
     assert code == 2
-    err = capsys.readouterr().err  # tracking builds no triton (samfast.video.build.VIDEO_STAGES), image SAM 2 does
-    assert "triton" in err and "not built" in err
+    err = capsys.readouterr().err  # tracking builds no nt (samfast.video.build.VIDEO_STAGES), image SAM 2 does
+    assert "nt" in err and "not built" in err
 
 
 def test_compiled_stages_run_by_default_on_a_gpu_only():
     """Minutes of inductor's C++ compile on a CPU (tests/system/test_video_compile.py runs one there)."""
     assert runner.default_stages(torch.device("cpu")) == ["fp32", "fp32+sdpa", "bf16", "bf16+sdpa"]
     assert runner.default_stages(torch.device("cuda")) == [*runner.default_stages(torch.device("cpu")),
-                                                          "fp32+compile", "bf16+compile+sdpa"]
+                                                          "fp32+compile", "bf16+compile+sdpa",
+                                                          "bf16+compile+sdpa+triton"]

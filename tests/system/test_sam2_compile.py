@@ -84,10 +84,12 @@ def image_to_token_as_torch_ops(keys, pe, a, a_bias, b, out_bias, gamma, beta, i
 @pytest.mark.usefixtures("triton_interpreted")
 def test_sam2_decoder_compiled_with_its_kernels_pads_to_the_widest_and_never_recompiles(monkeypatch):
     """The triton switch's fused graph takes prompts of 2..9 tokens in one graph (the kernels padded to their
-    widest, a width constant at trace time), more go to the module graph: 2 graphs, no recompile, the
-    module path's masks. The kernels' launches are their math in torch ops here (the CPU); on the GPU
-    tests/gpu/test_decoder_attention_gpu.py runs the kernels themselves."""
+    widest, a width constant at trace time), more go to the module graph, and so do calls of fewer prompts
+    than MIN_FUSED_PROMPTS (the kernels would leave the GPU idle): 2 graphs, no recompile, the module
+    path's masks. The kernels' launches are their math
+    in torch ops here (the CPU); on the GPU tests/gpu/test_decoder_attention_gpu.py runs the kernels themselves."""
     from samfast.kernels import decoder_attention as da
+    from samfast.sam2.sam.mask_decoder import MIN_FUSED_PROMPTS
     from tests.sam2_decoder_inputs import sam2_decoder_inputs
 
     monkeypatch.setattr(da, "unsupported_reason", lambda tensors: None)  # as on a GPU
@@ -99,12 +101,17 @@ def test_sam2_decoder_compiled_with_its_kernels_pads_to_the_widest_and_never_rec
     torch._dynamo.reset()
     model = samfast.build_sam("sam2.1_hiera_nano", device="cpu", stages="fp32+compile+triton")
     decoder, eager = model.sam_mask_decoder, samfast.build_sam("sam2.1_hiera_nano", device="cpu").sam_mask_decoder
+    routed = []  # the graph each call took: True for the fused one
+    decoder.compiled_predict_masks = {fused: lambda *args, _graph=graph, _fused=fused: routed.append(_fused) or _graph(*args)
+                                      for fused, graph in decoder.compiled_predict_masks.items()}
     with watch() as seen, torch.no_grad():
-        for points in (1, 4, 8, 9, 16):  # 8 points, sam2's padding point and 6 output tokens: 15 of 16
-            embeddings, pe, sparse, dense, high_res, index = sam2_decoder_inputs(model, 3, points_per_prompt=points)
+        # 8 points, sam2's padding point and 6 output tokens: 15 of 16; 9 and 16 points: too many tokens
+        for prompts, points in [(MIN_FUSED_PROMPTS, n) for n in (1, 4, 8, 9, 16)] + [(MIN_FUSED_PROMPTS - 1, 1), (1, 1)]:
+            embeddings, pe, sparse, dense, high_res, index = sam2_decoder_inputs(model, prompts, points_per_prompt=points)
             got = decoder(embeddings, pe, sparse, dense, True, False, high_res, image_index=index)
             want = eager(embeddings, pe, sparse, dense, True, False, high_res, image_index=index)
             for a, b in zip(got, want, strict=True):
                 torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
     seen.assert_clean()
     assert seen.graphs_compiled == 2
+    assert routed == [True] * 3 + [False] * 4  # 9 and 16 points, then too few prompts: the module graph

@@ -29,6 +29,7 @@ from samfast.kernels import (  # noqa: E402
     token_to_image_attention_reference,
 )
 from samfast.modeling.transformer import Attention  # noqa: E402
+from samfast.sam2.sam.mask_decoder import MIN_FUSED_PROMPTS  # noqa: E402
 from tests.decoder_inputs import decoder_inputs  # noqa: E402
 from tests.kernel_accuracy import node_seed, relative_error  # noqa: E402
 
@@ -260,13 +261,19 @@ def test_padding_to_the_widest_gives_the_same_numbers(request, monkeypatch, dtyp
     assert set(widths) == {da.max_fused_tokens(8)} == {16} and da._padded_tokens(7, 8) == 8
 
 
-@pytest.mark.parametrize("points,fused", [(1, True), (8, True), (9, False), (16, False)])
+FEW = MIN_FUSED_PROMPTS - 1
+
+
+@pytest.mark.parametrize("prompts,points,fused", [(MIN_FUSED_PROMPTS, 1, True), (MIN_FUSED_PROMPTS, 8, True),
+                                                  (MIN_FUSED_PROMPTS, 9, False), (MIN_FUSED_PROMPTS, 16, False),
+                                                  (FEW, 1, False)])
 @torch.no_grad()
-def test_compiled_sam2_decoder_routes_prompts_the_kernels_cannot_take_to_its_module_graph(points, fused):
+def test_compiled_sam2_decoder_routes_prompts_the_kernels_cannot_take_to_its_module_graph(prompts, points, fused):
     """SAM 2's compiled decoder has a graph for the kernels and one for the module path: prompts of fewer than
     16 tokens (6 output tokens, the points and sam2's padding point: 8 points) take the first, more take the
-    second with the fallback counted, as the kernels count it outside a compiled graph. The compiled graphs
-    are swapped for their eager functions here (the kernels do not run inside torch.compile on the CPU)."""
+    second with the fallback counted, as the kernels count it outside a compiled graph; a call of fewer than
+    MIN_FUSED_PROMPTS prompts takes the module graph by choice, no fallback. The compiled graphs are swapped
+    for their eager functions here (the kernels do not run inside torch.compile on the CPU)."""
     from tests.sam2_decoder_inputs import sam2_decoder_inputs
 
     model = samfast.build_sam("sam2.1_hiera_nano", device="cpu", stages="fp32+compile+triton")
@@ -275,7 +282,7 @@ def test_compiled_sam2_decoder_routes_prompts_the_kernels_cannot_take_to_its_mod
         route: (lambda *args, route=route, eager=eager: taken.append(route) or eager(*args))
         for route, eager in ((True, decoder._predict_masks_fused), (False, decoder._predict_masks_unfused))
     }
-    embeddings, pe, sparse, dense, high_res, index = sam2_decoder_inputs(model, 3, points_per_prompt=points)
+    embeddings, pe, sparse, dense, high_res, index = sam2_decoder_inputs(model, prompts, points_per_prompt=points)
     masks, *_ = decoder(embeddings, pe, sparse, dense, True, False, high_res, image_index=index)
-    assert taken == [fused] and masks.shape == (3, 3, 256, 256)
-    assert fallback_counts() == ({} if fused else {da.TOO_MANY_TOKENS: 1})
+    assert taken == [fused] and masks.shape == (prompts, 3, 256, 256)
+    assert fallback_counts() == ({} if fused or prompts == FEW else {da.TOO_MANY_TOKENS: 1})

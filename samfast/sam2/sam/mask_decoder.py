@@ -26,6 +26,11 @@ from samfast.sam2.config import (
 from samfast.sam2.mlp import MLP
 from samfast.sam2.sam.transformer import Sam2TwoWayTransformer
 
+# the fewest prompts in a call that the triton switch's cross attentions take (_fills_fused_kernels):
+# hiera_l's decoder on an H100 under a CUDA graph, fused / module path time, 16 prompts 1.16-1.20,
+# 32 prompts 0.86-0.89, 1 prompt 2.7 (docs/measurements/decoder-fused-threshold-h100-2026-11-26.md)
+MIN_FUSED_PROMPTS = 32
+
 
 class Sam2MaskDecoder(nn.Module):
     def __init__(
@@ -156,7 +161,7 @@ class Sam2MaskDecoder(nn.Module):
         high_res_features = [feat.contiguous() for feat in high_res_features]
         for tensor in (image_embeddings, *high_res_features, sparse, dense, image_index):
             torch._dynamo.mark_dynamic(tensor, 0)
-        fused = self._fuses_cross_attention(sparse.shape[1])
+        fused = self._fuses_cross_attention(num_prompts, sparse.shape[1])
         # the fused graph's token counts bounded for dynamo: a guard its trace makes inside that range (as
         # the empty padding at the kernels' full width did) fails its first compile, ConstraintViolationError,
         # not a later call with a recompile (tests/system/test_sam2_compile.py); min as well: max alone
@@ -175,16 +180,23 @@ class Sam2MaskDecoder(nn.Module):
         output_tokens = self.obj_score_token.num_embeddings + self.iou_token.num_embeddings + self.num_mask_tokens
         return max_fused_tokens(self.transformer.final_attn_token_to_image.num_heads) - output_tokens - 1
 
-    def _fuses_cross_attention(self, prompt_tokens: int) -> bool:
-        """Whether a call with prompts of this many tokens takes the fused graph: with the triton switch on
-        and the tokens within the kernels' width; more is counted as a fallback, as the kernels count it
-        outside a compiled graph."""
-        if not self.transformer.fused_cross_attention:
+    def _fuses_cross_attention(self, num_prompts: int, prompt_tokens: int) -> bool:
+        """Whether a call of this many prompts of this many tokens takes the fused graph: with the triton switch
+        on, prompts enough to fill the GPU (_fills_fused_kernels) and the tokens within the kernels' width;
+        more tokens are counted as a fallback, as the kernels count it outside a compiled graph."""
+        if not self._fills_fused_kernels(num_prompts):
             return False
         if prompt_tokens > self._max_fused_prompt_tokens():
             note_fallback("the decoder's cross attentions", TOO_MANY_TOKENS, "the module path")
             return False
         return True
+
+    def _fills_fused_kernels(self, num_prompts: int) -> bool:
+        """The triton switch's cross attentions for this many prompts: on, and prompts enough. The token-to-image
+        kernel runs one program per prompt over all its image tokens, so a few prompts (a tracked frame's
+        objects, one click) leave the GPU idle where the module path's attention spreads each prompt's
+        image tokens over it (MIN_FUSED_PROMPTS)."""
+        return self.transformer.fused_cross_attention and num_prompts >= MIN_FUSED_PROMPTS
 
     def predict_masks(
         self,
@@ -198,8 +210,11 @@ class Sam2MaskDecoder(nn.Module):
         fused_cross_attention: bool | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """All four masks and IoUs, the mask tokens and the object score logits. fused_cross_attention:
-        the transformer's cross attentions on the kernels or not (None: as the transformer is set)."""
+        the transformer's cross attentions on the kernels or not (None: as the triton switch and the
+        prompt count say, _fills_fused_kernels)."""
         num_prompts = sparse_prompt_embeddings.shape[0]
+        if fused_cross_attention is None:
+            fused_cross_attention = self._fills_fused_kernels(num_prompts)
         output_tokens = torch.cat([self.obj_score_token.weight, self.iou_token.weight, self.mask_tokens.weight])
         output_tokens = output_tokens.unsqueeze(0).expand(num_prompts, -1, -1)
         tokens = torch.cat((output_tokens, sparse_prompt_embeddings), dim=1)
