@@ -4,10 +4,10 @@ that grow by a fixed number per tracked frame and never with the memory, and the
 
 Seeded sam2.1_hiera_nano at the video gate's 256 input (parity.tasks.video.track), the gate's generated
 clips, compile mode `default` (as the other GPU layers: max-autotune's search costs minutes and gates no
-threshold), but for one test of the full stack replaying CUDA graphs (reduce-overhead). The CPU layers hold the same predictor to sam2's (tests/unit/test_sam2_video.py), the fp32
-stages to the video golden (tests/parity/test_video_gate.py) and the compiled tracker to eager
-(tests/system/test_video_compile.py); here the parts only CUDA has: bf16 on tensor cores, syncs, and
-inductor's Triton graphs.
+threshold), but for one test of the full stack replaying CUDA graphs (reduce-overhead). The CPU layers
+hold the same predictor to sam2's (tests/unit/test_sam2_video.py), the fp32 stages to the video golden
+(tests/parity/test_video_gate.py) and the compiled tracker to eager (tests/system/test_video_compile.py);
+here the parts only CUDA has: bf16 on tensor cores, syncs, inductor's Triton graphs and CUDA graphs.
 """
 
 from __future__ import annotations

@@ -86,8 +86,8 @@ def test_sam2_decoder_compiled_with_its_kernels_pads_to_the_widest_and_never_rec
     """The triton switch's fused graph takes prompts of 2..9 tokens in one graph (the kernels padded to their
     widest, a width constant at trace time), more go to the module graph, and so do calls of fewer prompts
     than MIN_FUSED_PROMPTS (the kernels would leave the GPU idle): 2 graphs, no recompile, the module
-    path's masks. The kernels' launches are their math
-    in torch ops here (the CPU); on the GPU tests/gpu/test_decoder_attention_gpu.py runs the kernels themselves."""
+    path's masks. The kernels' launches are their math in torch ops here (the CPU); on the GPU
+    tests/gpu/test_decoder_attention_gpu.py runs the kernels themselves."""
     from samfast.kernels import decoder_attention as da
     from samfast.sam2.sam.mask_decoder import MIN_FUSED_PROMPTS
     from tests.sam2_decoder_inputs import sam2_decoder_inputs
