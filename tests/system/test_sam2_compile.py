@@ -10,11 +10,9 @@ graph is the same code; 1024 only costs inductor time); the decoder on seeded fe
 from __future__ import annotations
 
 import functools
-import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import samfast
 from parity.checks.compile import watch
@@ -62,25 +60,6 @@ def test_sam2_compiles_once_for_every_image_and_point_count():
     assert seen.graphs_compiled == 2 and used.exercised == ["compile: 2 graph(s) compiled"]
 
 
-# samfast's triton_ops of the decoder attention kernels written as torch ops (their math, per prompt), so the
-# compiled graph that calls them is traced on the CPU, where the kernels cannot run inside torch.compile.
-# The kernels' logits are in log2 units.
-
-
-def token_to_image_as_torch_ops(keys, pe, m, index):
-    x = keys.index_select(0, index)
-    weights = torch.softmax((x + pe) @ m * math.log(2), dim=1)  # over the image tokens
-    return weights.transpose(1, 2) @ x
-
-
-def image_to_token_as_torch_ops(keys, pe, a, a_bias, b, out_bias, gamma, beta, index, t_pad, eps):
-    x = keys.index_select(0, index)
-    p, length, columns = x.shape[0], x.shape[1], a.shape[2]
-    logits = ((x + pe) @ a + a_bias[:, None, :]) * math.log(2)
-    weights = torch.softmax(logits.view(p, length, columns // t_pad, t_pad), dim=-1).view(p, length, columns)
-    return F.layer_norm(weights @ b + x + out_bias, (x.shape[-1],), gamma, beta, eps)
-
-
 @pytest.mark.usefixtures("triton_interpreted")
 def test_sam2_decoder_compiled_with_its_kernels_pads_to_the_widest_and_never_recompiles(monkeypatch):
     """The triton switch's fused graph takes prompts of 2..9 tokens in one graph (the kernels padded to their
@@ -88,13 +67,11 @@ def test_sam2_decoder_compiled_with_its_kernels_pads_to_the_widest_and_never_rec
     than MIN_FUSED_PROMPTS (the kernels would leave the GPU idle): 2 graphs, no recompile, the module
     path's masks. The kernels' launches are their math in torch ops here (the CPU); on the GPU
     tests/gpu/test_decoder_attention_gpu.py runs the kernels themselves."""
-    from samfast.kernels import decoder_attention as da
     from samfast.sam2.sam.mask_decoder import MIN_FUSED_PROMPTS
+    from tests.decoder_kernel_ops import kernels_as_torch_ops
     from tests.sam2_decoder_inputs import sam2_decoder_inputs
 
-    monkeypatch.setattr(da, "unsupported_reason", lambda tensors: None)  # as on a GPU
-    monkeypatch.setattr(da, "_run_token_to_image", token_to_image_as_torch_ops)
-    monkeypatch.setattr(da, "_run_image_to_token", image_to_token_as_torch_ops)
+    kernels_as_torch_ops(monkeypatch)
     # the guards on the token count are dynamo's and AOTAutograd's; inductor's CPU code generation would
     # only add a minute
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))

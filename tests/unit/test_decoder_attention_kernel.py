@@ -268,15 +268,21 @@ FEW = MIN_FUSED_PROMPTS - 1
                                                   (MIN_FUSED_PROMPTS, 9, False), (MIN_FUSED_PROMPTS, 16, False),
                                                   (FEW, 1, False)])
 @torch.no_grad()
-def test_compiled_sam2_decoder_routes_prompts_the_kernels_cannot_take_to_its_module_graph(prompts, points, fused):
+def test_compiled_sam2_decoder_routes_prompts_the_kernels_cannot_take_to_its_module_graph(prompts, points, fused,
+                                                                                           monkeypatch):
     """SAM 2's compiled decoder has a graph for the kernels and one for the module path: prompts of fewer than
     16 tokens (6 output tokens, the points and sam2's padding point: 8 points) take the first, more take the
     second with the fallback counted, as the kernels count it outside a compiled graph; a call of fewer than
     MIN_FUSED_PROMPTS prompts takes the module graph by choice, no fallback. The compiled graphs are swapped
-    for their eager functions here (the kernels do not run inside torch.compile on the CPU)."""
+    for their eager functions here, the attention kernels for their math in torch ops (their arithmetic is
+    tested above) and the input is 256 (16 x 16 image tokens): 32 prompts on the interpreted kernels at
+    1024 took minutes."""
+    from parity.tasks.video.track import at_input_size
+    from tests.decoder_kernel_ops import kernels_as_torch_ops
     from tests.sam2_decoder_inputs import sam2_decoder_inputs
 
-    model = samfast.build_sam("sam2.1_hiera_nano", device="cpu", stages="fp32+compile+triton")
+    kernels_as_torch_ops(monkeypatch)
+    model = at_input_size(samfast.build_sam("sam2.1_hiera_nano", device="cpu", stages="fp32+compile+triton"), 256)
     decoder, taken = model.sam_mask_decoder, []
     decoder.compiled_predict_masks = {
         route: (lambda *args, route=route, eager=eager: taken.append(route) or eager(*args))
@@ -284,5 +290,5 @@ def test_compiled_sam2_decoder_routes_prompts_the_kernels_cannot_take_to_its_mod
     }
     embeddings, pe, sparse, dense, high_res, index = sam2_decoder_inputs(model, prompts, points_per_prompt=points)
     masks, *_ = decoder(embeddings, pe, sparse, dense, True, False, high_res, image_index=index)
-    assert taken == [fused] and masks.shape == (prompts, 3, 256, 256)
+    assert taken == [fused] and masks.shape == (prompts, 3, 64, 64)
     assert fallback_counts() == ({} if fused or prompts == FEW else {da.TOO_MANY_TOKENS: 1})

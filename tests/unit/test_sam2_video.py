@@ -593,8 +593,8 @@ def test_builders_take_sam2_video_settings():
     assert dataclasses.asdict(video.model.tracking) == dataclasses.asdict(predictor.model.tracking)
     with pytest.raises(ValueError, match="no memory"):
         samfast.build_sam_video("vit_b")
-    with pytest.raises(samfast.StageError, match="triton"):
-        samfast.build_sam_video("sam2.1_hiera_nano", stages="bf16+triton")
+    with pytest.raises(samfast.StageError, match="the nt switch"):  # one prompt per object per step
+        samfast.build_sam_video("sam2.1_hiera_nano", stages="bf16+nt")
     compiled = samfast.build_sam_video("sam2.1_hiera_nano", device="cpu", stages="fp32+compile").model
     assert compiled.fixed_capacity_memory and compiled.memory_attention.compiled_attend is not None
     assert compiled.static_batch == 1  # one frame per image-encoder call
