@@ -120,10 +120,7 @@ class SAM2Tracking:
         pointer (B, C), object score logits (B, 1)); the single masks are the best by IoU.
         A frame without prompts takes the compiled propagation heads where the compile switch built them."""
         if point_inputs is None and mask_inputs is None and self.compiled_propagation_heads is not None:
-            outputs = self.compiled_propagation_heads(backbone_features, *high_res_features, multimask_output)
-            # copies: with CUDA graphs the next call (the next group of objects, the next frame) reuses the
-            # outputs' buffers, and the memory bank keeps every frame's masks and pointers
-            return tuple(out.clone() for out in outputs)
+            return self.compiled_propagation_heads(backbone_features, *high_res_features, multimask_output)
         return self._sam_heads(backbone_features, point_inputs, mask_inputs, high_res_features, multimask_output)
 
     def _sam_heads(

@@ -219,13 +219,9 @@ class MemoryAttention(nn.Module):
         of them object pointers; memory_mask (B, M) bool, False for a padded memory token -> (L, B, C)."""
         if isinstance(curr, list):  # sam2 passes one-element lists
             (curr,), (curr_pos,) = curr, curr_pos
+        attend = self.attend if self.compiled_attend is None else self.compiled_attend
         rotations = self.rotations(curr.shape[0], curr.device)
-        if self.compiled_attend is None:
-            return self.attend(curr, memory, curr_pos, memory_pos, rotations, num_obj_ptr_tokens, memory_mask)
-        out = self.compiled_attend(curr, memory, curr_pos, memory_pos, rotations, num_obj_ptr_tokens, memory_mask)
-        # a copy: with CUDA graphs (max-autotune, reduce-overhead) the output lives in the graphs' shared pool,
-        # and the next graph it feeds (the propagation heads) may start a new generation that reuses it
-        return out.clone()
+        return attend(curr, memory, curr_pos, memory_pos, rotations, num_obj_ptr_tokens, memory_mask)
 
     def attend(
         self,

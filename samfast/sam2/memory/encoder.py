@@ -77,13 +77,8 @@ class MemoryEncoder(nn.Module):
         self, pix_feat: torch.Tensor, masks: torch.Tensor, skip_mask_sigmoid: bool = False
     ) -> dict[str, torch.Tensor | list[torch.Tensor]]:
         """pix_feat (B, 256, 64, 64), mask logits (B, 1, 1024, 1024) -> sam2's dict of the memory and its encoding."""
-        if self.compiled_encode is None:
-            return self.encode(pix_feat, masks, skip_mask_sigmoid)
-        out = self.compiled_encode(pix_feat, masks, skip_mask_sigmoid)
-        # copies: compiled with CUDA graphs (max-autotune on a GPU) the next call reuses the outputs' buffers,
-        # and the bank keeps every frame's memory (sam2's vos_optimized clones them too)
-        return {"vision_features": out["vision_features"].clone(),
-                "vision_pos_enc": [pos.clone() for pos in out["vision_pos_enc"]]}
+        encode = self.encode if self.compiled_encode is None else self.compiled_encode
+        return encode(pix_feat, masks, skip_mask_sigmoid)
 
     def encode(
         self, pix_feat: torch.Tensor, masks: torch.Tensor, skip_mask_sigmoid: bool

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+from torch.utils._pytree import tree_map_only
 
 GRAPHS_PER_FUNCTION = 64  # graphs of one function: conditioning-frame counts x capacities x object ranges
 DYNAMIC_FROM_OBJECTS = 2  # from this many objects on, the object dimension is dynamic
@@ -28,7 +29,11 @@ DYNAMIC_FROM_OBJECTS = 2  # from this many objects on, the object dimension is d
 def compile_per_object_count(fn: Callable, mode: str, object_dims: dict[int, int]) -> Callable:
     """fn compiled (fullgraph, `mode`): static for one object, dynamic in the objects from DYNAMIC_FROM_OBJECTS on.
     object_dims: {position of a tensor argument: its object dimension}; a None argument is skipped,
-    the first one listed gives the count."""
+    the first one listed gives the count. The outputs are copies: with CUDA graphs (max-autotune,
+    reduce-overhead) they live in the graphs' shared pool, which the next replay of any of these graphs
+    may reuse ("accessing tensor output of CUDAGraphs that has been overwritten": the memory attention's
+    output feeding the propagation heads), and the memory bank keeps every frame's memories, masks and
+    pointers (sam2's vos_optimized clones them too)."""
     compiled = torch.compile(fn, mode=mode, fullgraph=True, dynamic=False)
     (count_position, count_dim), *_ = object_dims.items()
 
@@ -43,6 +48,6 @@ def compile_per_object_count(fn: Callable, mode: str, object_dims: dict[int, int
                     torch._dynamo.maybe_mark_dynamic(args[position], dim)
         limit = max(torch._dynamo.config.recompile_limit, GRAPHS_PER_FUNCTION)
         with torch._dynamo.config.patch(recompile_limit=limit):
-            return compiled(*args)
+            return tree_map_only(torch.Tensor, torch.clone, compiled(*args))
 
     return call
