@@ -62,7 +62,7 @@ def build_sam_video(
     switches = parse_stages(stages)
     if "sdpa" in switches:
         for layer in model.memory_attention.layers:
-            layer.cross_attn_image.split_keys = True
+            layer.cross_attn_image.split_by_memory_frame = True
     if "compile" in switches:
         compile_tracking(model)
     apply_video_postprocessing(model)

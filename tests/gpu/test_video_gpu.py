@@ -147,21 +147,22 @@ def test_compiled_tracker_never_recompiles_over_100_frames():
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_split_memory_keys_equal_one_call_on_cuda(dtype):
-    """The sdpa switch's split cross-attention on CUDA's kernels (cuDNN in bf16, the memory-efficient one
-    in fp32) against one F.scaled_dot_product_attention call, both against fp64: the memory attention's
-    head (one of 256 channels), a memory of 3 frames with the last two padded for one object."""
-    from samfast.sam2.memory.attention import attention_over_key_splits
+def test_cross_attention_by_memory_frame_equals_one_call_on_cuda(dtype):
+    """The sdpa switch's cross-attention split by memory frame on CUDA's kernels (cuDNN in bf16, the
+    memory-efficient one in fp32) against one masked F.scaled_dot_product_attention call, both against
+    fp64: the memory attention's head (one of 256 channels), a memory of 3 frames of 16 x 16 tokens and 10
+    pointer tokens, the last two frames and 6 pointer tokens padded for the second object."""
+    from samfast.sam2.memory.attention import attention_by_memory_frame
 
     generator = torch.Generator(device=DEVICE).manual_seed(0)
-    # 778 keys: 3 frames of 16 x 16 and 10 pointer tokens, padded to chunks the kernels' alignment takes
     q, k, v = (torch.randn(2, 1, n, 256, generator=generator, device=DEVICE, dtype=torch.float64) for n in (256, 778, 778))
     mask = torch.ones(2, 778, dtype=torch.bool, device=DEVICE)
     mask[1, 256:768] = False
+    mask[1, 772:] = False
     exact = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None, None, :])
     inputs = [x.to(dtype) for x in (q, k, v)]
     one_call = torch.nn.functional.scaled_dot_product_attention(*inputs, attn_mask=mask[:, None, None, :])
-    split = attention_over_key_splits(*inputs, mask, 4)
+    split = attention_by_memory_frame(*inputs, mask, 10)
 
     def error(out: torch.Tensor) -> float:
         return ((out.double() - exact).norm() / exact.norm()).item()

@@ -1,6 +1,8 @@
 """The memory at its fixed capacity (samfast.sam2.tracker._at_fixed_capacity, what the video compile switch
 reads): one shape for the memory attention whatever the bank holds, padding that takes no part in the
-cross-attention (its contents change no bit of the output), and the real memories' result to float rounding.
+cross-attention (its contents change no bit of the output), and the real memories' result to float rounding,
+with the cross-attention in one masked call and split by memory frame (the sdpa switch's: a padded frame is
+whole, a slot all padding or all memory).
 
 Seeded sam2.1_hiera_nano's memory attention at a 256 input (16 x 16 tokens a frame) on random features and
 memories, two objects in one batch. The bank: a conditioning frame 0, then frames 1..n tracked, as a video
@@ -81,6 +83,29 @@ def recording_shapes(model, monkeypatch) -> list[tuple]:
     return shapes
 
 
+@pytest.fixture(params=[False, True], ids=["one-call", "by-frame"])
+def split(request, model):
+    """The cross-attentions in one masked call, or split by memory frame (the sdpa switch's)."""
+    layers = model.memory_attention.layers
+    for layer in layers:
+        layer.cross_attn_image.split_by_memory_frame = request.param
+    yield request.param
+    for layer in layers:
+        layer.cross_attn_image.split_by_memory_frame = False
+
+
+def test_padding_fills_whole_frame_slots(model, bank, features, monkeypatch):
+    """What attention_by_memory_frame relies on: each frame slot of the key mask is all memory or all padding."""
+    masks = []
+    attend = model.memory_attention.attend
+    monkeypatch.setattr(model.memory_attention, "attend", lambda *args: masks.append(args[-1]) or attend(*args))
+    for frame_idx in range(1, NUM_FRAMES):
+        conditioned(model, bank, frame_idx, features, fixed=True)
+    for mask in masks:
+        slots = mask[:, : 7 * SIDE * SIDE].reshape(BATCH, 7, SIDE * SIDE)
+        assert torch.equal(slots.all(dim=-1), slots.any(dim=-1))
+
+
 def test_the_memory_attention_sees_one_shape_as_the_bank_fills(model, bank, features, monkeypatch):
     shapes = recording_shapes(model, monkeypatch)
     for frame_idx in range(1, NUM_FRAMES):
@@ -98,7 +123,7 @@ def test_the_memory_attention_sees_one_shape_as_the_bank_fills(model, bank, feat
 
 
 @pytest.mark.parametrize("frame_idx", [1, 3, 8, 20])
-def test_padding_contents_change_no_bit(model, bank, features, monkeypatch, frame_idx):
+def test_padding_contents_change_no_bit(model, bank, features, monkeypatch, frame_idx, split):
     """The padded slots filled with random tokens instead of zeros: the same features, bit for bit (the key
     mask takes them out of the softmax; rotating them and projecting them touches no real token)."""
     zeros = conditioned(model, bank, frame_idx, features, fixed=True)
@@ -113,7 +138,7 @@ def test_padding_contents_change_no_bit(model, bank, features, monkeypatch, fram
 
 
 @pytest.mark.parametrize("frame_idx", [1, 3, 7, 20])
-def test_padded_memory_equals_sams_to_rounding(model, bank, features, frame_idx):
+def test_padded_memory_equals_sams_to_rounding(model, bank, features, frame_idx, split):
     """The real slots keep sam2's order, rotations (the pointer tokens unrotated) and temporal encodings:
     the padded step gives the unpadded one's features to fp32 rounding. Measured over frames 1..23 (CPU,
     torch 2.14.1): at most 2.9e-6 at values up to 4.3 (a few ulps: the softmax and the weighted sum add

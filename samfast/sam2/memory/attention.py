@@ -9,12 +9,15 @@ forward for a new size, outside the layers, so a compiled graph of the layers (c
 them as an input and never sees a module attribute change. A memory padded to a fixed capacity
 (samfast.sam2.tracker) comes with a key mask that takes the padding out of the cross-attention.
 
-The cross-attention has one head of 256 channels over 4096 queries and up to ~29k memory keys. With
-one object, one attention call gives the GPU one block of work per 64 queries: 64 blocks for an
-H100's 132 SMs, each walking every key. With `split_keys` (the sdpa switch's, set by
-samfast.video.build) the keys are cut into chunks attended in one batched call, each chunk's output
-weighted by its log-sum-exp: the same softmax, 3.2x faster for one object on an H100 (1455 -> 453 us
-a call, 4 chunks; two objects and more stay one call).
+The cross-attention has one head of 256 channels over 4096 queries and a memory of up to 7 frames of
+4096 tokens, then up to 64 object-pointer tokens; at the fixed capacity (samfast.sam2.tracker) its
+padding is masked out. With `split_by_memory_frame` (the sdpa switch's, set by samfast.video.build) the
+queries attend to each memory frame in one batched, unmasked kernel call (a frame slot is all memory or
+all padding) and to the pointer tokens in plain masked math; the parts are merged by their log-sum-exp,
+a padded slot with no weight: the same softmax. On an H100 (bf16, compiled, hiera_l's shapes;
+docs/measurements/memory-attention-by-frame-h100-2026-11-26.md) a call took 734 -> 242 us for one object
+and 3060 -> 1785 us for eight: cuDNN's kernel runs about twice as long with a mask as without, and one
+object's single sequence gave an H100's 132 SMs 32 blocks of work, its frames give them 224.
 """
 
 from __future__ import annotations
@@ -30,68 +33,56 @@ from samfast.sam2.memory.static_graphs import compile_per_object_count
 
 ROPE_THETA = 10000.0
 ROPE_FEAT_SIZES = (64, 64)  # the feature map at sam2's 1024 input
-# split_keys cuts the keys of one sequence (one object, one head) into this many chunks: measured fastest
-# on an H100 (2: 785 us, 4: 453, 8: 493 a call of 4096 x 28736 keys)
-SPLIT_SEQUENCES = 4
-# keys per chunk are a multiple of this: the memory-efficient kernel takes a bias only with its rows
-# 16-byte aligned ("attn_bias is not correctly aligned", 130 keys a chunk in fp32 at a 256 input)
-CHUNK_ALIGN = 8
 
 
-def key_splits(sequences: int, device: torch.device) -> int:
-    """How many chunks split_keys cuts the keys of `sequences` (batch x heads) attention sequences into:
-    on a CPU one (its kernel loops over every query anyway); on a GPU SPLIT_SEQUENCES for one sequence,
-    else one: two objects give the GPU a block per 64 queries of each (128 for 132 SMs), and the compiled
-    tracker's one graph for every count from 2 on (static_graphs) must not branch on the count."""
-    if device.type != "cuda" or sequences != 1:
-        return 1
-    return SPLIT_SEQUENCES
-
-
-def _attention_and_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _attention_and_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The attention output and the log-sum-exp of each query's scores (B, H, Lq), in one kernel: the
     SDPA backends' own ops (F.scaled_dot_product_attention does not return the log-sum-exp). cuDNN's
     measured fastest on an H100 (half precision only); in fp32 or below Hopper, the memory-efficient kernel."""
     if q.device.type != "cuda":
-        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, attn_mask=bias)
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v)[:2]
     if q.dtype in (torch.float16, torch.bfloat16) and torch.cuda.get_device_capability(q.device) >= (9, 0):
-        out, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, bias, True)[:2]
+        out, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True)[:2]
     else:
-        out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, bias, True)[:2]
+        out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, True)[:2]
     return out, lse[..., : q.shape[-2]]  # the efficient kernel pads the queries to a multiple of 32
 
 
-def attention_over_key_splits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None,
-                              splits: int) -> torch.Tensor:
-    """softmax(q k^T / sqrt(d)) v for (B, H, L, D) inputs, the keys cut into `splits` chunks attended
-    as one batch of B x splits: each chunk's output weighted by exp(its log-sum-exp - the total's).
-    key_mask (B, keys) bool, False for a key that takes no part; keys are padded with masked ones so
-    that every chunk holds a multiple of CHUNK_ALIGN keys. A chunk with no key left has no weight
-    (every query keeps at least one key)."""
+def attention_by_memory_frame(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None,
+                              num_ptr_tokens: int) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d)) v for (B, H, L, D) inputs whose keys are memory frames of L tokens each
+    (as many as the queries), then num_ptr_tokens pointer tokens. Each frame is attended in one batch of
+    B x frames unmasked sequences, the pointers in plain math with their mask, and each part's output is
+    weighted by exp(its log-sum-exp - the total's). key_mask (B, keys) bool, False for a key that takes no
+    part: a frame's tokens must all be in or all out (the tracker pads whole frames), only its first
+    token is read. Every query must keep at least one key."""
     b, h, lq, d = q.shape
-    keys = k.shape[-2]
+    merge = torch.promote_types(q.dtype, torch.float32)  # bf16 parts merged in fp32
+    frame_keys = k.shape[-2] - num_ptr_tokens
+    if frame_keys % lq:
+        raise ValueError(f"{frame_keys} memory frame tokens are not whole frames of the queries' {lq} tokens")
+    frames = frame_keys // lq
     if key_mask is None:
-        key_mask = torch.ones(b, keys, dtype=torch.bool, device=k.device)
-    pad = -keys % (splits * CHUNK_ALIGN)
-    if pad:
-        k, v = F.pad(k, (0, 0, 0, pad)), F.pad(v, (0, 0, 0, pad))
-        key_mask = F.pad(key_mask, (0, pad), value=False)
-    chunk = (keys + pad) // splits
+        key_mask = torch.ones(b, k.shape[-2], dtype=torch.bool, device=k.device)
 
-    def chunks(x: torch.Tensor) -> torch.Tensor:  # (B, H, keys, D) -> (B * splits, H, chunk, D)
-        return x.reshape(b, h, splits, chunk, d).transpose(1, 2).reshape(b * splits, h, chunk, d)
+    def per_frame(x: torch.Tensor) -> torch.Tensor:  # (B, H, frames * L, C) -> (B * frames, H, L, C)
+        return x.reshape(b, h, frames, lq, x.shape[-1]).transpose(1, 2).reshape(b * frames, h, lq, x.shape[-1])
 
-    key_mask = key_mask.reshape(b * splits, 1, 1, chunk)
-    bias = torch.zeros(key_mask.shape, dtype=q.dtype, device=q.device).masked_fill(~key_mask, float("-inf"))
-    queries = q.unsqueeze(1).expand(b, splits, h, lq, d).reshape(b * splits, h, lq, d)
-    out, lse = _attention_and_lse(queries, chunks(k), chunks(v), bias.expand(b * splits, h, lq, chunk))
-    # a chunk of padding only: whatever its kernel returned (0, NaN), no weight
-    empty = ~key_mask.reshape(b, splits, chunk).any(dim=-1).view(b, splits, 1, 1, 1)
-    merge = torch.promote_types(q.dtype, torch.float32)  # bf16 chunks merged in fp32
-    lse = lse.to(merge).reshape(b, splits, h, lq, 1).masked_fill(empty, float("-inf"))
-    weights = torch.softmax(lse, dim=1)
-    out = out.reshape(b, splits, h, lq, d).to(merge).masked_fill(empty, 0.0)
-    return (out * weights).sum(dim=1).to(q.dtype)
+    queries = q.unsqueeze(1).expand(b, frames, h, lq, d).reshape(b * frames, h, lq, d)
+    out, lse = _attention_and_lse(queries, per_frame(k[:, :, :frame_keys]), per_frame(v[:, :, :frame_keys]))
+    in_memory = key_mask[:, :frame_keys:lq].reshape(b, frames, 1, 1)
+    lse = lse.to(merge).reshape(b, frames, h, lq).masked_fill(~in_memory, float("-inf"))
+    outs = out.to(merge).reshape(b, frames, h, lq, v.shape[-1])
+    if num_ptr_tokens:
+        scores = q.to(merge) @ k[:, :, frame_keys:].to(merge).transpose(-1, -2) * d**-0.5
+        scores = scores.masked_fill(~key_mask[:, None, None, frame_keys:], float("-inf"))
+        pointers_lse = torch.logsumexp(scores, dim=-1)  # -inf for an object with no pointer yet
+        # with no pointer, softmax is NaN: its weight below is 0, and 0 x NaN would be NaN
+        pointers_out = torch.softmax(scores, dim=-1).nan_to_num(0.0) @ v[:, :, frame_keys:].to(merge)
+        lse = torch.cat([lse, pointers_lse.unsqueeze(1)], dim=1)
+        outs = torch.cat([outs, pointers_out.unsqueeze(1)], dim=1)
+    weights = torch.softmax(lse, dim=1).unsqueeze(-1)  # (B, parts, H, L, 1)
+    return (outs * weights).sum(dim=1).to(q.dtype)
 
 
 class RoPEAttention(nn.Module):
@@ -112,7 +103,7 @@ class RoPEAttention(nn.Module):
         self.out_proj = nn.Linear(embedding_dim, embedding_dim)
         self.dropout_p = dropout
         self.rope_k_repeat = rope_k_repeat
-        self.split_keys = False  # the sdpa switch's (samfast.video.build): attention_over_key_splits
+        self.split_by_memory_frame = False  # the sdpa switch's (samfast.video.build): attention_by_memory_frame
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         b, n, c = x.shape
@@ -135,9 +126,8 @@ class RoPEAttention(nn.Module):
         num_k_rope = k.shape[-2] - num_k_exclude_rope
         q, k_rope = apply_rotary_enc(q, k[:, :, :num_k_rope], rotations, repeat_freqs_k=self.rope_k_repeat)
         k = torch.cat([k_rope, k[:, :, num_k_rope:]], dim=2)
-        splits = key_splits(q.shape[0] * q.shape[1], q.device) if self.split_keys and not self.training else 1
-        if splits > 1:
-            out = attention_over_key_splits(q, k, v, key_mask, splits)
+        if self.split_by_memory_frame and self.rope_k_repeat and not self.training:
+            out = attention_by_memory_frame(q, k, v, key_mask, num_k_exclude_rope)
         else:
             attn_mask = None if key_mask is None else key_mask[:, None, None, :]
             dropout_p = self.dropout_p if self.training else 0.0
