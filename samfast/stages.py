@@ -73,6 +73,8 @@ def apply_stages(model, switches: frozenset[str]) -> None:
     attn = "sdpa" if "sdpa" in switches else "math"
     for module in model.attention_modules().values():
         module.attn_impl = attn
+    for module in model.memory_cross_attentions().values():
+        module.split_by_memory_frame = "sdpa" in switches  # samfast.sam2.memory.attention.attention_by_memory_frame
     decoder = model.prompt_decoder()
     if "triton" in switches:
         for module in model.triton_attention_modules().values():

@@ -71,7 +71,8 @@ def prove_compile(model, run: RunTrace, switches: frozenset) -> tuple[bool, str]
 
 
 def prove_sdpa(model, run: RunTrace, switches: frozenset) -> tuple[bool, str]:
-    """Every attention module on the SDPA path but those the triton switch takes, and SDPA called."""
+    """Every attention module on the SDPA path but those the triton switch takes, every memory cross-attention
+    (SAM 2's) split by memory frame, and SDPA called."""
     taken = set(model.triton_attention_modules()) if "triton" in switches else set()
     modules = model.attention_modules()
     behind = defaultdict(list)  # the path a module stayed on -> its names
@@ -82,10 +83,15 @@ def prove_sdpa(model, run: RunTrace, switches: frozenset) -> tuple[bool, str]:
         count = sum(map(len, behind.values()))
         paths = "; ".join(f"on the {impl} path: {names(left)}" for impl, left in behind.items())
         return False, f"sdpa: {count} of {len(modules) - len(taken)} attention modules stayed {paths}"
+    memory = model.memory_cross_attentions()
+    if unsplit := [name for name, module in memory.items() if not module.split_by_memory_frame]:
+        return False, f"sdpa: {len(unsplit)} of {len(memory)} memory cross-attentions not split by memory frame: {names(unsplit)}"
     if not run.sdpa["called"]:
         return False, "sdpa: the attention modules are set to SDPA, yet F.scaled_dot_product_attention never ran"
     return True, (f"sdpa: {len(modules) - len(taken)} attention modules on the SDPA path"
-                  + (f" ({len(taken)} more taken by triton)" if taken else "") + "; F.scaled_dot_product_attention ran")
+                  + (f" ({len(taken)} more taken by triton)" if taken else "")
+                  + (f", {len(memory)} memory cross-attentions split by memory frame" if memory else "")
+                  + "; F.scaled_dot_product_attention ran")
 
 
 def prove_triton(model, run: RunTrace, switches: frozenset) -> tuple[bool, str]:

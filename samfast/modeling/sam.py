@@ -45,6 +45,10 @@ class Sam(nn.Module):
         """Every attention module with an `attn_impl` (the sdpa switch's), encoder then decoder, by qualified name."""
         return {name: m for name, m in self.named_modules() if hasattr(m, "attn_impl")}
 
+    def memory_cross_attentions(self) -> dict[str, nn.Module]:
+        """The attentions to a video memory that the sdpa switch splits by memory frame: SAM 1 has no memory."""
+        return {}
+
     def triton_attention_modules(self) -> dict[str, nn.Module]:
         """The encoder attentions the triton switch puts on a kernel: every one (their decomposed rel-pos
         bias fused, kernels.relpos_attention)."""

@@ -92,6 +92,12 @@ class SAM2Base(SAM2Tracking, nn.Module):
         """Every attention module with an `attn_impl` (the sdpa switch's): Hiera's, then the decoder's."""
         return {name: m for name, m in self.named_modules() if hasattr(m, "attn_impl")}
 
+    def memory_cross_attentions(self) -> dict[str, nn.Module]:
+        """The memory attention's cross-attentions, which the sdpa switch splits by memory frame
+        (samfast.sam2.memory.attention.attention_by_memory_frame; only tracking runs them)."""
+        return {f"memory_attention.layers.{i}.cross_attn_image": layer.cross_attn_image
+                for i, layer in enumerate(self.memory_attention.layers)}
+
     def triton_attention_modules(self) -> dict[str, nn.Module]:
         """The encoder attentions the triton switch puts on a kernel: Hiera's whose windows fit
         kernels.window_attention (the second stage's 4 x 4 windows); cuDNN keeps the larger ones."""

@@ -19,9 +19,9 @@ from samfast.stages import SWITCHES, compile_mode, parse_stages
 # model's dtype where sam2 leaves that to CUDA autocast. compile: the image encoder (a static batch
 # of frames_per_encode frames a call) and the decoder as for images, plus the memory attention, the
 # memory encoder and a propagated frame's heads with static shapes (compile_tracking): the memory read
-# at its fixed capacity, padded and masked. sdpa: as for images, plus the memory cross-attention's
-# keys split into chunks attended in one batched call where one call would leave the GPU idle
-# (samfast.sam2.memory.attention).
+# at its fixed capacity, padded and masked. sdpa: as for images, plus the memory cross-attention split
+# at its memory frames, each attended unmasked, its values at the memory's 64 channels
+# (samfast.sam2.memory.attention; set by samfast.stages for every SAM 2 model, run only by tracking).
 # triton: as for images (Hiera's small windows, the decoder's upscaling; its cross attentions only for
 # calls of MIN_FUSED_PROMPTS prompts and more, samfast.sam2.sam.mask_decoder, so not a tracked frame's few).
 VIDEO_SWITCHES = frozenset({"bf16", "compile", "sdpa", "triton"})
@@ -59,11 +59,7 @@ def build_sam_video(
     # the image encoder's static batch under the compile switch: the frames it takes in one call
     model = build_sam2_model(model_type, checkpoint, seed=seed, device=device, stages=stages,
                              batch_size=frames_per_encode)
-    switches = parse_stages(stages)
-    if "sdpa" in switches:
-        for layer in model.memory_attention.layers:
-            layer.cross_attn_image.split_by_memory_frame = True
-    if "compile" in switches:
+    if "compile" in parse_stages(stages):
         compile_tracking(model)
     apply_video_postprocessing(model)
     return SAM2VideoPredictor(model, fill_hole_area=VIDEO_FILL_HOLE_AREA, frames_per_encode=frames_per_encode)

@@ -146,19 +146,24 @@ def test_compiled_tracker_never_recompiles_over_100_frames():
     assert later.graphs_compiled == 0, f"{later.graphs_compiled} graph(s) compiled after frame {FIRST_FRAMES}"
 
 
+@pytest.mark.parametrize("value_width", [256, 64])
+@pytest.mark.parametrize("objects", [1, 2])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_cross_attention_by_memory_frame_equals_one_call_on_cuda(dtype):
+def test_cross_attention_by_memory_frame_equals_one_call_on_cuda(dtype, objects, value_width):
     """The sdpa switch's cross-attention split by memory frame on CUDA's kernels (cuDNN in bf16, the
     memory-efficient one in fp32) against one masked F.scaled_dot_product_attention call, both against
     fp64: the memory attention's head (one of 256 channels), a memory of 3 frames of 16 x 16 tokens and 10
-    pointer tokens, the last two frames and 6 pointer tokens padded for the second object."""
+    pointer tokens, the last two frames and 6 pointer tokens padded for the last object; values of 256
+    channels and of the memory's 64 (the folded value projection: cuDNN refused that width for one
+    object until the queries were made contiguous)."""
     from samfast.sam2.memory.attention import attention_by_memory_frame
 
     generator = torch.Generator(device=DEVICE).manual_seed(0)
-    q, k, v = (torch.randn(2, 1, n, 256, generator=generator, device=DEVICE, dtype=torch.float64) for n in (256, 778, 778))
-    mask = torch.ones(2, 778, dtype=torch.bool, device=DEVICE)
-    mask[1, 256:768] = False
-    mask[1, 772:] = False
+    q, k, v = (torch.randn(objects, 1, n, width, generator=generator, device=DEVICE, dtype=torch.float64)
+               for n, width in ((256, 256), (778, 256), (778, value_width)))
+    mask = torch.ones(objects, 778, dtype=torch.bool, device=DEVICE)
+    mask[-1, 256:768] = False
+    mask[-1, 772:] = False
     exact = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None, None, :])
     inputs = [x.to(dtype) for x in (q, k, v)]
     one_call = torch.nn.functional.scaled_dot_product_attention(*inputs, attn_mask=mask[:, None, None, :])

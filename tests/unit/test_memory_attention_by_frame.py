@@ -1,8 +1,9 @@
 """The memory cross-attention split at its memory frames (the sdpa switch's split_by_memory_frame for video).
 
 attention_by_memory_frame against F.scaled_dot_product_attention in fp64: padded frame slots, pointer
-tokens partly or wholly padded, no pointers, no mask; the module path against its one call; and the
-switch that turns it on. The CUDA kernels (cuDNN in bf16, the memory-efficient one in fp32) are compared
+tokens partly or wholly padded, no pointers, no mask, values narrower than the queries; the module
+path (its value projection folded into the output projection) against its one call; and the switch
+that turns it on. The CUDA kernels (cuDNN in bf16, the memory-efficient one in fp32) are compared
 the same way in tests/gpu/test_video_gpu.py.
 """
 
@@ -20,10 +21,12 @@ from samfast.sam2.memory.rope import axial_rotations
 QUERIES = 12  # tokens of a frame: the queries' and each memory frame's
 
 
-def _inputs(batch: int, heads: int, frames: int, pointers: int, dtype=torch.float64, seed: int = 0):
+def _inputs(batch: int, heads: int, frames: int, pointers: int, value_width: int = 16, seed: int = 0):
+    """q, k of 16 channels, v of value_width (narrower: the folded value projection's memory channels)."""
     generator = torch.Generator().manual_seed(seed)
     keys = frames * QUERIES + pointers
-    return tuple(torch.randn(batch, heads, n, 16, generator=generator, dtype=dtype) for n in (QUERIES, keys, keys))
+    return tuple(torch.randn(batch, heads, n, width, generator=generator, dtype=torch.float64)
+                 for n, width in ((QUERIES, 16), (keys, 16), (keys, value_width)))
 
 
 def _mask(batch: int, frames: int, pointers: int, real_frames: list[int], real_pointers: list[int]) -> torch.Tensor:
@@ -40,18 +43,20 @@ def _reference(q, k, v, mask):
 
 
 @pytest.mark.parametrize(
-    ("batch", "heads", "frames", "pointers", "real_frames", "real_pointers"),
+    ("batch", "heads", "frames", "pointers", "real_frames", "real_pointers", "value_width"),
     [
-        (1, 1, 7, 16, [7], [16]),  # a full memory
-        (1, 1, 7, 16, [1], [4]),  # the first tracked frame: only the prompted frame and its pointer
-        (3, 1, 3, 8, [3, 1, 2], [8, 0, 5]),  # objects at different fills; one without a pointer yet
-        (2, 2, 2, 0, [2, 1], [0, 0]),  # no pointer tokens at all; two heads
+        (1, 1, 7, 16, [7], [16], 16),  # a full memory
+        (1, 1, 7, 16, [1], [4], 16),  # the first tracked frame: only the prompted frame and its pointer
+        (3, 1, 3, 8, [3, 1, 2], [8, 0, 5], 16),  # objects at different fills; one without a pointer yet
+        (2, 2, 2, 0, [2, 1], [0, 0], 16),  # no pointer tokens at all; two heads
+        (1, 1, 3, 8, [2], [4], 4),  # values narrower than the queries (the folded value projection)
+        (3, 1, 3, 8, [3, 1, 2], [8, 0, 5], 4),
     ],
 )
-def test_equals_one_masked_call_in_fp64(batch, heads, frames, pointers, real_frames, real_pointers):
+def test_equals_one_masked_call_in_fp64(batch, heads, frames, pointers, real_frames, real_pointers, value_width):
     """Padded slots and pointer tokens take no part: a padded slot's own attention (over its zero
     keys) gets no weight. Planted defect below: with every slot counted the result differs."""
-    q, k, v = _inputs(batch, heads, frames, pointers)
+    q, k, v = _inputs(batch, heads, frames, pointers, value_width)
     mask = _mask(batch, frames, pointers, real_frames, real_pointers)
     torch.testing.assert_close(attention_by_memory_frame(q, k, v, mask, pointers), _reference(q, k, v, mask),
                                rtol=0, atol=1e-12)
@@ -88,9 +93,10 @@ def test_one_kernel_call_for_every_frame_of_every_object(monkeypatch):
     assert seen == [(15, 1, QUERIES, 16)]
 
 
-def test_cross_attention_module_split_by_memory_frame():
-    """RoPEAttention's split path equals its one call: rotations, the object-pointer keys left unrotated
-    and the padding mask as the tracker passes them."""
+def test_cross_attention_module_split_by_memory_frame(monkeypatch):
+    """RoPEAttention's split path equals its one call: rotations, the object-pointer keys left unrotated,
+    the padding mask as the tracker passes them, and the value projection folded into the output's (the
+    attention weighs the memory's 8 channels; v_proj never runs)."""
     torch.manual_seed(0)
     module = RoPEAttention(32, num_heads=1, dropout=0.0, kv_in_dim=8, rope_k_repeat=True).eval()
     side, frames, pointers = 4, 3, 4
@@ -100,10 +106,16 @@ def test_cross_attention_module_split_by_memory_frame():
     mask[1, side * side : 3 * side * side] = False  # object 2: two padded memory frames
     mask[1, -1] = False  # and a padded pointer token
     freqs = axial_rotations(32, side, side)
+    value_widths = []
+    real = memory_attention._attention_and_lse
+    monkeypatch.setattr(memory_attention, "_attention_and_lse",
+                        lambda q, k, v: value_widths.append(v.shape[-1]) or real(q, k, v))
     with torch.no_grad():
         one_call = module(tgt, memory, memory, freqs, pointers, mask)
         module.split_by_memory_frame = True
+        module.v_proj.register_forward_hook(lambda *_: pytest.fail("the value projection ran: it is folded"))
         split = module(tgt, memory, memory, freqs, pointers, mask)
+    assert value_widths == [8]  # the memory's own channels weighed, not 32 projected ones
     assert not torch.equal(split, one_call)  # another kernel ran (rounding differs) ...
     torch.testing.assert_close(split, one_call, rtol=0, atol=1e-5)  # ... to the same attention
 

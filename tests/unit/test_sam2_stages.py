@@ -159,7 +159,8 @@ def _watched(stage: str, encoder: bool = False):
 
 def test_sdpa_is_exercised_on_sam2():
     assert _watched("fp32+sdpa").exercised == [
-        f"sdpa: {HIERA_T_ATTENTIONS} attention modules on the SDPA path; F.scaled_dot_product_attention ran"]
+        f"sdpa: {HIERA_T_ATTENTIONS} attention modules on the SDPA path, 4 memory cross-attentions split by memory "
+        "frame; F.scaled_dot_product_attention ran"]
 
 
 def test_sdpa_left_on_the_math_path_is_not_exercised(monkeypatch):

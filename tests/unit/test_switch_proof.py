@@ -154,3 +154,23 @@ def test_each_switch_is_exercised_on_the_gpu(stage, monkeypatch):
         prompts = samfast.Prompts(point_coords=np.array([[[10.0, 20.0]], [[150.0, 90.0]]]), point_labels=np.ones((2, 1)))
         samfast.SamPredictor(model).predict_batch([image, image], [prompts, prompts])
     assert used.not_exercised == [] and len(used.exercised) == len(parse_stages(stage))
+
+
+def test_sdpa_proof_covers_sam2s_memory_cross_attentions(monkeypatch):
+    """SAM 2's sdpa switch also splits the memory cross-attentions by memory frame (video tracking): one
+    left whole is named; with every one split, the proof counts them."""
+    from samfast.sam2 import build as sam2_build
+
+    switches = parse_stages("fp32+sdpa")
+    ran = RunTrace(sdpa={"called": True})
+    model = samfast.build_sam("sam2.1_hiera_nano", device="cpu", stages="fp32+sdpa")
+    proven, sentence = PROOFS["sdpa"](model, ran, switches)
+    assert proven and f", {len(model.memory_cross_attentions())} memory cross-attentions split by memory frame;" in sentence
+
+    apply = sam2_build.apply_stages
+    monkeypatch.setattr(sam2_build, "apply_stages", lambda model, switches: apply(model, switches) or setattr(
+        model.memory_attention.layers[1].cross_attn_image, "split_by_memory_frame", False))
+    model = samfast.build_sam("sam2.1_hiera_nano", device="cpu", stages="fp32+sdpa")
+    proven, sentence = PROOFS["sdpa"](model, ran, switches)
+    assert not proven
+    assert sentence.endswith("memory cross-attentions not split by memory frame: memory_attention.layers.1.cross_attn_image")

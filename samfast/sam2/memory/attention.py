@@ -11,7 +11,7 @@ them as an input and never sees a module attribute change. A memory padded to a 
 
 The cross-attention has one head of 256 channels over 4096 queries and a memory of up to 7 frames of
 4096 tokens, then up to 64 object-pointer tokens; at the fixed capacity (samfast.sam2.tracker) its
-padding is masked out. With `split_by_memory_frame` (the sdpa switch's, set by samfast.video.build) the
+padding is masked out. With `split_by_memory_frame` (the sdpa switch's, set by samfast.stages) the
 queries attend to each memory frame in one batched, unmasked kernel call (a frame slot is all memory or
 all padding) and to the pointer tokens in plain masked math; the parts are merged by their log-sum-exp,
 a padded slot with no weight: the same softmax. On an H100 (bf16, compiled, hiera_l's shapes;
@@ -40,7 +40,11 @@ def _attention_and_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tup
     SDPA backends' own ops (F.scaled_dot_product_attention does not return the log-sum-exp). cuDNN's
     measured fastest on an H100 (half precision only); in fp32 or below Hopper, the memory-efficient kernel."""
     if q.device.type != "cuda":
-        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v)[:2]
+        # the CPU kernel takes values of the queries' width only: narrower ones padded with zero channels,
+        # which weigh to zero and are cut off again
+        width = v.shape[-1]
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, F.pad(v, (0, q.shape[-1] - width)))[:2]
+        return out[..., :width], lse
     if q.dtype in (torch.float16, torch.bfloat16) and torch.cuda.get_device_capability(q.device) >= (9, 0):
         out, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True)[:2]
     else:
@@ -68,7 +72,10 @@ def attention_by_memory_frame(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     def per_frame(x: torch.Tensor) -> torch.Tensor:  # (B, H, frames * L, C) -> (B * frames, H, L, C)
         return x.reshape(b, h, frames, lq, x.shape[-1]).transpose(1, 2).reshape(b * frames, h, lq, x.shape[-1])
 
-    queries = q.unsqueeze(1).expand(b, frames, h, lq, d).reshape(b * frames, h, lq, d)
+    # contiguous even for one object (where reshape would give a view, its frames 0 apart): cuDNN lays its
+    # output out like the queries, and with values narrower than the queries that layout was refused
+    # ("stride for the last dimension ... should be 1 for output O", H100, bf16)
+    queries = q.unsqueeze(1).expand(b, frames, h, lq, d).reshape(b * frames, h, lq, d).contiguous()
     out, lse = _attention_and_lse(queries, per_frame(k[:, :, :frame_keys]), per_frame(v[:, :, :frame_keys]))
     in_memory = key_mask[:, :frame_keys:lq].reshape(b, frames, 1, 1)
     lse = lse.to(merge).reshape(b, frames, h, lq).masked_fill(~in_memory, float("-inf"))
@@ -103,7 +110,7 @@ class RoPEAttention(nn.Module):
         self.out_proj = nn.Linear(embedding_dim, embedding_dim)
         self.dropout_p = dropout
         self.rope_k_repeat = rope_k_repeat
-        self.split_by_memory_frame = False  # the sdpa switch's (samfast.video.build): attention_by_memory_frame
+        self.split_by_memory_frame = False  # the sdpa switch's (samfast.stages): attention_by_memory_frame
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         b, n, c = x.shape
@@ -120,20 +127,37 @@ class RoPEAttention(nn.Module):
     ) -> torch.Tensor:
         """rotations: those of the queries' map (MemoryAttention.rotations); key_mask (B, keys)
         bool, False for a key that must take no part (a padded memory slot), None: every key."""
-        q, k, v = self._heads(self.q_proj(q)), self._heads(self.k_proj(k)), self._heads(self.v_proj(v))
+        by_frame = self.split_by_memory_frame and self.rope_k_repeat and not self.training
+        # one head split by frame: the value projection folded into the output projection (_folded_output),
+        # so the attention weighs the memory's own kv_in_dim channels (64 for sam2's 256)
+        folded = by_frame and self.num_heads == 1
+        q, k = self._heads(self.q_proj(q)), self._heads(self.k_proj(k))
+        v = v.unsqueeze(1) if folded else self._heads(self.v_proj(v))
         if q.shape[-2] != k.shape[-2] and not self.rope_k_repeat:
             raise ValueError("keys longer than the queries need rope_k_repeat (memory cross-attention)")
         num_k_rope = k.shape[-2] - num_k_exclude_rope
         q, k_rope = apply_rotary_enc(q, k[:, :, :num_k_rope], rotations, repeat_freqs_k=self.rope_k_repeat)
         k = torch.cat([k_rope, k[:, :, num_k_rope:]], dim=2)
-        if self.split_by_memory_frame and self.rope_k_repeat and not self.training:
+        if by_frame:
             out = attention_by_memory_frame(q, k, v, key_mask, num_k_exclude_rope)
         else:
             attn_mask = None if key_mask is None else key_mask[:, None, None, :]
             dropout_p = self.dropout_p if self.training else 0.0
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
         b, heads, n, c = out.shape
-        return self.out_proj(out.transpose(1, 2).reshape(b, n, heads * c))
+        out = out.transpose(1, 2).reshape(b, n, heads * c)
+        return self._folded_output(out) if folded else self.out_proj(out)
+
+    def _folded_output(self, attended_memory: torch.Tensor) -> torch.Tensor:
+        """out_proj(v_proj(.)) of the attention-weighted memory, as one linear map: a query's weights sum
+        to 1, so weighting the projected values (P (M Wv^T + bv)) equals projecting the weighted memory
+        (P M) Wv^T + bv. On an H100 the cross-attention of 8 objects took 1854 -> 1309 us a call with
+        values of 64 channels instead of 256 (bf16, compiled; docs/measurements/memory-attention-by-frame-h100-2026-11-26.md).
+        The product of the two weights is formed in fp32, then rounded once to the layer's dtype."""
+        w_o, w_v = self.out_proj.weight, self.v_proj.weight
+        weight = (w_o.float() @ w_v.float()).to(w_o.dtype)
+        bias = F.linear(self.v_proj.bias.float(), w_o.float(), self.out_proj.bias.float()).to(w_o.dtype)
+        return F.linear(attended_memory, weight, bias)
 
 
 class MemoryAttentionLayer(nn.Module):
