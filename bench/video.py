@@ -2,7 +2,7 @@
 
     python -m bench.video [--models sam2.1_hiera_t sam2.1_hiera_l] [--objects 1 8] [--videos 1] [--frames 48]
                           [--stages fp32 fp32+sdpa bf16+sdpa] [--reference fp32 bf16] [--vos-optimized]
-                          [--input-size 1024] [--warmup-frames 8] [--out reports/bench] [--cpu]
+                          [--input-size 1024] [--warmup-frames 17] [--out reports/bench] [--cpu]
 
 Issue 37 item 5. For every model, implementation and object count, in one process:
 
@@ -29,7 +29,7 @@ sam2 takes one state a call, so its states are propagated one after another. fps
 video per second.
 The clip: parity.golden.videos' generated clip at --height x --width, written as a JPEG folder, the
 input both predictors' init_state read. Before timing, one warm-up session per row and object count
-tracks --warmup-frames frames (8), so compiling, cuDNN's and the allocator's first calls are not timed.
+tracks --warmup-frames frames (17: the memory bank full), so compiling, cuDNN's and the allocator's first calls are not timed.
 Writes video.md and video.json under --out and prints the table last; a failing configuration is
 recorded and the run goes on. Seeded synthetic weights: the speed and memory of real checkpoints.
 A CPU smoke test (tests/unit/test_bench_video.py): python -m bench.video --cpu --models sam2.1_hiera_nano
@@ -71,9 +71,11 @@ VOS = "bf16 vos_optimized"
 # sam2 row name -> (bf16 autocast, vos_optimized), slowest first
 SAM2_ROWS = {"fp32": (False, False), "bf16": (True, False), VOS: (True, True)}
 # Tracked frames of a warm-up session (--warmup-frames): by frame 8 a model's memory bank holds all its
-# num_maskmem (7) memories, and sam2's vos_optimized memory attention (compiled dynamic=True) has seen the
-# memory count change, where its one recompile from static to dynamic shapes happens: none is timed.
-WARMUP_FRAMES = 8
+# num_maskmem (7) memories, by frame 16 its 16 object pointers (max_obj_ptrs_in_encoder), so sam2's memory
+# attention has met every memory length a video gives it (eager in vos_optimized: cuDNN builds a plan per
+# new length). Until session 30 the warm-up was 8 frames, and vos_optimized's timed session slowed between
+# frames 8 and 18 (H100, docs/measurements/memory-attention-by-frame-h100-2026-11-26.md): first calls timed.
+WARMUP_FRAMES = 17
 CLIP_SEED, CLIP_ID = 0, 1
 JPEG_QUALITY = 95
 
