@@ -21,7 +21,7 @@ from samfast.stages import SWITCHES, compile_mode, parse_stages
 # memory encoder and a propagated frame's heads with static shapes (compile_tracking): the memory read
 # at its fixed capacity, padded and masked. sdpa: as for images, plus the memory cross-attention split
 # at its memory frames, each attended unmasked, its values at the memory's 64 channels
-# (samfast.sam2.memory.attention; set by samfast.stages for every SAM 2 model, run only by tracking).
+# on a GPU (samfast.sam2.memory.attention; set by samfast.stages for every SAM 2 model, run only by tracking).
 # triton: as for images (Hiera's small windows, the decoder's upscaling; its cross attentions only for
 # calls of MIN_FUSED_PROMPTS prompts and more, samfast.sam2.sam.mask_decoder, so not a tracked frame's few).
 VIDEO_SWITCHES = frozenset({"bf16", "compile", "sdpa", "triton"})

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from samfast.sam2 import tracker
+from samfast.sam2.memory import attention
 from samfast.sam2.build import build_sam2_model
 from samfast.video.memory_bank import FrameOutput, MemoryBank
 
@@ -84,8 +85,9 @@ def recording_shapes(model, monkeypatch) -> list[tuple]:
 
 
 @pytest.fixture(params=[False, True], ids=["one-call", "by-frame"])
-def split(request, model):
-    """The cross-attentions in one masked call, or split by memory frame (the sdpa switch's)."""
+def split(request, model, monkeypatch):
+    """The cross-attentions in one masked call, or split by memory frame (the sdpa switch's GPU path, here on the CPU)."""
+    monkeypatch.setattr(attention, "splits_by_memory_frame", lambda device: True)
     layers = model.memory_attention.layers
     for layer in layers:
         layer.cross_attn_image.split_by_memory_frame = request.param

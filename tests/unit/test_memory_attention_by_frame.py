@@ -93,6 +93,12 @@ def test_one_kernel_call_for_every_frame_of_every_object(monkeypatch):
     assert seen == [(15, 1, QUERIES, 16)]
 
 
+def test_on_a_cpu_the_switch_keeps_one_call():
+    """fp32+sdpa stays bit-equal to sam2 on a CPU (tests/unit/test_sam2_video.py): the split runs on GPUs."""
+    assert memory_attention.splits_by_memory_frame(torch.device("cuda"))
+    assert not memory_attention.splits_by_memory_frame(torch.device("cpu"))
+
+
 def test_cross_attention_module_split_by_memory_frame(monkeypatch):
     """RoPEAttention's split path equals its one call: rotations, the object-pointer keys left unrotated,
     the padding mask as the tracker passes them, and the value projection folded into the output's (the
@@ -106,6 +112,7 @@ def test_cross_attention_module_split_by_memory_frame(monkeypatch):
     mask[1, side * side : 3 * side * side] = False  # object 2: two padded memory frames
     mask[1, -1] = False  # and a padded pointer token
     freqs = axial_rotations(32, side, side)
+    monkeypatch.setattr(memory_attention, "splits_by_memory_frame", lambda device: True)  # a GPU's path, on the CPU
     value_widths = []
     real = memory_attention._attention_and_lse
     monkeypatch.setattr(memory_attention, "_attention_and_lse",

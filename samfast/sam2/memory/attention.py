@@ -11,8 +11,8 @@ them as an input and never sees a module attribute change. A memory padded to a 
 
 The cross-attention has one head of 256 channels over 4096 queries and a memory of up to 7 frames of
 4096 tokens, then up to 64 object-pointer tokens; at the fixed capacity (samfast.sam2.tracker) its
-padding is masked out. With `split_by_memory_frame` (the sdpa switch's, set by samfast.stages) the
-queries attend to each memory frame in one batched, unmasked kernel call (a frame slot is all memory or
+padding is masked out. With `split_by_memory_frame` (the sdpa switch's, set by samfast.stages), on a
+GPU (splits_by_memory_frame), the queries attend to each memory frame in one batched, unmasked kernel call (a frame slot is all memory or
 all padding) and to the pointer tokens in plain masked math; the parts are merged by their log-sum-exp,
 a padded slot with no weight: the same softmax. On an H100 (bf16, compiled, hiera_l's shapes;
 docs/measurements/memory-attention-by-frame-h100-2026-11-26.md) a call took 734 -> 242 us for one object
@@ -33,6 +33,13 @@ from samfast.sam2.memory.static_graphs import compile_per_object_count
 
 ROPE_THETA = 10000.0
 ROPE_FEAT_SIZES = (64, 64)  # the feature map at sam2's 1024 input
+
+
+def splits_by_memory_frame(device: torch.device) -> bool:
+    """Where the sdpa switch's split runs: on a GPU. On a CPU one masked call costs about the same (its
+    kernel walks every key anyway), and keeps fp32+sdpa bit-equal to sam2 (tests/unit/test_sam2_video.py,
+    test_sam2_modules.py); the CPU tests that hold the split to the one call patch this."""
+    return device.type == "cuda"
 
 
 def _attention_and_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -127,7 +134,8 @@ class RoPEAttention(nn.Module):
     ) -> torch.Tensor:
         """rotations: those of the queries' map (MemoryAttention.rotations); key_mask (B, keys)
         bool, False for a key that must take no part (a padded memory slot), None: every key."""
-        by_frame = self.split_by_memory_frame and self.rope_k_repeat and not self.training
+        by_frame = (self.split_by_memory_frame and self.rope_k_repeat and not self.training
+                    and splits_by_memory_frame(q.device))
         # one head split by frame: the value projection folded into the output projection (_folded_output),
         # so the attention weighs the memory's own kv_in_dim channels (64 for sam2's 256)
         folded = by_frame and self.num_heads == 1
