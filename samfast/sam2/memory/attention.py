@@ -12,12 +12,14 @@ them as an input and never sees a module attribute change. A memory padded to a 
 The cross-attention has one head of 256 channels over 4096 queries and a memory of up to 7 frames of
 4096 tokens, then up to 64 object-pointer tokens; at the fixed capacity (samfast.sam2.tracker) its
 padding is masked out. With `split_by_memory_frame` (the sdpa switch's, set by samfast.stages), on a
-GPU (splits_by_memory_frame), the queries attend to each memory frame in one batched, unmasked kernel call (a frame slot is all memory or
-all padding) and to the pointer tokens in plain masked math; the parts are merged by their log-sum-exp,
-a padded slot with no weight: the same softmax. On an H100 (bf16, compiled, hiera_l's shapes;
-docs/measurements/memory-attention-by-frame-h100-2026-11-26.md) a call took 734 -> 242 us for one object
-and 3060 -> 1785 us for eight: cuDNN's kernel runs about twice as long with a mask as without, and one
-object's single sequence gave an H100's 132 SMs 32 blocks of work, its frames give them 224.
+GPU (splits_by_memory_frame), the queries attend to each memory frame in one batched, unmasked kernel
+call (a frame slot is all memory or all padding) and to the pointer tokens in plain masked math; the
+parts are merged by their log-sum-exp, a padded slot with no weight: the same softmax. The values stay
+at the memory's channels, the value projection folded into the output projection (_folded_output).
+On an H100 (bf16, compiled, hiera_l's shapes; docs/measurements/memory-attention-by-frame-h100-2026-11-26.md)
+the split took a call 734 -> 242 us for one object and 3060 -> 1785 us for eight: cuDNN's kernel runs
+about twice as long with a mask as without, and one object's single sequence gave an H100's 132 SMs 32
+blocks of work, its frames give them 224.
 """
 
 from __future__ import annotations
