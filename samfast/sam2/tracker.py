@@ -104,8 +104,12 @@ class SAM2Tracking:
         self.compiled_propagation_heads = compile_per_object_count(self._propagation_heads, mode, {0: 0, 1: 0, 2: 0})
 
     def _propagation_heads(self, backbone_features: torch.Tensor, feat_s0: torch.Tensor, feat_s1: torch.Tensor,
-                           multimask_output: bool) -> tuple[torch.Tensor, ...]:
-        return self._sam_heads(backbone_features, None, None, [feat_s0, feat_s1], multimask_output)
+                           multimask_output: bool) -> tuple[torch.Tensor | None, ...]:
+        """_sam_heads without prompts, its two multimask outputs None: a tracked frame keeps only the best
+        mask (track_step), so the compiled graph upscales that one alone and copies no (B, 3, 1024, 1024)
+        fp32 masks out of the CUDA graphs' pool (8 objects: 100 MB written twice a frame)."""
+        _, _, *kept = self._sam_heads(backbone_features, None, None, [feat_s0, feat_s1], multimask_output)
+        return (None, None, *kept)
 
     def _forward_sam_heads(
         self,
@@ -118,7 +122,8 @@ class SAM2Tracking:
         """Prompt encoder and mask decoder on (B, C, 64, 64) features, as sam2 returns them:
         (low-res multimasks, high-res multimasks, IoUs, low-res mask, high-res mask, object
         pointer (B, C), object score logits (B, 1)); the single masks are the best by IoU.
-        A frame without prompts takes the compiled propagation heads where the compile switch built them."""
+        A frame without prompts takes the compiled propagation heads where the compile switch built them
+        (the multimasks None there: _propagation_heads)."""
         if point_inputs is None and mask_inputs is None and self.compiled_propagation_heads is not None:
             return self.compiled_propagation_heads(backbone_features, *high_res_features, multimask_output)
         return self._sam_heads(backbone_features, point_inputs, mask_inputs, high_res_features, multimask_output)

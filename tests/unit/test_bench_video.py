@@ -145,3 +145,24 @@ def test_a_row_that_compiled_while_timed_says_so(tmp_path, grow_every):
     else:  # frames 0-1 warmed up one shape; the timed frames 2-3 and 4-5 bring two more
         assert row.notes["compiled_while_timed"] == 2
         assert "2 graph(s) compiled while timed" in timed_compile_note(row.notes)
+
+
+def test_profile_parts_are_ranged_while_profiling_and_restored_after():
+    from torch.profiler import ProfilerActivity, profile
+
+    from bench.video_profile import PARTS, part_ranges
+
+    class Steps:
+        def __getattr__(self, name):  # every part's method: doubles its argument
+            if name.startswith("__"):
+                raise AttributeError(name)
+            return lambda x: 2 * x
+
+    predictor = Steps()
+    predictor.model = Steps()
+    with part_ranges(predictor), profile(activities=[ProfilerActivity.CPU]) as prof:
+        results = [getattr(getattr(predictor, owner) if owner else predictor, method)(torch.ones(1))
+                   for _, owner, method in PARTS]
+    assert all(torch.equal(r, torch.full((1,), 2.0)) for r in results)
+    assert {part for part, _, _ in PARTS} <= {event.key for event in prof.key_averages()}
+    assert not vars(predictor.model) and set(vars(predictor)) == {"model"}  # the wrappers are gone

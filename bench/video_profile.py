@@ -1,0 +1,159 @@
+"""Where a tracked frame's GPU time goes, per part of the step and per kernel, at each object count.
+
+    python -m bench.video_profile [--model sam2.1_hiera_l] [--stage bf16+compile+sdpa+triton] [--objects 1 8]
+                                  [--frames 24] [--frames-per-encode 8] [--compile-mode reduce-overhead] [--out reports/bench]
+
+For every object count: bench.video's clip and prompts, one warm-up session (--warmup-frames), then one
+session of --frames tracked frames under torch.profiler. The parts are the step's methods, each wrapped
+in a record_function range for this run only: the image encoder (forward_image, a batch of
+--frames-per-encode frames a call), the memory attention (_prepare_memory_conditioned_features), the SAM
+heads (_forward_sam_heads), the memory encoder (_encode_new_memory) and the masks handed out
+(_compact_output). A part's GPU time is that of the kernels its host calls launched (CUDA graph replays
+included), its host time that of the calls themselves, per tracked frame; the kernel table sums every
+kernel of the session by name. The 8 / 1 column
+shows which parts grow with the objects (issue 37's target: 8 objects at most 2x one). Seeded weights.
+Writes video-profile.md under --out and prints it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+
+import samfast
+from bench.timing import device_name, sync
+from bench.video import WARMUP_FRAMES, make_clip, open_session, samfast_predictor, seconds_to_each
+
+# (part, owner attribute of the predictor ("" for the predictor itself), method)
+PARTS = (
+    ("image encoder", "model", "forward_image"),
+    ("memory attention", "model", "_prepare_memory_conditioned_features"),
+    ("SAM heads", "model", "_forward_sam_heads"),
+    ("memory encoder", "model", "_encode_new_memory"),
+    ("masks handed out", "", "_compact_output"),
+)
+KERNEL_ROWS = 30
+
+
+@contextlib.contextmanager
+def part_ranges(predictor):
+    """Each part's method wrapped, on its instance, in a record_function range named after the part."""
+    wrapped = []
+    for part, owner_name, method in PARTS:
+        owner = getattr(predictor, owner_name) if owner_name else predictor
+        inner = getattr(owner, method)
+
+        def ranged(*args, _inner=inner, _part=part, **kwargs):
+            with torch.profiler.record_function(_part):
+                return _inner(*args, **kwargs)
+
+        setattr(owner, method, ranged)
+        wrapped.append((owner, method))
+    try:
+        yield
+    finally:
+        for owner, method in wrapped:
+            delattr(owner, method)
+
+
+def profile_session(predictor, clip, objects: int, frames: int, device: torch.device):
+    """(GPU us per tracked frame of each part, host us of each part, GPU us of each kernel name, wall ms per
+    frame) over one session."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    state, _, _ = open_session(predictor, clip, objects, device)
+    with part_ranges(predictor), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        seconds = seconds_to_each(predictor.propagate_in_video(state, start_frame_idx=0, max_frame_num_to_track=frames),
+                                  device)
+    tracked = len(seconds)
+    parts, host, kernels = {}, {}, {}
+    names = {part for part, _, _ in PARTS}
+    for event in prof.key_averages():
+        on_gpu = event.device_type == DeviceType.CUDA
+        if event.key in names and not on_gpu:  # the host range: the GPU time of the kernels it launched
+            parts[event.key] = event.device_time_total / tracked
+            host[event.key] = event.cpu_time_total / tracked
+        elif on_gpu and not event.is_user_annotation:  # a kernel, a copy or a memset
+            kernels[event.key] = event.self_device_time_total / tracked
+    parts["(all kernels)"] = sum(kernels.values())
+    return parts, host, kernels, 1e3 * seconds[-1] / tracked
+
+
+def ratio(values: dict, key: str, low: int, high: int) -> str:
+    a, b = values[low].get(key, 0.0), values[high].get(key, 0.0)
+    return f"{b / a:.2f}" if a > 0 else "-"
+
+
+def table(title: str, values: dict[int, dict[str, float]], keys: list[str], counts: list[int]) -> list[str]:
+    low, high = counts[0], counts[-1]
+    lines = [f"## {title}", "", "| " + " | ".join(["what", *[f"{n} obj us/frame" for n in counts], f"{high} / {low}"]) + " |",
+             "|---|" + "---:|" * (len(counts) + 1)]
+    for key in keys:
+        name = key if len(key) <= 90 else key[:87] + "..."
+        lines.append(f"| {name.replace('|', '/')} | " + " | ".join(f"{values[n].get(key, 0.0):.0f}" for n in counts)
+                     + f" | {ratio(values, key, low, high)} |")
+    return lines + [""]
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    p = argparse.ArgumentParser(prog="python -m bench.video_profile", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="sam2.1_hiera_l", choices=samfast.SAM2_MODEL_TYPES)
+    p.add_argument("--stage", default="bf16+compile+sdpa+triton")
+    p.add_argument("--objects", nargs="+", type=int, default=[1, 8])
+    p.add_argument("--frames", type=int, default=24, help="frames tracked after frame 0 in the profiled session")
+    p.add_argument("--warmup-frames", type=int, default=WARMUP_FRAMES)
+    p.add_argument("--frames-per-encode", type=int, default=8)
+    p.add_argument("--compile-mode", default="reduce-overhead", help="SAMFAST_COMPILE_MODE for the build")
+    p.add_argument("--out", default="reports/bench")
+    args = p.parse_args(argv)
+    os.environ["SAMFAST_COMPILE_MODE"] = args.compile_mode
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    counts = sorted(set(args.objects))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    predictor = samfast_predictor(args.model, args.stage, device, None, args.frames_per_encode)
+    parts, host, kernels, wall = {}, {}, {}, {}
+    with tempfile.TemporaryDirectory(prefix="bench-video-profile-") as folder, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        clip = make_clip(Path(folder), args.frames + 1, 480, 640, max(counts))
+        for n in counts:
+            warm, _, _ = open_session(predictor, clip, n, device)
+            seconds_to_each(predictor.propagate_in_video(warm, start_frame_idx=0, max_frame_num_to_track=args.warmup_frames),
+                            device)
+            del warm
+            sync(device)
+            parts[n], host[n], kernels[n], wall[n] = profile_session(predictor, clip, n, args.frames, device)
+            print(f"{n} object(s): {wall[n]:.2f} ms per frame under the profiler", file=sys.stderr, flush=True)
+    top = sorted(kernels[counts[-1]], key=kernels[counts[-1]].get, reverse=True)[:KERNEL_ROWS]
+    lines = [
+        "# video tracking: GPU time per part of a frame",
+        "",
+        f"- device: {device_name(device)}; torch {torch.__version__}; {args.model}, stage {args.stage}, compile mode "
+        f"{args.compile_mode}, frames per encode {args.frames_per_encode}; seeded synthetic weights",
+        f"- command: `python -m bench.video_profile {' '.join(argv)}`",
+        f"- one profiled session of {args.frames} tracked frames after a warm-up of {args.warmup_frames}; wall ms per "
+        "frame under the profiler: " + ", ".join(f"{n} obj {wall[n]:.2f}" for n in counts),
+        "",
+        *table("parts (GPU us per frame of the kernels each part launched)", parts,
+               [part for part, _, _ in PARTS] + ["(all kernels)"], counts),
+        *table("parts on the host (us per frame of each part's calls, their launches included)", host,
+               [part for part, _, _ in PARTS], counts),
+        *table(f"kernels (the {KERNEL_ROWS} longest at {counts[-1]} objects)", kernels, top, counts),
+    ]
+    text = "\n".join(lines)
+    (out / "video-profile.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
