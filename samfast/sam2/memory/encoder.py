@@ -70,16 +70,7 @@ class MemoryEncoder(nn.Module):
         self.compiled_encode = None  # set by compile_static (the compile switch)
 
     def compile_static(self, mode: str) -> None:
-        """torch.compile the encoder: a static graph for one object, one for every larger batch (static_graphs).
-
-        Its convolutions' weights go channels_last, so every convolution runs and returns channels_last
-        whatever the batch. Inductor picks that layout itself only in a static graph (its layout
-        optimization is off where a shape is dynamic, pytorch#102670): the graph of several objects ran
-        NCHW, the 7x7 depthwise convolutions on ATen's generic kernel (H100, hiera_l, 8 objects: 1.0 of the
-        encoder's 1.9 ms a frame; docs/measurements/video-profile-h100-hiera_l-2026-11-27.md). The memories
-        come out channels_last too: the memory attention reads them as (tokens, objects, channels) with each
-        token's channels adjacent."""
-        self.to(memory_format=torch.channels_last)
+        """torch.compile the encoder: a static graph for one object, one for every larger batch (static_graphs)."""
         self.compiled_encode = compile_per_object_count(self.encode, mode, {0: 0, 1: 0})  # pix_feat, masks
 
     def forward(
