@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from samfast.modeling.common import LayerNorm2d
@@ -31,30 +30,12 @@ class MaskDownSampler(nn.Module):
         return self.encoder(x)
 
 
-def depthwise_conv_as_sums(x: torch.Tensor, conv: nn.Conv2d) -> torch.Tensor:
-    """A depthwise, stride-1, zero-padded convolution as the sum of its k x k shifted copies of x, each times
-    its tap's weight per channel: one pointwise kernel once inductor fuses the terms (accumulating in fp32
-    where x is bf16), whatever the batch and layout. cuDNN's and ATen's depthwise kernels took 1.0 ms a
-    frame for the memory encoder's two 7x7 convolutions at 8 objects (H100, hiera_l, bf16, in the graph of
-    several objects, which inductor leaves NCHW; docs/measurements/video-profile-h100-hiera_l-2026-11-27.md)."""
-    k, pad = conv.kernel_size[0], conv.padding[0]
-    height, width = x.shape[-2:]
-    padded = F.pad(x, (pad, pad, pad, pad))
-    taps = conv.weight[:, 0]  # (C, k, k)
-    out = conv.bias.view(1, -1, 1, 1)
-    for i in range(k):
-        for j in range(k):
-            out = out + padded[..., i : i + height, j : j + width] * taps[:, i, j].view(1, -1, 1, 1)
-    return out.to(x.dtype)
-
-
 class CXBlock(nn.Module):
     """ConvNeXt block: depthwise 7x7 conv, LayerNorm2d, pointwise MLP (as Linears), layer scale, residual."""
 
     def __init__(self, dim: int) -> None:
         super().__init__()
         self.dwconv = nn.Conv2d(dim, dim, kernel_size=7, padding=3, groups=dim)
-        self.depthwise_as_sums = False  # set by MemoryEncoder.compile_static: depthwise_conv_as_sums
         self.norm = LayerNorm2d(dim, eps=1e-6)
         self.pwconv1 = nn.Linear(dim, 4 * dim)
         self.act = nn.GELU()
@@ -62,8 +43,7 @@ class CXBlock(nn.Module):
         self.gamma = nn.Parameter(1e-6 * torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = depthwise_conv_as_sums(x, self.dwconv) if self.depthwise_as_sums else self.dwconv(x)
-        y = self.norm(y).permute(0, 2, 3, 1)
+        y = self.norm(self.dwconv(x)).permute(0, 2, 3, 1)
         y = self.gamma * self.pwconv2(self.act(self.pwconv1(y)))
         return x + y.permute(0, 3, 1, 2)
 
@@ -90,10 +70,7 @@ class MemoryEncoder(nn.Module):
         self.compiled_encode = None  # set by compile_static (the compile switch)
 
     def compile_static(self, mode: str) -> None:
-        """torch.compile the encoder: a static graph for one object, one for every larger batch (static_graphs),
-        the fuser's depthwise convolutions as fused sums (depthwise_conv_as_sums)."""
-        for block in self.fuser.layers:
-            block.depthwise_as_sums = True
+        """torch.compile the encoder: a static graph for one object, one for every larger batch (static_graphs)."""
         self.compiled_encode = compile_per_object_count(self.encode, mode, {0: 0, 1: 0})  # pix_feat, masks
 
     def forward(
