@@ -30,7 +30,7 @@ import torch
 
 import samfast
 from bench.timing import device_name, sync
-from bench.video import WARMUP_FRAMES, make_clip, open_session, samfast_predictor, seconds_to_each
+from bench.video import WARMUP_FRAMES, make_clip, open_session, propagate_each, samfast_predictor
 
 # (part, owner attribute of the predictor ("" for the predictor itself), method)
 PARTS = (
@@ -72,8 +72,7 @@ def profile_session(predictor, clip, objects: int, frames: int, device: torch.de
 
     state, _, _ = open_session(predictor, clip, objects, device)
     with part_ranges(predictor), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        seconds = seconds_to_each(predictor.propagate_in_video(state, start_frame_idx=0, max_frame_num_to_track=frames),
-                                  device)
+        [seconds] = propagate_each(predictor, [state], device, max_frames=frames)
     tracked = len(seconds)
     host, kernels = {}, {}
     names = {part for part, _, _ in PARTS}
@@ -127,8 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         clip = make_clip(Path(folder), args.frames + 1, 480, 640, max(counts))
         for n in counts:
             warm, _, _ = open_session(predictor, clip, n, device)
-            seconds_to_each(predictor.propagate_in_video(warm, start_frame_idx=0, max_frame_num_to_track=args.warmup_frames),
-                            device)
+            propagate_each(predictor, [warm], device, max_frames=args.warmup_frames)
             del warm
             sync(device)
             host[n], kernels[n], wall[n] = profile_session(predictor, clip, n, args.frames, device)
