@@ -90,8 +90,7 @@ def apply_stages(model, switches: frozenset[str]) -> None:
         for mlp in model.encoder_mlps():
             mlp.gelu_impl = "quantized_kernel"
     if "compile" in switches:
-        if (patch := model.patch_embedding()) is not None:  # None: the family's patch conv has no GEMM form
-            patch.as_gemm = True  # see PatchEmbed: cuDNN's conv for it is slow
+        model.patch_embedding().as_gemm = True  # see PatchEmbed (each family's): cuDNN's conv for it is slow
         # likewise the decoder's transposed convs (kernels.upscaled_masks_reference; SAM 2's adds its
         # high-resolution levels between the two)
         if "triton" not in switches:

@@ -33,6 +33,18 @@ def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor
     return x.new_empty(*x.shape[:-1], weight.shape[0])
 
 
+@torch.library.custom_op("samfast::linear_accumulate", mutates_args=("out",))
+def linear_accumulate(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> None:
+    """out += x @ weight.T, in place: one GEMM that reads out in its epilogue (cuBLAS's beta = 1).
+
+    A custom op that mutates out, so that inductor runs it on out's own buffer: written as
+    torch.addmm(out, ...), the graph's functional addmm first copies its input into a new buffer
+    (a device-to-device copy of the whole (tokens, dim) tensor per call, 1.7 ms of compiled
+    Hiera-L's 45 at batch 8 on an H100).
+    """
+    out.view(-1, out.shape[-1]).addmm_(x.reshape(-1, x.shape[-1]), weight.t())
+
+
 class MLPBlock(nn.Module):
     """lin2(act(lin1(x))), in one of three ways (`gelu_impl`, set by the stage switches):
 

@@ -43,14 +43,22 @@ class PositionEmbeddingSine(nn.Module):
         """(B, C, H, W) encoding for a (B, *, H, W) map, in x's dtype (computed in fp32, as sam2 does,
         then cast): one (C, H, W) tensor expanded over the batch."""
         key = (x.shape[-2], x.shape[-1], x.device, x.dtype)
-        if torch.compiler.is_compiling():
-            # a constant of the graph: a cache filled while tracing fails dynamo's guard on it next call
+        encoding = self._cache.get(key)
+        if encoding is None:
             encoding = self._encode(*key[:3]).to(x.dtype)
-        else:
-            if key not in self._cache:
-                self._cache[key] = self._encode(*key[:3]).to(x.dtype)
-            encoding = self._cache[key]
+            if not torch.compiler.is_compiling():
+                # a cache filled while tracing fails dynamo's guard on it next call: a graph computes
+                # what was not cached before it was compiled (fill_cache) on every call
+                self._cache[key] = encoding
         return encoding[None].expand(x.shape[0], -1, -1, -1)
+
+    def fill_cache(self, hw: tuple[int, int], device: torch.device, dtype: torch.dtype) -> None:
+        """Compute the encoding of an (H, W) map now, so that a graph compiled after this reads it
+        as a constant: computed inside compiled Hiera-L at batch 8, its sines and cosines took 0.8 ms
+        of 48 on an H100 at every call."""
+        key = (*hw, device, dtype)
+        if key not in self._cache:
+            self._cache[key] = self._encode(*hw, device).to(dtype)
 
 
 def get_1d_sine_pe(pos_inds: torch.Tensor, dim: int, temperature: int = 10000) -> torch.Tensor:

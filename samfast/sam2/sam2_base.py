@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from samfast.kernels.window_attention import fits as fits_window_kernel
-from samfast.sam2.backbones.hiera import Hiera
+from samfast.sam2.backbones.hiera import Hiera, PatchEmbed
 from samfast.sam2.backbones.image_encoder import ImageEncoder
 from samfast.modeling.static_batch import in_static_batches
 from samfast.sam2.backbones.neck import FpnNeck
@@ -116,9 +116,9 @@ class SAM2Base(SAM2Tracking, nn.Module):
         """Hiera's block MLPs, whose GELU path (`gelu_impl`, samfast.sam2.mlp.HieraMLP) the switches choose."""
         return [block.mlp for block in self.image_encoder.trunk.blocks]
 
-    def patch_embedding(self) -> None:
-        """None to rewrite: Hiera's 7x7 stride-4 patch conv overlaps, so it has no single-GEMM form."""
-        return None
+    def patch_embedding(self) -> PatchEmbed:
+        """Hiera's 7x7 stride-4 patch conv, which the compile switch runs as a GEMM over unfolded patches."""
+        return self.image_encoder.trunk.patch_embed
 
     def prompt_decoder(self) -> Sam2MaskDecoder:
         return self.sam_mask_decoder

@@ -1,0 +1,120 @@
+"""What the compile switch rewrites in SAM 2's image encoder computes what the modules compute.
+
+- PatchEmbed.as_gemm: the 7x7 stride-4 conv as one GEMM over unfolded 8x8 patches (a zero tap in
+  front), exact in fp64 for map sizes that do and do not divide by the stride;
+- HieraMLP.add_to on the "epilogue" path: the residual accumulated inside lin2's GEMM (addmm);
+- the neck's positional encodings filled before compiling, so the graph holds no sine or cosine.
+
+Each comparison has a planted defect beside it that the same assertion catches.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from samfast.modeling.common import linear_gelu_tanh
+from samfast.sam2.backbones.hiera import PatchEmbed
+from samfast.sam2.build import build_sam2_model
+from samfast.sam2.mlp import HieraMLP
+
+
+def fp64_patch_embed(seed: int = 0) -> PatchEmbed:
+    torch.manual_seed(seed)
+    return PatchEmbed(embed_dim=24).double()
+
+
+@pytest.mark.parametrize("hw", [(64, 64), (37, 50), (33, 31)])
+def test_patch_embed_as_gemm_equals_the_convolution_in_fp64(hw):
+    embed = fp64_patch_embed()
+    x = torch.randn(2, 3, *hw, dtype=torch.float64)
+    conv = embed(x)
+    embed.as_gemm = True
+    torch.testing.assert_close(embed(x), conv, rtol=0, atol=1e-12)
+
+
+def test_patch_embed_with_the_input_padded_one_row_short_is_caught():
+    """The planted defect: the zero tap in front but the input padded by p, not p + 1, in front:
+    every output reads its window one pixel off, and the same assertion fails."""
+    embed = fp64_patch_embed()
+    x = torch.randn(1, 3, 64, 64, dtype=torch.float64)
+    conv = embed(x)
+    patches = F.pad(x, (3, 4, 3, 4)).unfold(2, 8, 4).unfold(3, 8, 4).permute(0, 2, 3, 1, 4, 5).reshape(1, 16, 16, -1)
+    weight = F.pad(embed.proj.weight, (1, 0, 1, 0)).reshape(24, -1)
+    shifted = F.linear(patches, weight, embed.proj.bias)
+    with pytest.raises(AssertionError):
+        torch.testing.assert_close(shifted, conv, rtol=0, atol=1e-12)
+
+
+def fp64_mlp() -> tuple[HieraMLP, torch.Tensor, torch.Tensor]:
+    torch.manual_seed(0)
+    mlp = HieraMLP(16, 64).double()
+    for p in mlp.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    return mlp, torch.randn(2, 5, 7, 16, dtype=torch.float64), torch.randn(2, 5, 7, 16, dtype=torch.float64)
+
+
+def test_mlp_residual_in_the_gemm_equals_the_separate_add():
+    mlp, residual, x = fp64_mlp()
+    mlp.gelu_impl = "epilogue"
+    expected = residual + mlp(x)
+    torch.testing.assert_close(mlp.add_to(residual, x), expected, rtol=0, atol=1e-12)
+
+
+def test_mlp_residual_in_the_gemm_without_lin2s_bias_is_caught():
+    """The planted defect: the residual given to addmm without lin2's bias."""
+    mlp, residual, x = fp64_mlp()
+    lin1, lin2 = mlp.layers
+    hidden = linear_gelu_tanh(x, lin1.weight, lin1.bias)
+    no_bias = torch.addmm(residual.reshape(-1, 16), hidden.reshape(-1, 64), lin2.weight.t()).view(residual.shape)
+    mlp.gelu_impl = "epilogue"
+    assert (no_bias - (residual + mlp(x))).abs().max() > 1e-3
+
+
+def test_mlp_add_to_off_the_epilogue_path_is_the_module_sum():
+    mlp, residual, x = fp64_mlp()
+    assert mlp.gelu_impl == "module"
+    torch.testing.assert_close(mlp.add_to(residual, x), residual + mlp(x), rtol=0, atol=0)
+
+
+@pytest.fixture(scope="module")
+def hiera_t():
+    return build_sam2_model("sam2.1_hiera_t", device="cpu", stages="fp32")
+
+
+@pytest.mark.parametrize("hw", [(256, 256), (320, 192)])
+def test_trunk_output_sizes_are_the_sizes_it_outputs(hiera_t, hw):
+    trunk = hiera_t.image_encoder.trunk
+    with torch.no_grad():
+        outputs = trunk(torch.randn(1, 3, *hw))
+    assert trunk.output_sizes(hw) == [tuple(out.shape[-2:]) for out in outputs]
+
+
+def traced_calls(compile_with, sample) -> set[str]:
+    """The names of the calls in the FX graphs dynamo traces when compile_with(backend) runs sample."""
+    graphs = []
+
+    def backend(gm, _inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        compile_with(backend)(sample)
+    torch._dynamo.reset()
+    return {str(node.target) for gm in graphs for node in gm.graph.nodes if node.op in ("call_function", "call_method")}
+
+
+def test_compiling_the_encoder_fills_its_positional_encodings_first():
+    """ImageEncoder.compile fills the neck's encodings of the 1024 input, so the graph holds no sine
+    or cosine; the planted defect, torch.compile on the bare module, computes them in the graph."""
+    encoder = build_sam2_model("sam2.1_hiera_t", device="cpu", stages="fp32").image_encoder
+    sample = torch.randn(1, 3, 1024, 1024)
+    assert "sin" in traced_calls(lambda backend: torch.compile(encoder, backend=backend, fullgraph=True), sample)
+
+    def module_compile(backend):
+        encoder.compile(backend=backend, fullgraph=True)
+        return encoder
+
+    assert not {"sin", "cos"} & traced_calls(module_compile, sample)
