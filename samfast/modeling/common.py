@@ -35,7 +35,8 @@ def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor
 
 @torch.library.custom_op("samfast::linear_accumulate", mutates_args=("out",))
 def linear_accumulate(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> None:
-    """out += x @ weight.T, in place: one GEMM that reads out in its epilogue (cuBLAS's beta = 1).
+    """out += x @ weight.T, in place: one GEMM that reads out in its epilogue (cuBLAS's beta = 1);
+    out contiguous, its rows in x's row order.
 
     A custom op that mutates out, so that inductor runs it on out's own buffer: written as
     torch.addmm(out, ...), the graph's functional addmm first copies its input into a new buffer

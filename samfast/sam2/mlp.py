@@ -50,8 +50,13 @@ class HieraMLP(MLP):
         writes it (the attention's residual add), and cuBLAS reads the sum in its epilogue."""
         if self.gelu_impl != "epilogue":
             return residual + self(x)
-        lin1, lin2 = self.layers
-        hidden = linear_gelu_tanh(x, lin1.weight, lin1.bias)
-        out = residual + lin2.bias
-        linear_accumulate(out, hidden, lin2.weight)
+        # contiguous: the GEMM writes rows of out (the sum takes a permuted residual's strides in eager)
+        out = (residual + self.layers[1].bias).contiguous()
+        self.accumulate_unbiased(out, x)
         return out
+
+    def accumulate_unbiased(self, out: torch.Tensor, x: torch.Tensor) -> None:
+        """out += self(x) - lin2's bias, in place, on the "epilogue" path's two GEMMs (a caller that
+        adds the bias itself, later: Hiera's residual stream in window order)."""
+        lin1, lin2 = self.layers
+        linear_accumulate(out, linear_gelu_tanh(x, lin1.weight, lin1.bias), lin2.weight)

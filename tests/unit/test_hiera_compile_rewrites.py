@@ -3,7 +3,9 @@
 - PatchEmbed.as_gemm: the 7x7 stride-4 conv as one GEMM over unfolded 8x8 patches (a zero tap in
   front), exact in fp64 for map sizes that do and do not divide by the stride;
 - HieraMLP.add_to on the "epilogue" path: the residual accumulated inside lin2's GEMM (addmm);
-- the neck's positional encodings filled before compiling, so the graph holds no sine or cosine.
+- the neck's positional encodings filled before compiling, so the graph holds no sine or cosine;
+- Hiera's residual stream kept in window order from block to block (Hiera.forward_windowed), both
+  residuals accumulated inside GEMMs and the biases deferred, against the map-order forward in fp64.
 
 Each comparison has a planted defect beside it that the same assertion catches.
 """
@@ -15,8 +17,10 @@ import torch
 import torch.nn.functional as F
 
 from samfast.modeling.common import linear_gelu_tanh
-from samfast.sam2.backbones.hiera import PatchEmbed
+from samfast.sam2.backbones import hiera as hiera_module
+from samfast.sam2.backbones.hiera import Hiera, MultiScaleBlock, PatchEmbed
 from samfast.sam2.build import build_sam2_model
+from samfast.sam2.config import sam2_config
 from samfast.sam2.mlp import HieraMLP
 
 
@@ -118,3 +122,83 @@ def test_compiling_the_encoder_fills_its_positional_encodings_first():
         return encoder
 
     assert not {"sin", "cos"} & traced_calls(module_compile, sample)
+
+
+def small_hiera(window_spec=(4, 2, 4, 2)) -> Hiera:
+    """A Hiera whose windows tile its maps at a 128 input (patch map 32): stage 3's windows (4) differ
+    from the pooled stage 2's (1), so the stream is re-cut there, and block 4 attends globally."""
+    torch.manual_seed(0)
+    trunk = Hiera(embed_dim=8, num_heads=1, stages=(1, 2, 3, 1), global_att_blocks=(4,),
+                  window_pos_embed_bkg_spatial_size=(4, 4), window_spec=window_spec).double()
+    for p in trunk.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    for block in trunk.blocks:
+        block.mlp.gelu_impl = "epilogue"
+    return trunk
+
+
+def map_order_outputs(trunk: Hiera, x: torch.Tensor, monkeypatch) -> list[torch.Tensor]:
+    with monkeypatch.context() as m:
+        m.setattr(trunk, "keeps_window_order", lambda hw: False)
+        return trunk(x)
+
+
+def test_the_stream_kept_in_window_order_equals_the_map_order_forward_in_fp64(monkeypatch):
+    trunk = small_hiera()
+    x = torch.randn(2, 3, 128, 128, dtype=torch.float64)
+    with torch.no_grad():
+        assert trunk.keeps_window_order((32, 32))
+        windowed = trunk(x)
+        expected = map_order_outputs(trunk, x, monkeypatch)
+    for ours, ref in zip(windowed, expected, strict=True):
+        torch.testing.assert_close(ours, ref, rtol=0, atol=1e-12)
+
+
+def cut_without_permuting(x: torch.Tensor, size: int) -> torch.Tensor:
+    b, h, w, c = x.shape
+    return x.reshape(b, h // size, w // size, size, size, c)
+
+
+def biases_dropped(original):
+    def forward_windowed(self, stream, bias):
+        stream, bias = original(self, stream, bias)
+        return stream, torch.zeros_like(bias)
+    return forward_windowed
+
+
+@pytest.mark.parametrize("defect", ["windows cut without permuting", "the deferred biases dropped"])
+def test_the_window_order_stream_with_a_planted_defect_is_caught(defect, monkeypatch):
+    trunk = small_hiera()
+    x = torch.randn(1, 3, 128, 128, dtype=torch.float64)
+    with torch.no_grad():
+        expected = map_order_outputs(trunk, x, monkeypatch)
+        with monkeypatch.context() as m:
+            if defect == "windows cut without permuting":
+                m.setattr(hiera_module, "to_windows", cut_without_permuting)
+            else:
+                m.setattr(MultiScaleBlock, "forward_windowed", biases_dropped(MultiScaleBlock.forward_windowed))
+            broken = trunk(x)
+    assert max((ours - ref).abs().max().item() for ours, ref in zip(broken, expected)) > 1e-3
+
+
+def test_the_stream_stays_in_map_order_where_windows_pad_or_mlps_are_not_on_gemms():
+    trunk = small_hiera()
+    assert trunk.keeps_window_order((32, 32))
+    assert not trunk.keeps_window_order((36, 36))  # 36 is no multiple of the 8 the stages need
+    assert not small_hiera(window_spec=(4, 2, 3, 2)).keeps_window_order((32, 32))  # 3-windows pad an 8 map
+    trunk.blocks[3].mlp.gelu_impl = "module"
+    assert not trunk.keeps_window_order((32, 32))
+
+
+@pytest.mark.parametrize("model_type,windowed", [("sam2.1_hiera_l", True), ("sam2.1_hiera_t", False)])
+def test_which_configs_keep_window_order_at_1024(model_type, windowed):
+    """hiera_l's windows (8, 4, 16, 8) tile its 256..32 maps; hiera_t's 14-windows pad its 64 map."""
+    config = sam2_config(model_type)
+    with torch.device("meta"):
+        trunk = Hiera(embed_dim=config.embed_dim, num_heads=config.num_heads, stages=config.stages,
+                      global_att_blocks=config.global_att_blocks,
+                      window_pos_embed_bkg_spatial_size=config.window_pos_embed_bkg_spatial_size,
+                      window_spec=config.window_spec)
+    for block in trunk.blocks:
+        block.mlp.gelu_impl = "epilogue"
+    assert trunk.keeps_window_order((256, 256)) is windowed

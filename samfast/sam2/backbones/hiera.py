@@ -15,6 +15,7 @@ from torch import nn
 
 from samfast.kernels import window_attention
 from samfast.modeling.attention import attention
+from samfast.modeling.common import linear_accumulate
 from samfast.sam2.backbones.windows import window_partition, window_unpartition
 from samfast.sam2.mlp import HieraMLP
 
@@ -24,6 +25,18 @@ def pool_hw(x: torch.Tensor, pool: nn.Module | None) -> torch.Tensor:
     if pool is None:
         return x
     return pool(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
+
+
+def to_windows(x: torch.Tensor, size: int) -> torch.Tensor:
+    """(B, H, W, C) map -> (B, H / size, W / size, size, size, C) windows, contiguous."""
+    b, h, w, c = x.shape
+    return x.view(b, h // size, size, w // size, size, c).permute(0, 1, 3, 2, 4, 5).contiguous()
+
+
+def from_windows(windows: torch.Tensor) -> torch.Tensor:
+    """The inverse of to_windows: (B, H, W, C)."""
+    b, nh, nw, size, _, c = windows.shape
+    return windows.permute(0, 1, 3, 2, 4, 5).reshape(b, nh * size, nw * size, c)
 
 
 class PatchEmbed(nn.Module):
@@ -75,6 +88,10 @@ class MultiScaleAttention(nn.Module):
         self.attn_impl = "sdpa"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(self.attend(x))
+
+    def attend(self, x: torch.Tensor) -> torch.Tensor:
+        """The attention's output before its projection, (B, h, w, dim_out) (h, w pooled with q_pool)."""
         b, h, w, _ = x.shape
         q, k, v = self.qkv(x).reshape(b, h * w, 3, self.num_heads, -1).unbind(2)
         if self.q_pool is not None:
@@ -86,7 +103,7 @@ class MultiScaleAttention(nn.Module):
             x = window_attention(q, k, v, self.scale)
         else:
             x = attention(q, k, v, self.scale, self.attn_impl)
-        return self.proj(x.transpose(1, 2).reshape(b, h, w, -1))
+        return x.transpose(1, 2).reshape(b, h, w, -1)
 
 
 class MultiScaleBlock(nn.Module):
@@ -136,6 +153,27 @@ class MultiScaleBlock(nn.Module):
 
         x = shortcut + x
         return self.mlp.add_to(x, self.norm2(x))
+
+    def forward_windowed(self, stream: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """forward on Hiera's residual stream kept in window order (Hiera.forward_windowed): the map
+        is stream + bias, stream (B, nh, nw, w, w, C) its w x w windows (w this block's window size,
+        or any for a global block) and bias a (C,) sum of biases not yet added. Both residuals
+        accumulate inside their GEMMs (the attention's projection, lin2) and the biases of those
+        GEMMs join `bias`, which the layer norms add as they read. Returns the new (stream, bias),
+        the stream in windows of the pooled size after a q_pool block; stream is updated in place."""
+        b, nh, nw, w, _, c = stream.shape
+        x = self.norm1(stream + bias)
+        if self.dim != self.dim_out:
+            # pooling 2 x 2 cells within windows of even size is pooling the map
+            stream = pool_hw(self.proj(x).view(-1, w, w, self.dim_out), self.pool)
+            stream = stream.view(b, nh, nw, *stream.shape[1:])
+            bias = torch.zeros_like(self.proj.bias)
+        # a global block attends over every token of its image, in whatever order they are stored
+        tokens = x.view(-1, w, w, c) if self.window_size > 0 else x.view(b, nh * nw * w, w, c)
+        linear_accumulate(stream, self.attn.attend(tokens), self.attn.proj.weight)
+        bias = bias + self.attn.proj.bias
+        self.mlp.accumulate_unbiased(stream, self.norm2(stream + bias))
+        return stream, bias + self.mlp.layers[1].bias
 
 
 class Hiera(nn.Module):
@@ -197,10 +235,46 @@ class Hiera(nn.Module):
                 sizes.append(size)
         return sizes
 
+    def keeps_window_order(self, hw: tuple[int, int]) -> bool:
+        """Whether forward runs forward_windowed for a (H, W) patch map: on the "epilogue" MLP path (the
+        compile switch on bf16, where the residuals join GEMMs) when every window tiles its map
+        without padding (hiera_l at 1024; sam2 zero-pads ragged windows after each layer norm, which
+        a stream kept in windows would not)."""
+        if any(block.mlp.gelu_impl != "epilogue" for block in self.blocks):
+            return False
+        for block in self.blocks:
+            if block.window_size and any(n % block.window_size for n in hw):
+                return False
+            if block.q_stride:
+                if block.window_size == 0 or block.window_size % block.q_stride[0] or any(n % q for n, q in zip(hw, block.q_stride)):
+                    return False
+                hw = tuple(n // q for n, q in zip(hw, block.q_stride))
+        return True
+
+    def forward_windowed(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """forward with the residual stream kept in each block's window order from block to block
+        (MultiScaleBlock.forward_windowed): a windowed block's attention then reads and its
+        projection accumulates into the stream as stored, so each block makes two memory-bound
+        passes over it (the two layer norms) where forward made three, and the windows are cut
+        only where the window size changes. The stage outputs come back in map order."""
+        b, h, w, c = x.shape
+        size = self.blocks[0].window_size or h
+        stream, bias = to_windows(x, size), x.new_zeros(c)
+        outputs = []
+        for i, block in enumerate(self.blocks):
+            if block.window_size and block.window_size != stream.shape[3]:
+                stream = to_windows(from_windows(stream), block.window_size)
+            stream, bias = block.forward_windowed(stream, bias)
+            if i in self.stage_ends:
+                outputs.append(from_windows(stream + bias).permute(0, 3, 1, 2))
+        return outputs
+
     def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
         """Each stage's last output, NCHW, highest resolution first (strides 4, 8, 16, 32)."""
         x = self.patch_embed(x)
         x = x + self._get_pos_embed(x.shape[1:3])
+        if self.keeps_window_order(x.shape[1:3]):
+            return self.forward_windowed(x)
         outputs = []
         for i, block in enumerate(self.blocks):
             x = block(x)
