@@ -202,3 +202,17 @@ def test_which_configs_keep_window_order_at_1024(model_type, windowed):
     for block in trunk.blocks:
         block.mlp.gelu_impl = "epilogue"
     assert trunk.keeps_window_order((256, 256)) is windowed
+
+
+def test_the_window_order_stream_compiles_to_what_it_computes_eagerly():
+    """Inductor runs the in-place accumulations (samfast::linear_accumulate) on the stream's own
+    buffers; compiled and eager agree to fp32 rounding, through the re-cut and the global block."""
+    trunk = small_hiera().float()
+    x = torch.randn(2, 3, 128, 128)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        compiled = torch.compile(trunk, fullgraph=True, dynamic=False)(x)
+        eager = trunk(x)
+    torch._dynamo.reset()
+    for ours, ref in zip(compiled, eager, strict=True):
+        torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4)
