@@ -240,8 +240,8 @@ class Hiera(nn.Module):
         compile switch on bf16, where the residuals join GEMMs) when every window tiles its map
         without padding (hiera_l at 1024; sam2 zero-pads ragged windows after each layer norm, which
         a stream kept in windows would not)."""
-        if any(block.mlp.gelu_impl != "epilogue" for block in self.blocks):
-            return False
+        if any(block.mlp.gelu_impl != "epilogue" for block in self.blocks) or not self.blocks[0].window_size:
+            return False  # the stream starts in the first block's windows
         for block in self.blocks:
             if block.window_size and any(n % block.window_size for n in hw):
                 return False
@@ -257,9 +257,7 @@ class Hiera(nn.Module):
         projection accumulates into the stream as stored, so each block makes two memory-bound
         passes over it (the two layer norms) where forward made three, and the windows are cut
         only where the window size changes. The stage outputs come back in map order."""
-        b, h, w, c = x.shape
-        size = self.blocks[0].window_size or h
-        stream, bias = to_windows(x, size), x.new_zeros(c)
+        stream, bias = to_windows(x, self.blocks[0].window_size), x.new_zeros(x.shape[-1])
         outputs = []
         for i, block in enumerate(self.blocks):
             if block.window_size and block.window_size != stream.shape[3]:
