@@ -174,7 +174,7 @@ def test_the_window_order_stream_with_a_planted_defect_is_caught(defect, monkeyp
         expected = map_order_outputs(trunk, x, monkeypatch)
         with monkeypatch.context() as m:
             if defect == "windows cut without permuting":
-                m.setattr(hiera_module, "to_windows", cut_without_permuting)
+                m.setattr(hiera_module, "to_windows", cut_without_permuting)  # the name hiera.py calls
             else:
                 m.setattr(MultiScaleBlock, "forward_windowed", biases_dropped(MultiScaleBlock.forward_windowed))
             broken = trunk(x)

@@ -123,6 +123,13 @@ def test_int8_is_within_int8_rounding_of_fp32(fp32, stage):
         assert _rel_l2(got[name], ref) < INT8_TOL, name
 
 
+@pytest.mark.parametrize("stage,as_gemm", [("fp32", False), ("bf16", False), ("fp32+compile", True), ("compile", True)])
+def test_compile_runs_hieras_patch_conv_as_a_gemm(stage, as_gemm):
+    """SAM 1's rule on Hiera's 7x7 stride-4 patch conv (PatchEmbed.as_gemm; its equality with the conv:
+    tests/unit/test_hiera_compile_rewrites.py)."""
+    assert _build(stage).patch_embedding().as_gemm is as_gemm
+
+
 @pytest.mark.parametrize("stage,gelu_impl", [("fp32", "module"), ("bf16", "module"), ("compile", "epilogue"),
                                              ("fp32+compile", "module"), ("bf16+compile+sdpa+int8", "module")])
 def test_each_stage_picks_its_hiera_mlp_gelu_path(stage, gelu_impl):

@@ -16,7 +16,7 @@ from torch import nn
 from samfast.kernels import window_attention
 from samfast.modeling.attention import attention
 from samfast.modeling.common import linear_accumulate
-from samfast.sam2.backbones.windows import window_partition, window_unpartition
+from samfast.sam2.backbones.windows import from_windows, to_windows, window_partition, window_unpartition
 from samfast.sam2.mlp import HieraMLP
 
 
@@ -25,18 +25,6 @@ def pool_hw(x: torch.Tensor, pool: nn.Module | None) -> torch.Tensor:
     if pool is None:
         return x
     return pool(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
-
-
-def to_windows(x: torch.Tensor, size: int) -> torch.Tensor:
-    """(B, H, W, C) map -> (B, H / size, W / size, size, size, C) windows, contiguous."""
-    b, h, w, c = x.shape
-    return x.view(b, h // size, size, w // size, size, c).permute(0, 1, 3, 2, 4, 5).contiguous()
-
-
-def from_windows(windows: torch.Tensor) -> torch.Tensor:
-    """The inverse of to_windows: (B, H, W, C)."""
-    b, nh, nw, size, _, c = windows.shape
-    return windows.permute(0, 1, 3, 2, 4, 5).reshape(b, nh * size, nw * size, c)
 
 
 class PatchEmbed(nn.Module):
@@ -55,11 +43,16 @@ class PatchEmbed(nn.Module):
         self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=7, stride=4, padding=3)
         self.as_gemm = False
 
+    def output_size(self, hw: tuple[int, int]) -> tuple[int, int]:
+        """The (H, W) of the patch map of an (H, W) input."""
+        (k, _), (s, _), (p, _) = self.proj.kernel_size, self.proj.stride, self.proj.padding
+        return tuple((n + 2 * p - k) // s + 1 for n in hw)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.as_gemm:
             return self.proj(x).permute(0, 2, 3, 1)
         (k, _), (s, _), (p, _) = self.proj.kernel_size, self.proj.stride, self.proj.padding
-        h_out, w_out = ((n + 2 * p - k) // s + 1 for n in x.shape[-2:])
+        h_out, w_out = self.output_size(x.shape[-2:])
         # output i reads input rows s*i - p .. s*i - p + k - 1; one zero tap in front makes k + 1 = 8
         # taps starting at s*i - p - 1, so the input gets p + 1 rows in front and enough behind
         window = k + 1
@@ -225,8 +218,7 @@ class Hiera(nn.Module):
 
     def output_sizes(self, hw: tuple[int, int]) -> list[tuple[int, int]]:
         """The (H, W) of each output of forward for an input of size hw, by shape arithmetic alone."""
-        conv = self.patch_embed.proj
-        size = tuple((n + 2 * conv.padding[0] - conv.kernel_size[0]) // conv.stride[0] + 1 for n in hw)
+        size = self.patch_embed.output_size(hw)
         sizes = []
         for i, block in enumerate(self.blocks):
             if block.q_stride:

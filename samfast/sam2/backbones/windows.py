@@ -6,6 +6,18 @@ import torch
 import torch.nn.functional as F
 
 
+def to_windows(x: torch.Tensor, size: int) -> torch.Tensor:
+    """(B, H, W, C) map, H and W multiples of size -> (B, H / size, W / size, size, size, C) windows, contiguous."""
+    b, h, w, c = x.shape
+    return x.view(b, h // size, size, w // size, size, c).permute(0, 1, 3, 2, 4, 5).contiguous()
+
+
+def from_windows(windows: torch.Tensor) -> torch.Tensor:
+    """The inverse of to_windows: (B, H, W, C)."""
+    b, nh, nw, size, _, c = windows.shape
+    return windows.permute(0, 1, 3, 2, 4, 5).reshape(b, nh * size, nw * size, c)
+
+
 def window_partition(x: torch.Tensor, window_size: int) -> tuple[torch.Tensor, tuple[int, int]]:
     """(B * num_windows, window_size, window_size, C) windows and the padded (Hp, Wp).
 
@@ -17,10 +29,8 @@ def window_partition(x: torch.Tensor, window_size: int) -> tuple[torch.Tensor, t
     pad_w = (window_size - w % window_size) % window_size
     if pad_h > 0 or pad_w > 0:
         x = F.pad(x, (0, 0, 0, pad_w, 0, pad_h))
-    hp, wp = h + pad_h, w + pad_w
-    x = x.view(b, hp // window_size, window_size, wp // window_size, window_size, c)
-    windows = x.permute(0, 1, 3, 2, 4, 5).reshape(-1, window_size, window_size, c)
-    return windows, (hp, wp)
+    windows = to_windows(x, window_size).view(-1, window_size, window_size, c)
+    return windows, (h + pad_h, w + pad_w)
 
 
 def window_unpartition(
@@ -30,8 +40,7 @@ def window_unpartition(
     hp, wp = pad_hw
     h, w = hw
     b = windows.shape[0] // (hp * wp // window_size // window_size)
-    x = windows.reshape(b, hp // window_size, wp // window_size, window_size, window_size, -1)
-    x = x.permute(0, 1, 3, 2, 4, 5).reshape(b, hp, wp, -1)
+    x = from_windows(windows.reshape(b, hp // window_size, wp // window_size, window_size, window_size, -1))
     if hp > h or wp > w:
         x = x[:, :h, :w, :]
     return x
