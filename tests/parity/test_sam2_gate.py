@@ -15,6 +15,7 @@ from parity.golden import manifest as golden_io
 from parity.golden.data import load_dataset
 from parity.tasks.point.runner import make_golden, run_check
 from parity.tasks.source import ModelSource
+from samfast.checkpoint import TRAINED_CHECKPOINTS, resolve_checkpoint
 
 MODEL = "sam2.1_hiera_nano"
 
@@ -85,9 +86,11 @@ def test_a_sam2_model_without_weights_names_its_official_file(capsys):
     assert "--checkpoint sam2.1_hiera_l_*.pt" in capsys.readouterr().err
 
 
-def test_trained_names_the_model_types_own_file(capsys, tmp_path):
+def test_trained_names_the_model_types_own_file(capsys, tmp_path, monkeypatch):
     """--checkpoint trained is the file tinysam trained for --model (not vit_tiny's, which would read as a
-    SAM 1 checkpoint); the nano's is not trained yet, and the error names the command that trains it."""
+    SAM 1 checkpoint); an install without it gets an error that names the command that trains it."""
+    assert resolve_checkpoint("trained", MODEL) == TRAINED_CHECKPOINTS[MODEL] != TRAINED_CHECKPOINTS["vit_tiny"]
+    monkeypatch.setitem(TRAINED_CHECKPOINTS, MODEL, tmp_path / "missing" / TRAINED_CHECKPOINTS[MODEL].name)
     code = cli.main(["check", "--model", MODEL, "--checkpoint", "trained", "--report-dir", str(tmp_path)])
     assert code == 2
     assert f"python -m tinysam.train --model {MODEL}" in capsys.readouterr().err
