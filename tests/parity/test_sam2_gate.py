@@ -1,8 +1,9 @@
-"""The point task's gate for a SAM 2 model: golden, check, a planted defect, and the CLI's refusals.
+"""The gate for a SAM 2 model: the point task's golden, check, a planted defect and the CLI's refusals,
+and segment everything (the AMG task) on the trained nano.
 
-sam2.1_hiera_nano (the project's own small SAM 2) with seeded weights on two generated scenes: a
-golden and a check cost seconds on the CPU. Seeded weights make meaningless masks, so the logits
-gate (as for SAM 1's seeded goldens).
+sam2.1_hiera_nano (the project's own small SAM 2) on two generated scenes: a golden and a check cost
+seconds on the CPU. The point tests use seeded weights, whose masks mean nothing, so the logits gate (as
+for SAM 1's seeded goldens); the AMG tests need masks to match, so they run the trained nano.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import torch
 from parity import cli
 from parity.golden import manifest as golden_io
 from parity.golden.data import load_dataset
+from parity.tasks.amg import runner as amg_runner
+from parity.tasks.amg.generate import AmgParams
 from parity.tasks.point.runner import make_golden, run_check
 from parity.tasks.source import ModelSource
 from samfast.checkpoint import TRAINED_CHECKPOINTS, resolve_checkpoint
@@ -94,3 +97,41 @@ def test_trained_names_the_model_types_own_file(capsys, tmp_path, monkeypatch):
     code = cli.main(["check", "--model", MODEL, "--checkpoint", "trained", "--report-dir", str(tmp_path)])
     assert code == 2
     assert f"python -m tinysam.train --model {MODEL}" in capsys.readouterr().err
+
+
+# A 4x4 grid with the embedded SAM 1 AMG check's relaxed filters (parity.tasks.amg.embedded): the
+# trained nano keeps masks on the second scene (seeded weights keep none, which would leave nothing to compare).
+AMG_PARAMS = AmgParams(points_per_side=4, pred_iou_thresh=0.8, stability_score_thresh=0.9)
+
+
+@pytest.fixture(scope="module")
+def trained_nano():
+    return ModelSource(MODEL, TRAINED_CHECKPOINTS[MODEL])
+
+
+@pytest.fixture(scope="module")
+def amg_golden(trained_nano, scenes, tmp_path_factory):
+    return amg_runner.make_golden(trained_nano, scenes, AMG_PARAMS, device="cpu", root=tmp_path_factory.mktemp("amg"))
+
+
+def test_sam2_segment_everything_passes_against_its_golden(amg_golden, trained_nano, scenes, tmp_path):
+    results, _ = amg_runner.run_check(trained_nano, scenes, ["fp32", "fp32+sdpa"], AMG_PARAMS, data_args="--data scenes",
+                                      device="cpu", golden=amg_golden, report_dir=tmp_path)
+    assert [r.passed for r in results] == [True, True], [g.describe() for r in results for g in r.failures]
+    assert results[0].summary["golden_masks"] > 0  # something to compare: the trained model keeps masks
+    assert results[0].summary["matched_iou_mean"] == 1.0 and results[0].summary["lost"] == 0
+
+
+def test_sam2_segment_everything_with_a_perturbed_decoder_fails(amg_golden, trained_nano, scenes, tmp_path):
+    def build(stages: str):
+        model = trained_nano.build(stages, torch.device("cpu"), 1)
+        gen = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for param in model.sam_mask_decoder.parameters():
+                # correction=0: the decoder has one-element parameters, whose sample std is NaN
+                param.add_(torch.randn(param.shape, generator=gen) * 0.5 * param.std(correction=0).clamp_min(1e-3))
+        return model
+
+    results, _ = amg_runner.run_check(trained_nano, scenes, ["fp32"], AMG_PARAMS, data_args="--data scenes",
+                                      device="cpu", golden=amg_golden, report_dir=tmp_path, build=build)
+    assert not results[0].passed and "union_iou_mean" in {g.metric for g in results[0].failures}
