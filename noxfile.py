@@ -81,7 +81,7 @@ def bench(session: nox.Session) -> None:
 PACKAGED_TRAINING = {
     "vit_tiny": ["--minutes", "9.3", "--pool", "6000", "--val-every", "60", "--out", "samfast/weights"],
     "sam2.1_hiera_nano": ["--model", "sam2.1_hiera_nano", "--minutes", "5.5", "--pool", "3000", "--val-every", "60",
-                          "--embedding-mean-penalty", "0.1", "--out", "samfast/weights"],
+                          "--out", "samfast/weights"],
 }
 
 

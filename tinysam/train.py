@@ -75,7 +75,7 @@ def _cpu_count() -> int:
 
 # Defaults of the flags that size the run rather than the model (the family's settings add the rest).
 RUN_DEFAULTS = dict(workers=max(1, _cpu_count() - 1), log_every=25, val_every=30.0, val_images=HELDOUT_IMAGES,
-                    high_res_fade_in=0.0)
+                    high_res_fade_in=0.0, embedding_mean_penalty=0.0)
 SMOKE_DEFAULTS = dict(pool=8, steps=3, compile=False, batch=1, prompts=4, warmup=1, workers=1, log_every=1, val_every=0.0,
                       val_images=1, device="cpu")
 
@@ -107,9 +107,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--high-res-fade-in", type=float,
                    help="SAM 2: the share of the steps over which the decoder's stride-4/8 inputs are faded in "
                         f"(tinysam.forward.fade_high_res; default {full['high_res_fade_in']:g})")
-    p.add_argument("--embedding-mean-penalty", type=float, default=0.0, metavar="WEIGHT",
+    p.add_argument("--embedding-mean-penalty", type=float, metavar="WEIGHT",
                    help="add WEIGHT x the squared spatial mean of the image embedding to the loss "
-                        "(tinysam.losses.embedding_mean_penalty; an experiment for the small SAM 2; default 0: off)")
+                        "(tinysam.losses.embedding_mean_penalty; what lets the small SAM 2 train; "
+                        f"default {full['embedding_mean_penalty']:g}, 0: off)")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction,
                    help="torch.compile the training step (default: on the GPU; see TrainingStep)")
     p.add_argument("--workers", type=int, help="data generation processes (default: CPU count - 1)")
