@@ -1,4 +1,5 @@
-"""Planted defects shared by the GPU sync and stage tests (and their CPU twins): the checks must see what these add."""
+"""Planted defects shared by the GPU sync and stage tests (and their CPU twins) and the gate's tests: the checks
+must see what these add."""
 
 from __future__ import annotations
 
@@ -50,4 +51,15 @@ def relpos_bias_scaled_in_global_blocks(model, factor: float = 0.0):
         for block in global_blocks(model):
             block.attn.rel_pos_h.mul_(factor)
             block.attn.rel_pos_w.mul_(factor)
+    return model
+
+
+def perturb_decoder(model, scale: float, seed: int):
+    """Add seeded Gaussian noise of `scale` x each parameter's spread to the mask decoder (SAM 1's or SAM 2's);
+    returns the model. The spread is the population std (correction=0): SAM 2's decoder has one-element
+    parameters, whose sample std is NaN."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in model.prompt_decoder().parameters():
+            param.add_(torch.randn(param.shape, generator=gen) * scale * param.std(correction=0).clamp_min(1e-3))
     return model

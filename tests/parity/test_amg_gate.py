@@ -20,6 +20,7 @@ from parity.tasks.amg.generate import AmgParams, Generated
 from parity.tasks.amg.report import picture_name
 from parity.tasks.source import ModelSource, release_gpu_cache
 from samfast.checkpoint import NAMED_CHECKPOINTS
+from tests.planted import perturb_decoder
 
 # One generated scene, a 3x3 grid: a few seconds per generation on the CPU.
 PARAMS = AmgParams(points_per_side=3)
@@ -91,12 +92,7 @@ def test_release_gpu_cache_empties_the_cache_only_where_cuda_runs(monkeypatch):
 
 def test_perturbed_decoder_fails(golden, trained, scene, tmp_path):
     def build(stages: str):
-        model = trained.build(stages, torch.device("cpu"), 1)
-        gen = torch.Generator().manual_seed(0)
-        with torch.no_grad():
-            for param in model.mask_decoder.parameters():
-                param.add_(torch.randn(param.shape, generator=gen) * 0.5 * param.std().clamp_min(1e-3))
-        return model
+        return perturb_decoder(trained.build(stages, torch.device("cpu"), 1), 0.5, seed=0)
 
     (result,), paths = amg_runner.run_check(trained, scene, ["fp32"], PARAMS, data_args=DATA_ARGS, device="cpu",
                                             golden=golden, report_dir=tmp_path, build=build)

@@ -14,6 +14,7 @@ from parity.golden.data import load_dataset
 from parity.tasks.point import golden as point_golden
 from parity.tasks.point.runner import make_golden, run_check
 from parity.tasks.source import ModelSource
+from tests.planted import perturb_decoder
 
 LIMIT = 2  # two generated scenes: 18 annotations, a few seconds per stage on the CPU
 
@@ -69,12 +70,7 @@ def test_fp32_passes_with_iou_one(synthetic_golden, scenes, tmp_path):
 
 def _perturbed_build(source: ModelSource, scale: float):
     def build(stages: str):
-        model = source.build(stages, torch.device("cpu"), 8)
-        gen = torch.Generator().manual_seed(123)
-        with torch.no_grad():
-            for param in model.mask_decoder.parameters():
-                param.add_(torch.randn(param.shape, generator=gen) * scale * param.std().clamp_min(1e-3))
-        return model
+        return perturb_decoder(source.build(stages, torch.device("cpu"), 8), scale, seed=123)
 
     return build
 

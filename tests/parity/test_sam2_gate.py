@@ -19,6 +19,7 @@ from parity.tasks.amg.generate import AmgParams
 from parity.tasks.point.runner import make_golden, run_check
 from parity.tasks.source import ModelSource
 from samfast.checkpoint import TRAINED_CHECKPOINTS, resolve_checkpoint
+from tests.planted import perturb_decoder
 
 MODEL = "sam2.1_hiera_nano"
 
@@ -124,13 +125,7 @@ def test_sam2_segment_everything_passes_against_its_golden(amg_golden, trained_n
 
 def test_sam2_segment_everything_with_a_perturbed_decoder_fails(amg_golden, trained_nano, scenes, tmp_path):
     def build(stages: str):
-        model = trained_nano.build(stages, torch.device("cpu"), 1)
-        gen = torch.Generator().manual_seed(0)
-        with torch.no_grad():
-            for param in model.sam_mask_decoder.parameters():
-                # correction=0: the decoder has one-element parameters, whose sample std is NaN
-                param.add_(torch.randn(param.shape, generator=gen) * 0.5 * param.std(correction=0).clamp_min(1e-3))
-        return model
+        return perturb_decoder(trained_nano.build(stages, torch.device("cpu"), 1), 0.5, seed=0)
 
     results, _ = amg_runner.run_check(trained_nano, scenes, ["fp32"], AMG_PARAMS, data_args="--data scenes",
                                       device="cpu", golden=amg_golden, report_dir=tmp_path, build=build)
