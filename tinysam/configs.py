@@ -70,8 +70,7 @@ SAM2_NANO = ModelFamily(
     state_dict_layout="official sam2 checkpoint ({'model': state dict})",
     fp32_keys=("sam_prompt_encoder.pe_layer.positional_encoding_gaussian_matrix",),  # as vit_tiny's
     target_miou=0.80,
-    # embedding_mean_penalty: without it the nano's embedding grew a per-channel constant and runs stalled
-    # at held-out mIoU 0.12; with it the packaged run reached 0.81 (docs/tiny-model.md)
+    # embedding_mean_penalty: what lets the nano train (why and what it measured: tinysam.losses.embedding_mean_penalty)
     settings=dict(pool=4000, batch=16, prompts=8, lr=1e-3, weight_decay=0.1, warmup=100, high_res_fade_in=0.4,
                   embedding_mean_penalty=0.1),
     frame=STRETCHED,
