@@ -14,9 +14,11 @@ def make_optimizer(model, lr: float, weight_decay: float) -> torch.optim.AdamW:
 
 def _param_groups(model, weight_decay: float) -> list[dict]:
     """Weight decay on matrices and kernels only: not on norms, biases, embeddings or positional tables
-    (SAM 2's no_mem_embed, a bare parameter, included)."""
+    (SAM 2's no_mem_embed, a bare parameter, included). Frozen parameters are left out."""
     decay, plain = [], []
     for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
         no_decay = param.ndim < 2 or "pos" in name.split(".")[-1] or ".point_embeddings." in name \
             or name.endswith(("_token.weight", "_tokens.weight", "_embed.weight", "_embed"))
         (plain if no_decay else decay).append(param)

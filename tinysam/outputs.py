@@ -42,8 +42,10 @@ def write_json(path: Path, data: dict) -> None:
         tmp.write_text(json.dumps(data, indent=2) + "\n")
 
 
-def write_log_csv(path: Path, rows: list[dict]) -> None:
-    fields = ["step", "seconds", "lr", "loss", "mask", "single", "iou", "object", "steps_per_s", "val_miou"]
+LOG_FIELDS = ("step", "seconds", "lr", "loss", "mask", "single", "iou", "object", "steps_per_s", "val_miou")
+
+
+def write_log_csv(path: Path, rows: list[dict], fields: tuple[str, ...] = LOG_FIELDS) -> None:
     with _renamed_into_place(path) as tmp, open(tmp, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         writer.writeheader()

@@ -44,7 +44,8 @@ class PositionEmbeddingSine(nn.Module):
         then cast): one (C, H, W) tensor expanded over the batch."""
         key = (x.shape[-2], x.shape[-1], x.device, x.dtype)
         encoding = self._cache.get(key)
-        if encoding is None:
+        # one made under inference mode is made again for autograd (as MemoryAttention.rotations)
+        if encoding is None or (encoding.is_inference() and not torch.is_inference_mode_enabled()):
             encoding = self._encode(*key[:3]).to(x.dtype)
             if not torch.compiler.is_compiling():
                 # a cache filled while tracing fails dynamo's guard on it next call: a graph computes

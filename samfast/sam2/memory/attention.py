@@ -222,8 +222,11 @@ class MemoryAttention(nn.Module):
         self.compiled_attend = compile_per_object_count(self.attend, mode, {0: 1, 1: 1, 2: 1, 3: 1, 6: 0})
 
     def rotations(self, num_tokens: int, device: torch.device) -> torch.Tensor:
-        """The rotations of a square map of num_tokens tokens (kept for the next call of that size)."""
-        if self.rotation_table.shape[0] != num_tokens:
+        """The rotations of a square map of num_tokens tokens (kept for the next call of that size).
+        A table made under inference mode (a predictor's call) is made again outside it: autograd
+        (tinysam.train_tracking) cannot save an inference tensor for backward."""
+        if self.rotation_table.shape[0] != num_tokens or (
+                self.rotation_table.is_inference() and not torch.is_inference_mode_enabled()):
             side = math.sqrt(num_tokens)
             self.rotation_table = axial_rotations(self.d_model, side, side, theta=ROPE_THETA)
         if self.rotation_table.device != device:
