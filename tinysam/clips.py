@@ -1,7 +1,7 @@
 """The tracking run's data: generated clips (parity.golden.videos) prepared as the tracker reads
 them, and the windows of them that each training step tracks.
 
-The pool is made once, up front, by forked worker processes: each clip's frames through
+The pool is made once, up front, by forked worker processes writing into shared memory: each clip's frames through
 samfast's own video reader at the training input size (samfast.video.frames.load_video_frames, the
 bits init_state would make), each object's per-frame target at the decoder's low resolution (the
 covered fraction of each cell), whether the object is in the frame, and its prompt points (the
@@ -17,6 +17,7 @@ as the gate prompts. Every object of a step's windows is tracked in one batch.
 from __future__ import annotations
 
 import multiprocessing
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,6 +27,7 @@ import torch.nn.functional as F
 from parity.golden.data import centre_point
 from parity.golden.videos import DEFAULT_HEIGHT, DEFAULT_WIDTH, ROLES, generate_clip
 from samfast.video.frames import load_video_frames
+from tinysam.data import shared_array
 
 CLIP_FRAMES = 16  # frames per generated clip: a window at stride 2 spans all of them
 WINDOW = 8  # frames per tracked window: the prompted one and 7 tracked, which fill sam2's 7 memory slots
@@ -50,38 +52,59 @@ class ClipPool:
     height: int = DEFAULT_HEIGHT
 
 
-def prepare_clip(job: tuple[int, int, int]) -> tuple[np.ndarray, ...]:
-    """One clip (video_id, seed, input size) as the pool holds it (a worker's job)."""
-    video_id, seed, size = job
+_POOL: ClipPool | None = None  # set in the parent before forking; the workers inherit it
+
+
+def _fill_clip(job: tuple[int, int, int]) -> None:
+    """Clip `video_id` of `seed` into pool slot `slot` (a worker's job)."""
+    slot, video_id, seed = job
+    pool = _POOL
     clip = generate_clip(video_id, seed=seed, frames=CLIP_FRAMES)
-    frames, _, _ = load_video_frames(list(clip.frames), size, offload_video_to_cpu=True,
-                                              compute_device=torch.device("cpu"))
-    masks = torch.from_numpy(clip.masks).float()  # (O, T, H, W)
-    targets = F.adaptive_avg_pool2d(masks, (size // MASK_SCALE, size // MASK_SCALE))
-    present = clip.masks.any(axis=(2, 3))
-    rng = np.random.Generator(np.random.PCG64([seed, video_id, 1]))
-    points = np.zeros((*present.shape, 1 + POINTS_PER_OBJECT, 2), dtype=np.float32)
-    for o, t in zip(*np.nonzero(present)):
+    frames, _, _ = load_video_frames(list(clip.frames), pool.size, offload_video_to_cpu=True,
+                                     compute_device=torch.device("cpu"))
+    pool.frames[slot] = frames.half().numpy()
+    low_res = (pool.size // MASK_SCALE, pool.size // MASK_SCALE)
+    pool.targets[slot] = F.adaptive_avg_pool2d(torch.from_numpy(clip.masks).float(), low_res).half().numpy()
+    pool.present[slot] = clip.masks.any(axis=(2, 3))
+    rng = np.random.Generator(np.random.PCG64([seed, video_id, 1]))  # interior points: a stream apart from the clip's
+    for o, t in zip(*np.nonzero(pool.present[slot])):
         rows, cols = np.nonzero(clip.masks[o, t])
         pick = rng.integers(0, rows.size, POINTS_PER_OBJECT)
-        points[o, t, 0] = centre_point(clip.masks[o, t])
-        points[o, t, 1:] = np.stack([cols[pick], rows[pick]], axis=1)
-    return frames.half().numpy(), targets.half().numpy(), present, points
+        pool.points[slot, o, t, 0] = centre_point(clip.masks[o, t])
+        pool.points[slot, o, t, 1:] = np.stack([cols[pick], rows[pick]], axis=1)
 
 
 def build_clip_pool(count: int, seed: int, size: int, workers: int, log) -> ClipPool:
-    """count training clips at input size `size`, made by `workers` forked processes (fork before
-    anything starts CUDA in this process)."""
-    jobs = [(video_id, TRAIN_SEED_BASE + seed, size) for video_id in range(1, count + 1)]
-    if workers > 1:
-        with multiprocessing.get_context("fork").Pool(workers) as pool:
-            parts = pool.map(prepare_clip, jobs, chunksize=max(1, count // (4 * workers)))
-    else:
-        parts = [prepare_clip(job) for job in jobs]
-    frames, targets, present, points = (np.stack(arrays) for arrays in zip(*parts))
-    log(f"clip pool: {count} clips of {CLIP_FRAMES} frames at {size}x{size}, {len(ROLES)} objects each, "
-        f"seed {TRAIN_SEED_BASE + seed} ({frames.nbytes / 2**30:.2f} GiB of frames)")
-    return ClipPool(frames, targets, present, points, size)
+    """count training clips at input size `size`, made by `workers` forked processes writing into
+    shared memory (fork before anything starts CUDA in this process)."""
+    global _POOL
+    start = time.monotonic()
+    shared = workers > 1
+
+    def array(shape, dtype):
+        return shared_array(shape, dtype) if shared else np.zeros(shape, dtype)
+
+    objects, low = len(ROLES), size // MASK_SCALE
+    _POOL = ClipPool(frames=array((count, CLIP_FRAMES, 3, size, size), np.float16),
+                     targets=array((count, objects, CLIP_FRAMES, low, low), np.float16),
+                     present=array((count, objects, CLIP_FRAMES), np.bool_),
+                     points=array((count, objects, CLIP_FRAMES, 1 + POINTS_PER_OBJECT, 2), np.float32), size=size)
+    jobs = [(slot, slot + 1, TRAIN_SEED_BASE + seed) for slot in range(count)]
+    try:
+        if shared:
+            # one torch thread per worker: the resizes would otherwise run workers x cores threads
+            with multiprocessing.get_context("fork").Pool(workers, torch.set_num_threads, (1,)) as procs:
+                procs.map(_fill_clip, jobs, chunksize=max(1, count // (4 * workers)))
+        else:
+            for job in jobs:
+                _fill_clip(job)
+        pool = _POOL
+    finally:
+        _POOL = None
+    log(f"clip pool: {count} clips of {CLIP_FRAMES} frames at {size}x{size}, {objects} objects each, "
+        f"seed {TRAIN_SEED_BASE + seed}, in {time.monotonic() - start:.1f} s with {max(workers, 1)} worker(s) "
+        f"({pool.frames.nbytes / 2**30:.2f} GiB of frames)")
+    return pool
 
 
 @dataclass

@@ -15,6 +15,15 @@ import torch
 from torch import nn
 
 
+def made_for_inference_only(cached: torch.Tensor) -> bool:
+    """A cached tensor made under inference mode (a predictor's call) that a call outside it would
+    use: autograd cannot save it for backward (tinysam.train_tracking trains after validating), so
+    the cache is made again. Eager calls only: dynamo cannot trace is_inference(), and a compiled
+    graph reads its caches as constants and never trains."""
+    return (not torch.compiler.is_compiling() and cached.is_inference()
+            and not torch.is_inference_mode_enabled())
+
+
 class PositionEmbeddingSine(nn.Module):
     def __init__(self, num_pos_feats: int, temperature: int = 10000) -> None:
         super().__init__()
@@ -44,8 +53,7 @@ class PositionEmbeddingSine(nn.Module):
         then cast): one (C, H, W) tensor expanded over the batch."""
         key = (x.shape[-2], x.shape[-1], x.device, x.dtype)
         encoding = self._cache.get(key)
-        # one made under inference mode is made again for autograd (as MemoryAttention.rotations)
-        if encoding is None or (encoding.is_inference() and not torch.is_inference_mode_enabled()):
+        if encoding is None or made_for_inference_only(encoding):
             encoding = self._encode(*key[:3]).to(x.dtype)
             if not torch.compiler.is_compiling():
                 # a cache filled while tracing fails dynamo's guard on it next call: a graph computes

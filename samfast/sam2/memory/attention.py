@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from samfast.sam2.memory.rope import apply_rotary_enc, axial_rotations
+from samfast.sam2.position_encoding import made_for_inference_only
 from samfast.sam2.memory.static_graphs import compile_per_object_count
 
 ROPE_THETA = 10000.0
@@ -222,11 +223,9 @@ class MemoryAttention(nn.Module):
         self.compiled_attend = compile_per_object_count(self.attend, mode, {0: 1, 1: 1, 2: 1, 3: 1, 6: 0})
 
     def rotations(self, num_tokens: int, device: torch.device) -> torch.Tensor:
-        """The rotations of a square map of num_tokens tokens (kept for the next call of that size).
-        A table made under inference mode (a predictor's call) is made again outside it: autograd
-        (tinysam.train_tracking) cannot save an inference tensor for backward."""
-        if self.rotation_table.shape[0] != num_tokens or (
-                self.rotation_table.is_inference() and not torch.is_inference_mode_enabled()):
+        """The rotations of a square map of num_tokens tokens (kept for the next call of that size,
+        made again where made_for_inference_only)."""
+        if self.rotation_table.shape[0] != num_tokens or made_for_inference_only(self.rotation_table):
             side = math.sqrt(num_tokens)
             self.rotation_table = axial_rotations(self.d_model, side, side, theta=ROPE_THETA)
         if self.rotation_table.device != device:
