@@ -21,7 +21,7 @@ from samfast.checkpoint import TRAINED_CHECKPOINTS
 
 SCORE_ATOL = 1e-3  # the golden was made on another CPU: fp32 rounding of reordered additions
 # What each file may weigh in the repository: vit_tiny's 5.7M parameters in fp16 (11.8 MiB), the nano's 13.0M
-# (25.0 MiB; its untrained video modules are most of it).
+# (25.0 MiB; its video modules are most of it).
 MAX_MIB = {"vit_tiny": 16, "sam2.1_hiera_nano": 32}
 packaged = pytest.mark.parametrize("model_type", list(TRAINED_CHECKPOINTS))
 

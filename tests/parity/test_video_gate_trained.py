@@ -1,0 +1,79 @@
+"""The video gate on the packaged sam2.1_hiera_nano, whose video modules are trained
+(tinysam.train_tracking): its masks follow the objects, so J&F and objects lost are gated, and the
+three planted defects of tests/parity/test_video_gate.py fail on them, not only on the logits and
+object scores that seeded weights are gated on. The gate's default clip (one generated clip of 6
+frames, input 256), fp32 on the CPU.
+
+Measured (2-core CPU, torch 2.14.1; limits of [video.fp32]: J&F mean 0.995, objects lost 0, object
+scores 1e-3): fp32+sdpa equals the golden exactly; one memory fewer: object scores 0.39, J&F mean
+0.996 (the masks barely move over 6 frames: the scores catch it); object pointers zeroed: J&F mean
+0.37, 12 object-frames lost; objects 1 and 2 given each other's click: J&F mean 0.46, 12 lost.
+Runtime: ~25 s on 2 CPU cores (a golden and four checks of 18 tracking steps).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from parity.tasks.source import ModelSource
+from parity.tasks.video import runner, track
+from samfast.checkpoint import TRAINED_CHECKPOINTS
+from samfast.sam2.tracker import SAM2Tracking
+from samfast.video.memory_bank import MemoryBank
+
+SPEC = runner.VideoSpec()  # the gate's default: one clip of 6 frames at input 256
+SOURCE = ModelSource("sam2.1_hiera_nano", TRAINED_CHECKPOINTS["sam2.1_hiera_nano"])
+
+
+@pytest.fixture(scope="module")
+def golden(tmp_path_factory):
+    return runner.make_golden(SOURCE, SPEC, device="cpu", root=tmp_path_factory.mktemp("golden"))
+
+
+def check(golden, tmp_path, stage="fp32"):
+    [result], _ = runner.run_check(SOURCE, SPEC, [stage], device="cpu", golden=golden, report_dir=tmp_path)
+    return result
+
+
+def failed_gates(result) -> set[str]:
+    assert result.verdict == "fail", result.summary
+    return {g.metric for g in result.failures}
+
+
+def test_the_trained_tracker_is_gated_on_its_masks_and_passes(golden, tmp_path):
+    result = check(golden, tmp_path, "fp32+sdpa")
+    assert result.passed, result.gates
+    gated = {g.metric for g in result.gates if g.gated}
+    assert {"jf_mean", "jf_worst", "objects_lost"} <= gated
+    # the masks mean something: J&F against the ground truth (measured 0.81; seeded weights' masks are noise)
+    assert result.summary["jf_gt_mean"] > 0.7
+
+
+def test_dropped_memory_fails(golden, tmp_path, monkeypatch):
+    recent = MemoryBank.recent_memories
+    monkeypatch.setattr(MemoryBank, "recent_memories", lambda self, *a, **k: recent(self, *a, **k)[1:])
+    assert "object_score_max_abs_err" in failed_gates(check(golden, tmp_path))
+
+
+def test_zeroed_object_pointers_lose_the_objects(golden, tmp_path, monkeypatch):
+    pointers = SAM2Tracking._object_pointers
+
+    def zeroed(self, *args, **kwargs):
+        ptrs, pos = pointers(self, *args, **kwargs)
+        return (None if ptrs is None else torch.zeros_like(ptrs)), pos
+
+    monkeypatch.setattr(SAM2Tracking, "_object_pointers", zeroed)
+    assert {"jf_mean", "jf_worst", "objects_lost"} <= failed_gates(check(golden, tmp_path))
+
+
+def test_prompts_given_to_another_object_lose_the_objects(golden, tmp_path, monkeypatch):
+    prompts = track.prompts
+
+    def swapped(clip):
+        found = prompts(clip)
+        (a, fa, pa), (b, fb, pb) = found[:2]
+        return [(a, fb, pb), (b, fa, pa), *found[2:]]
+
+    monkeypatch.setattr(track, "prompts", swapped)
+    assert {"jf_mean", "jf_worst", "objects_lost"} <= failed_gates(check(golden, tmp_path))
