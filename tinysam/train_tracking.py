@@ -55,7 +55,7 @@ from tinysam.train import _cpu_count  # noqa: E402
 FAMILY = SAM2_NANO
 LOG_NAME, CURVE_NAME = "sam2.1_hiera_nano_tracking_log.csv", "sam2.1_hiera_nano_tracking_curve.png"
 LOG_FIELDS = ("step", "seconds", "lr", "loss", "mask", "object", "steps_per_s", "val_jf", "val_j_tracked")
-DEFAULTS = dict(pool=600, windows=16, lr=3e-4, weight_decay=0.1, warmup=100, size=256, log_every=25, val_every=60.0,
+DEFAULTS = dict(pool=800, windows=16, lr=5e-4, weight_decay=0.1, warmup=100, size=256, log_every=25, val_every=90.0,
                 val_clips=8, workers=max(1, _cpu_count() - 1))
 # Steps between which the speed is measured. Later than the image run's: on an H200 steps 10-30 ran at
 # 1.2 steps/s and the rest at 1.8-2.0 (eager steps of changing object counts: the allocator and kernel
