@@ -63,7 +63,8 @@ VIT_TINY = ModelFamily(
 # The project's own small SAM 2 (samfast.sam2.config): Hiera of width 32, one block per stage plus
 # a global one. Only the image path trains (trunk, neck, no_mem_embed, prompt encoder, decoder with
 # its object-score head); the video modules (memory attention and encoder, object pointers) keep
-# their seeded init, saved as they are so that the file loads strictly.
+# their seeded init, saved as they are so that the file loads strictly, and tinysam.train_tracking
+# then trains them on generated clips (the packaged file is both runs').
 SAM2_NANO = ModelFamily(
     model_type="sam2.1_hiera_nano",
     checkpoint_name="sam2.1_hiera_nano_trained.pt",
