@@ -24,6 +24,17 @@ from parity.tasks.video.track import ClipOutputs
 LOST_J = 0.5
 
 
+def object_score_error(ours: np.ndarray, golden: np.ndarray) -> float:
+    """The largest |ours - golden| / max(|golden|, 1) over the object-frames of a clip: the absolute error
+    where the golden's score is within 1 of the "absent" decision at 0 (seeded weights' scores are all
+    there, 0.4-0.7 on the gate's clip, so for them this is the absolute error), relative to the score
+    above that (a trained tracker's run to +19, where bf16 rounding alone moves them by 0.1). NaN on both
+    sides (no output on that frame) is agreement; NaN on one side is the largest error."""
+    both_nan = np.isnan(ours) & np.isnan(golden)
+    diff = np.abs(np.where(both_nan, 0.0, ours - golden)) / np.maximum(np.abs(np.nan_to_num(golden)), 1.0)
+    return float(np.nan_to_num(diff, nan=np.inf).max())
+
+
 def _edge_frames(num_frames: int) -> int:
     """How many frames the drift compares at each end: a quarter of the clip, at least one."""
     return max(1, num_frames // 4)
@@ -60,10 +71,7 @@ def compare(stage: str, outputs: list[ClipOutputs], golden: list[ClipOutputs], c
         for o in range(gold.masks.shape[0]):
             js = [r["j"] for r in clip_rows if r["object_id"] == o + 1]
             drifts.append(float(np.mean(js[-k:]) - np.mean(js[:k])))
-        # NaN on both sides (no output on that frame) is agreement; NaN on one side is the largest error
-        both_nan = np.isnan(ours.object_scores) & np.isnan(gold.object_scores)
-        diff = np.abs(np.where(both_nan, 0.0, ours.object_scores - gold.object_scores))
-        score_err = max(score_err, float(np.nan_to_num(diff, nan=np.inf).max()))
+        score_err = max(score_err, object_score_error(ours.object_scores, gold.object_scores))
         for t, golden_frame in gold.logits.items():
             # stored as fp16: round ours the same way, so storage is not counted as error
             ours_logits.append(ours.logits[t].astype(np.float16).astype(np.float32))
@@ -84,12 +92,12 @@ def compare(stage: str, outputs: list[ClipOutputs], golden: list[ClipOutputs], c
         "jf_gt_mean": float(np.mean([r["jf_gt"] for r in rows])),
         "jf_gt_mean_golden": float(np.mean([r["golden_jf_gt"] for r in rows])),
         "logits_rel_l2": logits["rel_l2"], "logits_max_abs": logits["max_abs"],
-        "object_score_max_abs_err": score_err,
+        "object_score_max_rel_err": score_err,
         "seconds": sum(o.seconds for o in outputs),
     }
     gates = [
         Gate("logits_rel_l2", logits["rel_l2"], limits["max_logits_rel_l2"], "max", True),
-        Gate("object_score_max_abs_err", score_err, limits["max_object_score_abs_err"], "max", True),
+        Gate("object_score_max_rel_err", score_err, limits["max_object_score_rel_err"], "max", True),
         Gate("jf_mean", summary["jf_mean"], limits["min_jf_mean"], "min", masks_meaningful),
         Gate("jf_worst", summary["jf_worst"], limits["min_jf_worst"], "min", masks_meaningful),
         Gate("objects_lost", lost, limits["max_objects_lost"], "max", masks_meaningful),

@@ -22,7 +22,7 @@ from parity.report.verdicts import (
 
 REPORT_FILES = ("report.md", "report.json", "junit.xml", "report.png")
 COLUMNS = ("J&F mean", "J&F worst", "J mean", "F mean", "worst drift (J)", "objects lost", "logits rel L2",
-           "object score err", "J&F vs GT (golden)", "s")
+           "object score err (rel)", "J&F vs GT (golden)", "s")
 
 
 def remove_reports(folder: Path) -> None:
@@ -34,7 +34,7 @@ def _row(r: StageResult) -> str:
         return f"| {r.stage} | ERROR |" + " - |" * len(COLUMNS)
     s = r.summary
     cells = [fmt(s["jf_mean"]), fmt(s["jf_worst"]), fmt(s["j_mean"]), fmt(s["f_mean"]), fmt(s["drift_j_worst"]),
-             f"{s['objects_lost']} of {s['golden_present']}", fmt(s["logits_rel_l2"]), fmt(s["object_score_max_abs_err"]),
+             f"{s['objects_lost']} of {s['golden_present']}", fmt(s["logits_rel_l2"]), fmt(s["object_score_max_rel_err"]),
              f"{fmt(s['jf_gt_mean'])} ({fmt(s['jf_gt_mean_golden'])})", fmt(s["seconds"], 1)]
     return f"| {r.stage} | {stage_verdict(r)} | " + " | ".join(str(c) for c in cells) + " |"
 
