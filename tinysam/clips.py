@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from parity.golden.data import centre_point
 from parity.golden.videos import DEFAULT_HEIGHT, DEFAULT_WIDTH, ROLES, generate_clip
 from samfast.video.frames import load_video_frames
-from tinysam.data import shared_array
+from tinysam.data import pool_array
 
 CLIP_FRAMES = 16  # frames per generated clip: a window at stride 2 spans all of them
 WINDOW = 8  # frames per tracked window: the prompted one and 7 tracked, which fill sam2's 7 memory slots
@@ -82,7 +82,7 @@ def build_clip_pool(count: int, seed: int, size: int, workers: int, log) -> Clip
     shared = workers > 1
 
     def array(shape, dtype):
-        return shared_array(shape, dtype) if shared else np.zeros(shape, dtype)
+        return pool_array(shape, dtype, shared)
 
     objects, low = len(ROLES), size // MASK_SCALE
     _POOL = ClipPool(frames=array((count, CLIP_FRAMES, 3, size, size), np.float16),

@@ -36,9 +36,11 @@ def train_seeds(seed: int, num_scenes: int) -> list[int]:
     return [1000 + 10_000 * seed + k for k in range(math.ceil(num_scenes / SCENES_PER_SEED))]
 
 
-def shared_array(shape: tuple[int, ...], dtype) -> np.ndarray:
-    """A zeroed array in an anonymous MAP_SHARED mapping: processes forked after it write into the
-    parent's pages, so a pool made by workers is never copied back through pipes."""
+def pool_array(shape: tuple[int, ...], dtype, shared: bool) -> np.ndarray:
+    """A zeroed array; shared: in an anonymous MAP_SHARED mapping, so that processes forked after it
+    write into the parent's pages and a pool made by workers is never copied back through pipes."""
+    if not shared:
+        return np.zeros(shape, dtype)
     nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
     return np.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype).reshape(shape)
 
@@ -58,7 +60,7 @@ class Pool:
     @classmethod
     def allocate(cls, n: int, shared: bool) -> Pool:
         def array(shape, dtype):
-            return shared_array(shape, dtype) if shared else np.zeros(shape, dtype)
+            return pool_array(shape, dtype, shared)
 
         return cls(
             images=array((n, IMAGE_SIZE, IMAGE_SIZE, 3), np.uint8),

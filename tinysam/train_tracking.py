@@ -44,12 +44,24 @@ from parity.golden.videos import generate_clip  # noqa: E402
 from parity.tasks.video.track import at_input_size, prompts, track_clip  # noqa: E402
 from samfast import build_sam_video  # noqa: E402
 from samfast.checkpoint import TRAINED_CHECKPOINTS, WEIGHTS_DIR  # noqa: E402
-from tinysam.clips import CLIP_FRAMES, HELDOUT_SEED, WINDOW, WindowSampler, build_clip_pool  # noqa: E402
+from tinysam.clips import (  # noqa: E402
+    CLIP_FRAMES,
+    HELDOUT_SEED,
+    WINDOW,
+    WindowSampler,
+    build_clip_pool,
+)
 from tinysam.configs import SAM2_NANO  # noqa: E402
 from tinysam.loop import SCHEDULE_MARGIN, _sync, training_autocast  # noqa: E402
 from tinysam.optimizer import learning_rate, make_optimizer  # noqa: E402
 from tinysam.outputs import save_checkpoint, write_json, write_log_csv  # noqa: E402
-from tinysam.rollout import VIDEO_MODULES, prepare_for_tracking, set_tracking_mode, tracking_loss, track_windows  # noqa: E402
+from tinysam.rollout import (  # noqa: E402
+    VIDEO_MODULES,
+    prepare_for_tracking,
+    set_tracking_mode,
+    track_windows,
+    tracking_loss,
+)
 from tinysam.train import _cpu_count  # noqa: E402
 
 FAMILY = SAM2_NANO

@@ -31,8 +31,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from samfast.sam2.memory.rope import apply_rotary_enc, axial_rotations
-from samfast.sam2.position_encoding import made_for_inference_only
 from samfast.sam2.memory.static_graphs import compile_per_object_count
+from samfast.sam2.position_encoding import made_for_inference_only
 
 ROPE_THETA = 10000.0
 ROPE_FEAT_SIZES = (64, 64)  # the feature map at sam2's 1024 input
