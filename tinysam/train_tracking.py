@@ -70,8 +70,8 @@ LOG_FIELDS = ("step", "seconds", "lr", "loss", "mask", "object", "steps_per_s", 
 DEFAULTS = dict(pool=800, windows=16, lr=5e-4, weight_decay=0.1, warmup=100, size=256, log_every=25, val_every=90.0,
                 val_clips=8, workers=max(1, _cpu_count() - 1))
 # Steps between which the speed is measured. Later than the image run's: on an H200 steps 10-30 ran at
-# 1.2 steps/s and the rest at 1.8-2.0 (eager steps of changing object counts: the allocator and kernel
-# choices settle later), so a plan made on them ended the run at 314 s of a 510 s budget.
+# 1.2 steps/s and the rest at 1.8-2.0 (why was not measured: the steps run eagerly, on object counts
+# that change every step), so a plan made on them ended the run at 314 s of a 510 s budget.
 CALIBRATE_STEPS = (40, 80)
 SMOKE = dict(pool=4, windows=2, steps=3, warmup=1, log_every=1, val_every=0.0, val_clips=1, workers=1, device="cpu")
 
