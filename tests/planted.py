@@ -63,3 +63,48 @@ def perturb_decoder(model, scale: float, seed: int):
         for param in model.prompt_decoder().parameters():
             param.add_(torch.randn(param.shape, generator=gen) * scale * param.std(correction=0).clamp_min(1e-3))
     return model
+
+
+# --- the video tracker's planted defects (tests/parity/test_video_gate.py on seeded weights,
+# test_video_gate_trained.py on the trained nano); each patches through pytest's monkeypatch
+
+
+def drop_oldest_memory(monkeypatch) -> None:
+    """The bank hands the tracker one memory fewer than it holds (the oldest of the recent ones)."""
+    from samfast.video.memory_bank import MemoryBank
+
+    recent = MemoryBank.recent_memories
+    monkeypatch.setattr(MemoryBank, "recent_memories", lambda self, *a, **k: recent(self, *a, **k)[1:])
+
+
+def zero_object_pointers(monkeypatch) -> None:
+    """The object pointers the memory attention reads are all zeros."""
+    from samfast.sam2.tracker import SAM2Tracking
+
+    pointers = SAM2Tracking._object_pointers
+
+    def zeroed(self, *args, **kwargs):
+        ptrs, pos = pointers(self, *args, **kwargs)
+        return (None if ptrs is None else torch.zeros_like(ptrs)), pos
+
+    monkeypatch.setattr(SAM2Tracking, "_object_pointers", zeroed)
+
+
+def swap_first_two_clicks(monkeypatch) -> None:
+    """Object 1 gets object 2's click (frame and point) and the other way round."""
+    from parity.tasks.video import track
+
+    prompts = track.prompts
+
+    def swapped(clip):
+        found = prompts(clip)
+        (a, fa, pa), (b, fb, pb) = found[:2]
+        return [(a, fb, pb), (b, fa, pa), *found[2:]]
+
+    monkeypatch.setattr(track, "prompts", swapped)
+
+
+def failed_gates(result) -> set[str]:
+    """The metrics a check's stage result failed on; it must have failed."""
+    assert result.verdict == "fail", result.summary
+    return {g.metric for g in result.failures}

@@ -28,7 +28,7 @@ from parity.tasks.source import ModelSource
 from parity.tasks.video import golden as video_golden
 from parity.tasks.video import runner, track
 from samfast.sam2.tracker import SAM2Tracking
-from samfast.video.memory_bank import MemoryBank
+from tests.planted import drop_oldest_memory, failed_gates, swap_first_two_clicks, zero_object_pointers
 
 SPEC = runner.VideoSpec(videos=1, frames=4)  # 3 objects x 4 frames: 12 tracking steps a run
 SOURCE = ModelSource("sam2.1_hiera_nano", None, 0)
@@ -105,43 +105,22 @@ def test_bf16_tracks_within_its_limits_with_the_memory_in_bf16(golden, tmp_path,
     assert result.summary["logits_rel_l2"] > 0 and result.summary["object_score_max_rel_err"] > 0
 
 
-def failed_gates(result) -> set[str]:
-    assert result.verdict == "fail", result.summary
-    return {g.metric for g in result.failures}
-
-
 def test_dropped_memory_fails(golden, tmp_path, monkeypatch):
-    """The bank hands the tracker one memory fewer than it holds (the oldest of the recent ones)."""
-    recent = MemoryBank.recent_memories
-    monkeypatch.setattr(MemoryBank, "recent_memories", lambda self, *a, **k: recent(self, *a, **k)[1:])
+    drop_oldest_memory(monkeypatch)
     result, _ = check_against(golden, tmp_path)
     # measured: object scores 4.8e-2 (48x the limit), logits 4.9e-3 (4.9x), J&F mean 0.957 (reported)
     assert {"object_score_max_rel_err", "logits_rel_l2"} <= failed_gates(result)
 
 
 def test_zeroed_object_pointers_fail(golden, tmp_path, monkeypatch):
-    pointers = SAM2Tracking._object_pointers
-
-    def zeroed(self, *args, **kwargs):
-        ptrs, pos = pointers(self, *args, **kwargs)
-        return (None if ptrs is None else torch.zeros_like(ptrs)), pos
-
-    monkeypatch.setattr(SAM2Tracking, "_object_pointers", zeroed)
+    zero_object_pointers(monkeypatch)
     result, _ = check_against(golden, tmp_path)
     # measured: logits 2.5e-3 (2.5x the limit), object scores 1.1e-3 (1.1x): over 4 frames the pointers weigh little
     assert "logits_rel_l2" in failed_gates(result)
 
 
 def test_prompts_given_to_another_object_fail(golden, tmp_path, monkeypatch):
-    """Object 1 gets object 2's click and the other way round."""
-    prompts = track.prompts
-
-    def swapped(clip):
-        found = prompts(clip)
-        (a, fa, pa), (b, fb, pb) = found[:2]
-        return [(a, fb, pb), (b, fa, pa), *found[2:]]
-
-    monkeypatch.setattr(track, "prompts", swapped)
+    swap_first_two_clicks(monkeypatch)
     result, _ = check_against(golden, tmp_path)
     assert "logits_rel_l2" in failed_gates(result)
     assert result.summary["jf_worst"] < 1.0  # reported: seeded weights' masks hardly follow the click

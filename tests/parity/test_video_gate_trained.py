@@ -16,14 +16,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from parity.tasks.source import ModelSource
-from parity.tasks.video import runner, track
+from parity.tasks.video import runner
 from parity.tasks.video.compare import object_score_error
 from samfast.checkpoint import TRAINED_CHECKPOINTS
-from samfast.sam2.tracker import SAM2Tracking
-from samfast.video.memory_bank import MemoryBank
+from tests.planted import drop_oldest_memory, failed_gates, swap_first_two_clicks, zero_object_pointers
 
 SPEC = runner.VideoSpec()  # the gate's default: one clip of 6 frames at input 256
 SOURCE = ModelSource("sam2.1_hiera_nano", TRAINED_CHECKPOINTS["sam2.1_hiera_nano"])
@@ -37,11 +35,6 @@ def golden(tmp_path_factory):
 def check(golden, tmp_path, stage="fp32"):
     [result], _ = runner.run_check(SOURCE, SPEC, [stage], device="cpu", golden=golden, report_dir=tmp_path)
     return result
-
-
-def failed_gates(result) -> set[str]:
-    assert result.verdict == "fail", result.summary
-    return {g.metric for g in result.failures}
 
 
 def test_the_trained_tracker_is_gated_on_its_masks_and_passes(golden, tmp_path):
@@ -63,8 +56,7 @@ def test_bf16_tracks_within_its_limits(golden, tmp_path):
 @pytest.mark.parametrize("stage", ["fp32", "bf16+sdpa"])
 def test_dropped_memory_fails(golden, tmp_path, monkeypatch, stage):
     """The masks barely move over 6 frames (J&F 0.996 passes both stages' limits): the scores catch it."""
-    recent = MemoryBank.recent_memories
-    monkeypatch.setattr(MemoryBank, "recent_memories", lambda self, *a, **k: recent(self, *a, **k)[1:])
+    drop_oldest_memory(monkeypatch)
     assert "object_score_max_rel_err" in failed_gates(check(golden, tmp_path, stage))
 
 
@@ -77,23 +69,10 @@ def test_object_score_error_is_absolute_near_the_decision_and_relative_above():
 
 
 def test_zeroed_object_pointers_lose_the_objects(golden, tmp_path, monkeypatch):
-    pointers = SAM2Tracking._object_pointers
-
-    def zeroed(self, *args, **kwargs):
-        ptrs, pos = pointers(self, *args, **kwargs)
-        return (None if ptrs is None else torch.zeros_like(ptrs)), pos
-
-    monkeypatch.setattr(SAM2Tracking, "_object_pointers", zeroed)
+    zero_object_pointers(monkeypatch)
     assert {"jf_mean", "jf_worst", "objects_lost"} <= failed_gates(check(golden, tmp_path))
 
 
 def test_prompts_given_to_another_object_lose_the_objects(golden, tmp_path, monkeypatch):
-    prompts = track.prompts
-
-    def swapped(clip):
-        found = prompts(clip)
-        (a, fa, pa), (b, fb, pb) = found[:2]
-        return [(a, fb, pb), (b, fa, pa), *found[2:]]
-
-    monkeypatch.setattr(track, "prompts", swapped)
+    swap_first_two_clicks(monkeypatch)
     assert {"jf_mean", "jf_worst", "objects_lost"} <= failed_gates(check(golden, tmp_path))
