@@ -87,17 +87,23 @@ def _model_flag(add_help: bool = True) -> argparse.ArgumentParser:
     return p
 
 
+def add_run_flags(p: argparse.ArgumentParser, seed_help: str) -> None:
+    """The flags of every tinysam run (this one and tinysam.train_tracking): its wall budget, the replay
+    of a step count, the seed, the output folder and the device."""
+    p.add_argument("--minutes", type=float, default=5.0, help="wall budget of the whole run, data and validation included")
+    p.add_argument("--steps", type=int, help="fixed step count (replays a run); default: as many as --minutes allows")
+    p.add_argument("--seed", type=int, default=0, help=seed_help)
+    p.add_argument("--out", type=Path, default=WEIGHTS_DIR, help=f"output folder (default {WEIGHTS_DIR})")
+    p.add_argument("--device", help="cuda or cpu (default: cuda when available)")
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     # The family decides the defaults of the other flags (and their help), so it is read first.
     family = FAMILIES[_model_flag(add_help=False).parse_known_args(argv)[0].model]
     full = {**RUN_DEFAULTS, **family.settings}
     smoke = SMOKE_DEFAULTS
     p = _model_flag()
-    p.add_argument("--minutes", type=float, default=5.0, help="wall budget of the whole run, data and validation included")
-    p.add_argument("--steps", type=int, help="fixed step count (replays a run); default: as many as --minutes allows")
-    p.add_argument("--seed", type=int, default=0, help="initial weights, data seeds and sampling")
-    p.add_argument("--out", type=Path, default=WEIGHTS_DIR, help=f"output folder (default {WEIGHTS_DIR})")
-    p.add_argument("--device", help="cuda or cpu (default: cuda when available)")
+    add_run_flags(p, seed_help="initial weights, data seeds and sampling")
     p.add_argument("--pool", type=int, help=f"training scenes generated up front (default {full['pool']})")
     p.add_argument("--batch", type=int, help=f"images per step (default {full['batch']})")
     p.add_argument("--prompts", type=int, help=f"prompts (objects) per image (default {full['prompts']})")

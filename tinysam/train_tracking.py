@@ -43,7 +43,7 @@ from parity.compare.metrics import mask_iou  # noqa: E402
 from parity.golden.videos import generate_clip  # noqa: E402
 from parity.tasks.video.track import at_input_size, prompts, track_clip  # noqa: E402
 from samfast import build_sam_video  # noqa: E402
-from samfast.checkpoint import TRAINED_CHECKPOINTS, WEIGHTS_DIR  # noqa: E402
+from samfast.checkpoint import TRAINED_CHECKPOINTS  # noqa: E402
 from tinysam.clips import (  # noqa: E402
     CLIP_FRAMES,
     HELDOUT_SEED,
@@ -62,7 +62,7 @@ from tinysam.rollout import (  # noqa: E402
     track_windows,
     tracking_loss,
 )
-from tinysam.train import _cpu_count  # noqa: E402
+from tinysam.train import _cpu_count, add_run_flags  # noqa: E402
 
 FAMILY = SAM2_NANO
 LOG_NAME, CURVE_NAME = "sam2.1_hiera_nano_tracking_log.csv", "sam2.1_hiera_nano_tracking_curve.png"
@@ -80,11 +80,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m tinysam.train_tracking", description=__doc__.split("\n\n")[0])
     p.add_argument("--init", type=Path, default=TRAINED_CHECKPOINTS[FAMILY.model_type],
                    help="the image run's checkpoint, its manifest (.json) beside it (default: the packaged one)")
-    p.add_argument("--minutes", type=float, default=5.0, help="wall budget of the whole run, data and validation included")
-    p.add_argument("--steps", type=int, help="fixed step count (replays a run); default: as many as --minutes allows")
-    p.add_argument("--seed", type=int, default=0, help="data seeds and sampling")
-    p.add_argument("--out", type=Path, default=WEIGHTS_DIR, help=f"output folder (default {WEIGHTS_DIR})")
-    p.add_argument("--device", help="cuda or cpu (default: cuda when available)")
+    add_run_flags(p, seed_help="data seeds and sampling")
     p.add_argument("--pool", type=int, help=f"training clips generated up front (default {DEFAULTS['pool']})")
     p.add_argument("--windows", type=int, help=f"windows of {WINDOW} frames per step (default {DEFAULTS['windows']})")
     p.add_argument("--lr", type=float)
