@@ -1,9 +1,12 @@
-"""The training loop: one optimization step (TrainingStep) and the loop around it (train), which
-fits the cosine schedule, the periodic validations and the final ones into the time budget."""
+"""The training loop: the image run's optimization step (TrainingStep), and the loop around a run's
+steps (run_schedule, shared with tinysam.train_tracking), which fits the cosine schedule, the periodic
+validations and the final ones into the time budget."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch.profiler import record_function
@@ -86,59 +89,77 @@ class TrainingStep:
         return loss, parts
 
 
-def train(model, data: DeviceData, sampler: BatchSampler, heldout: ValidationSet, args, deadline: float,
-          start: float, log, family: ModelFamily = VIT_TINY) -> tuple[list[dict], dict]:
-    """The training loop. Without --steps it measures its speed over CALIBRATE_STEPS and then fixes
-    the step count so that the cosine schedule, the periodic validations and the final ones fit
-    the budget; a safety stop ends it early if the estimate was wrong."""
-    device = model.device
-    train_step = TrainingStep(model, make_optimizer(model, args.lr, args.weight_decay), compiled=args.compile, family=family,
-                              embedding_penalty=args.embedding_mean_penalty)
+@dataclass
+class Run:
+    """What a training run plugs into `run_schedule`.
+
+    step(step, total): one optimization step (the learning rate already set); its loss and logged parts.
+    validate(): the held-out figures, as log-row fields ({"val_miou": ...}).
+    describe(fields): those fields as a log line's words.
+    final_reserve(seconds): what the end of the run needs (its final validations, the files), given
+    the seconds of one validation.
+    calibrate_steps: the steps between which the speed is measured, after the kernels warmed up."""
+
+    step: Callable[[int, int], tuple[torch.Tensor, dict]]
+    validate: Callable[[], dict]
+    describe: Callable[[dict], str]
+    final_reserve: Callable[[float], float]
+    calibrate_steps: tuple[int, int] = CALIBRATE_STEPS
+
+
+def run_schedule(run: Run, optimizer, device: torch.device, args, deadline: float, start: float, log
+                 ) -> tuple[list[dict], dict]:
+    """The training loop of both tinysam runs. Without --steps it measures its speed over
+    run.calibrate_steps and then fixes the step count so that the cosine schedule, the periodic
+    validations (every --val-every seconds) and the end fit the budget; a safety stop ends it
+    early if the estimate was wrong. Returns the log rows and the run's state."""
     calibrating = args.steps is None
     total = args.steps or 10**9  # set after calibration when the budget decides
     warmup = min(args.warmup, max(1, total // 5))
-    final_reserve = 20.0
+    final_reserve = 0.0  # set after calibration; only read after it
+    first_timed, last_timed = run.calibrate_steps
     # With --steps the schedule is fixed up front; otherwise validations start after calibration.
     next_val = time.monotonic() + args.val_every if not calibrating and args.val_every > 0 else None
     rows: list[dict] = []
     step, running, seen, t_log, s_log, t_cal = 0, None, 0, time.monotonic(), 0, 0.0
     train_start = time.monotonic()
     stopped_early = False
+
+    def validation_row() -> dict:
+        fields = run.validate()
+        rows.append({"step": step, "seconds": round(time.monotonic() - start, 1), **fields})
+        return fields
+
     while step < total:
         lr = learning_rate(step, total, warmup, args.lr)
-        for group in train_step.optimizer.param_groups:
+        for group in optimizer.param_groups:
             group["lr"] = lr
-        loss, parts = train_step(data, sampler, fade_in_weight(step, total, args.high_res_fade_in))
+        loss, parts = run.step(step, total)
         step += 1
         names = [name for name in LOGGED_PARTS if name in parts]
         values = torch.stack([loss.detach(), *(parts[name] for name in names)])
         running = values if running is None else running + values  # summed on the device: no sync
         seen += 1
 
-        if calibrating and step == CALIBRATE_STEPS[0]:
+        if calibrating and step == first_timed:
             _sync(device)
             t_cal = time.monotonic()
-        if calibrating and step == CALIBRATE_STEPS[1]:
+        if calibrating and step == last_timed:
             _sync(device)
-            rate = (CALIBRATE_STEPS[1] - CALIBRATE_STEPS[0]) / (time.monotonic() - t_cal)
-            miou = validate(model, heldout)["point"]["miou"]
-            rows.append({"step": step, "seconds": round(time.monotonic() - start, 1), "val_miou": miou})
+            rate = (last_timed - first_timed) / (time.monotonic() - t_cal)
+            fields = validation_row()
             # Timed on a second pass: the first one also tunes kernels for the new shapes
             # (cudnn.benchmark), about 5x slower on an H100, and would make the plan reserve too much.
             t_val = time.monotonic()
-            validate(model, heldout)
+            run.validate()
             val_seconds = time.monotonic() - t_val
-            # The end validates the saved weights in true fp32 (math attention: about twice as slow)
-            # on the held-out and embedded scenes, points and boxes (about 1.5 x one kind), and
-            # on coco-mini's 21 larger photos; then it saves and plots.
-            per_image = val_seconds / len(heldout.samples)
-            final_reserve = 2 * per_image * (1.5 * (len(heldout.samples) + 16) + 2 * 21) + 15.0
+            final_reserve = run.final_reserve(val_seconds)
             left = deadline - time.monotonic() - final_reserve
             periodic = int(left // args.val_every) if args.val_every > 0 else 0
             total = step + max(1, int((left - periodic * val_seconds) * rate * SCHEDULE_MARGIN))
             warmup = min(args.warmup, max(1, total // 5))
             next_val = time.monotonic() + args.val_every if args.val_every > 0 else None
-            log(f"calibrated: {rate:.2f} steps/s, validation {val_seconds:.1f} s (held-out mIoU {miou:.3f}); "
+            log(f"calibrated: {rate:.2f} steps/s, validation {val_seconds:.1f} s ({run.describe(fields)}); "
                 f"training {total} steps, to end near {deadline - final_reserve - start:.0f} s")
 
         if step % args.log_every == 0 or step == total:
@@ -153,18 +174,36 @@ def train(model, data: DeviceData, sampler: BatchSampler, heldout: ValidationSet
                 f"({', '.join(f'{name} {value:.4f}' for name, value in terms.items())}) lr {lr:.2e} {speed:.2f} steps/s{memory}")
             running, seen, t_log, s_log = None, 0, now, step
         if next_val is not None and time.monotonic() >= next_val and step < total:
-            result = validate(model, heldout)["point"]
-            rows.append({"step": step, "seconds": round(time.monotonic() - start, 1), "val_miou": result["miou"]})
-            log(f"validation at step {step}: held-out mIoU {result['miou']:.4f} ({result['count']} objects, centre point)")
+            log(f"validation at step {step}: {run.describe(validation_row())}")
             t_log, s_log = time.monotonic(), step  # keep validation time out of the speed figure
             next_val = time.monotonic() + args.val_every
-        if calibrating and step > CALIBRATE_STEPS[1] and time.monotonic() > deadline - final_reserve:
+        if calibrating and step > last_timed and time.monotonic() > deadline - final_reserve:
             log(f"time budget reached at step {step} of {total}: stopping early")
             stopped_early = True
             break
     seconds = time.monotonic() - train_start
     return rows, {"steps": step, "planned_steps": total, "warmup": warmup, "seconds": seconds,
                   "stopped_early": stopped_early}
+
+
+def train(model, data: DeviceData, sampler: BatchSampler, heldout: ValidationSet, args, deadline: float,
+          start: float, log, family: ModelFamily = VIT_TINY) -> tuple[list[dict], dict]:
+    """The image run: TrainingStep on the sampled batches, validated by held-out point mIoU."""
+    train_step = TrainingStep(model, make_optimizer(model, args.lr, args.weight_decay), compiled=args.compile, family=family,
+                              embedding_penalty=args.embedding_mean_penalty)
+
+    def final_reserve(val_seconds: float) -> float:
+        # The end validates the saved weights in true fp32 (math attention: about twice as slow)
+        # on the held-out and embedded scenes, points and boxes (about 1.5 x one kind), and
+        # on coco-mini's 21 larger photos; then it saves and plots.
+        per_image = val_seconds / len(heldout.samples)
+        return 2 * per_image * (1.5 * (len(heldout.samples) + 16) + 2 * 21) + 15.0
+
+    run = Run(step=lambda step, total: train_step(data, sampler, fade_in_weight(step, total, args.high_res_fade_in)),
+              validate=lambda: {"val_miou": validate(model, heldout)["point"]["miou"]},
+              describe=lambda fields: f"held-out mIoU {fields['val_miou']:.4f} (centre point)",
+              final_reserve=final_reserve)
+    return run_schedule(run, train_step.optimizer, model.device, args, deadline, start, log)
 
 
 def _sync(device: torch.device) -> None:

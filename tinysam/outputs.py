@@ -16,7 +16,6 @@ from pathlib import Path
 
 import torch
 
-from tinysam.validation import HELDOUT_SEED
 
 
 @contextmanager
@@ -52,7 +51,12 @@ def write_log_csv(path: Path, rows: list[dict], fields: tuple[str, ...] = LOG_FI
         writer.writerows(rows)
 
 
-def plot_curve(path: Path, rows: list[dict], final: dict, target_miou: float) -> None:
+def plot_curve(path: Path, rows: list[dict], losses: dict[str, str], validations: dict[str, str],
+               titles: tuple[str, str], points: tuple[tuple[int, float, str, str], ...] = (),
+               target: float | None = None) -> None:
+    """The run's curve: the logged loss terms (key: label) against the step, log scale, beside the
+    validation figures (key: label) in [0, 1], with single points (step, value, label, marker) and a
+    target line. A loss term no row has is left out."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -60,25 +64,24 @@ def plot_curve(path: Path, rows: list[dict], final: dict, target_miou: float) ->
 
     fig, (ax_loss, ax_val) = plt.subplots(1, 2, figsize=(11, 4))
     train = [r for r in rows if r.get("loss") is not None]
-    ax_loss.plot([r["step"] for r in train], [r["loss"] for r in train], label="total")
-    ax_loss.plot([r["step"] for r in train], [r["mask"] for r in train], label="mask (20 focal + dice)")
-    ax_loss.plot([r["step"] for r in train], [r["iou"] for r in train], label="IoU head MSE")
-    if any(r.get("object") is not None for r in train):
-        ax_loss.plot([r["step"] for r in train], [r["object"] for r in train], label="object score BCE")
+    for key, label in losses.items():
+        if any(r.get(key) is not None for r in train):
+            ax_loss.plot([r["step"] for r in train], [r[key] for r in train], label=label)
     ax_loss.set_yscale("log")
-    ax_loss.set_xlabel("step")
-    ax_loss.set_title("training loss")
-    ax_loss.legend()
-    val = [r for r in rows if r.get("val_miou") is not None]
-    ax_val.plot([r["step"] for r in val], [r["val_miou"] for r in val], "o-", label=f"held-out (seed {HELDOUT_SEED}), point")
-    for name, marker in (("scenes_point", "s"), ("heldout_box", "^")):
-        if final.get(name):
-            ax_val.plot([final["step"]], [final[name]["miou"]], marker, label=f"final {name.replace('_', ', ')}")
-    ax_val.axhline(target_miou, color="grey", linestyle="--", label=f"target {target_miou}")
+    ax_loss.set_title(titles[0])
+    for (key, label), marker in zip(validations.items(), "os^v"):
+        val = [r for r in rows if r.get(key) is not None]
+        ax_val.plot([r["step"] for r in val], [r[key] for r in val], f"{marker}-", label=label)
+    for step, value, label, marker in points:
+        ax_val.plot([step], [value], marker, label=label)
+    if target is not None:
+        ax_val.axhline(target, color="grey", linestyle="--", label=f"target {target}")
     ax_val.set_ylim(0, 1)
-    ax_val.set_xlabel("step")
-    ax_val.set_title("validation mIoU (full resolution)")
+    ax_val.set_title(titles[1])
     ax_val.legend(loc="lower right")
+    for ax in (ax_loss, ax_val):
+        ax.set_xlabel("step")
+    ax_loss.legend()
     fig.tight_layout()
     with _renamed_into_place(path, ".tmp.png") as tmp:  # the extension tells savefig the format
         fig.savefig(tmp, dpi=110)

@@ -3,10 +3,13 @@ them, with gradients, through the modules only tracking uses.
 
 What trains (VIDEO_MODULES): the memory attention, the memory encoder, the object pointers'
 projections and encodings and the "absent" embeddings, the parts of SAM 2 that a single image
-never runs. The image path (trunk, neck, prompt encoder, decoder, no_mem_embed) stays as the image
-run left it, in eval mode: every image result of the checkpoint stays bit for bit, and a tracked
-frame's decoder runs as the predictor runs it. So memory must write into the frame's features what
-the frozen decoder, given no prompt, segments as the object.
+never runs, and the decoder's object-score head, which only the tracker reads (an image
+predictor's masks and scores never depend on it; the image run trained it on present objects
+alone, so it called every object present). The rest of the image path (trunk, neck, prompt
+encoder, decoder, no_mem_embed) stays as the image run left it, in eval mode: every image result
+of the checkpoint stays bit for bit, and a tracked frame's decoder runs as the predictor runs it.
+So memory must write into the frame's features what the frozen decoder, given no prompt, segments
+as the object, and the object-score head must learn to read there that the object has gone.
 
 The step is sam2's own (samfast.sam2.tracker SAM2Tracking.track_step, sam2's SAM2Train rollout):
 frame 0 of each window decodes its click on the image features (no memory), every later frame
@@ -26,8 +29,14 @@ from tinysam.clips import WindowBatch
 from tinysam.losses import DICE_WEIGHT, FOCAL_WEIGHT, OBJECT_WEIGHT, mask_loss_table
 
 VIDEO_MODULES = ("memory_attention", "memory_encoder", "obj_ptr_proj", "obj_ptr_tpos_proj", "maskmem_tpos_enc",
-                 "no_obj_ptr", "no_obj_embed_spatial", "mask_downsample")
+                 "no_obj_ptr", "no_obj_embed_spatial", "mask_downsample", "sam_mask_decoder.pred_obj_score_head")
 FROZEN_MODULES = ("image_encoder", "sam_prompt_encoder", "sam_mask_decoder")  # the image path, in eval mode
+# (the object-score head trains in eval mode too: an MLP, which train and eval run alike)
+
+
+def video_module_of(name: str) -> str | None:
+    """The entry of VIDEO_MODULES that the parameter (or state-dict key) `name` belongs to; None on the image path."""
+    return next((module for module in VIDEO_MODULES if name == module or name.startswith(module + ".")), None)
 
 
 def prepare_for_tracking(model) -> list[torch.nn.Parameter]:
@@ -37,7 +46,7 @@ def prepare_for_tracking(model) -> list[torch.nn.Parameter]:
         getattr(model, name).eval()
     trainable = []
     for name, param in model.named_parameters():
-        if name.split(".")[0] in VIDEO_MODULES:
+        if video_module_of(name):
             param.requires_grad_(True)
             trainable.append(param)
     for module in model.modules():
@@ -82,16 +91,20 @@ def tracking_loss(outputs: list[tuple[torch.Tensor, torch.Tensor]], batch: Windo
                   ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Over the tracked frames (1 on): 20 focal + dice on the mask where the object is in the frame
     and the tracker says so (an object it calls absent has constant NO_OBJ_SCORE logits: no gradient,
-    its error is the object term's), plus BCE of the object score against "the object is in the
-    frame" (sam2's loss_class). Frame 0 is the frozen image path's: nothing there trains."""
+    its error is the object term's). Over every frame: BCE of the object score against "the object
+    is in the frame" (sam2's loss_class); on frame 0, the clicked one, the object always is, which
+    keeps the trained object-score head from calling a clicked object absent. Frame 0's mask is the
+    frozen image path's: no mask term there."""
     mask_terms, object_terms, counted = [], [], []
-    for t, (logits, object_logits) in enumerate(outputs[1:], start=1):
+    for t, (logits, object_logits) in enumerate(outputs):
         present = batch.present[:, t]
+        object_terms.append(F.binary_cross_entropy_with_logits(object_logits[:, 0].float(), present.float()))
+        if t == 0:
+            continue
         scored = present & (object_logits[:, 0] > 0)
         focal, dice = mask_loss_table(logits, batch.targets[:, t])
         mask_terms.append(((FOCAL_WEIGHT * focal + DICE_WEIGHT * dice)[:, 0] * scored).sum())
         counted.append(scored.sum())
-        object_terms.append(F.binary_cross_entropy_with_logits(object_logits[:, 0].float(), present.float()))
     mask_term = torch.stack(mask_terms).sum() / torch.stack(counted).sum().clamp(min=1)
     object_term = torch.stack(object_terms).mean()
     return mask_term + OBJECT_WEIGHT * object_term, {"mask": mask_term.detach(), "object": object_term.detach()}

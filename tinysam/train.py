@@ -257,7 +257,13 @@ def finish(family: ModelFamily, model, heldout: ValidationSet, embedded: Validat
     }
     write_json(args.out / family.manifest_name, manifest)
     write_log_csv(args.out / family.log_name, rows)
-    plot_curve(args.out / family.curve_name, rows, final, family.target_miou)
+    plot_curve(args.out / family.curve_name, rows,
+               {"loss": "total", "mask": "mask (20 focal + dice)", "iou": "IoU head MSE", "object": "object score BCE"},
+               {"val_miou": f"held-out (seed {HELDOUT_SEED}), point"},
+               ("training loss", "validation mIoU (full resolution)"),
+               tuple((final["step"], final[name]["miou"], f"final {name.replace('_', ', ')}", marker)
+                     for name, marker in (("scenes_point", "s"), ("heldout_box", "^")) if final.get(name)),
+               family.target_miou)
     log(f"wrote {ckpt_path} ({manifest['bytes'] / 2**20:.1f} MiB, sha256 {sha256[:12]}), manifest, log and curve; "
         f"{state['steps']} steps in {state['seconds']:.0f} s; held-out point mIoU {final['heldout_point']['miou']:.4f} "
         f"(target {family.target_miou}: {'met' if manifest['meets_target'] else 'NOT met'})")

@@ -52,9 +52,9 @@ from tinysam.clips import (  # noqa: E402
     build_clip_pool,
 )
 from tinysam.configs import SAM2_NANO  # noqa: E402
-from tinysam.loop import SCHEDULE_MARGIN, _sync, training_autocast  # noqa: E402
-from tinysam.optimizer import learning_rate, make_optimizer  # noqa: E402
-from tinysam.outputs import save_checkpoint, write_json, write_log_csv  # noqa: E402
+from tinysam.loop import Run, run_schedule, training_autocast  # noqa: E402
+from tinysam.optimizer import make_optimizer  # noqa: E402
+from tinysam.outputs import plot_curve, save_checkpoint, write_json, write_log_csv  # noqa: E402
 from tinysam.rollout import (  # noqa: E402
     VIDEO_MODULES,
     prepare_for_tracking,
@@ -125,6 +125,11 @@ def validate(predictor, clips) -> dict:
             "object_frames": len(jf)}
 
 
+def log_fields(result: dict) -> dict:
+    """A validation's figures as the log's columns."""
+    return {"val_jf": result["jf"], "val_j_tracked": result["j_tracked"]}
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     command = "python -m tinysam.train_tracking " + shlex.join(sys.argv[1:] if argv is None else argv)
@@ -155,73 +160,30 @@ def main(argv: list[str] | None = None) -> dict:
 
     sampler = WindowSampler(pool, args.windows, args.seed, device)
     optimizer = make_optimizer(model, args.lr, args.weight_decay)
-    autocast = training_autocast(device)
-    rows, state = train(model, predictor, sampler, optimizer, autocast, heldout, args, deadline, start, log)
+    run = Run(step=tracking_step(model, trainable, sampler, optimizer, training_autocast(device)),
+              validate=lambda: log_fields(validate(predictor, heldout)),
+              describe=lambda fields: f"held-out J&F {fields['val_jf']:.4f}, J of tracked frames {fields['val_j_tracked']:.4f}",
+              final_reserve=lambda val_seconds: 2 * val_seconds + 30.0,  # the final validation (true fp32), the files
+              calibrate_steps=CALIBRATE_STEPS)
+    rows, state = run_schedule(run, optimizer, device, args, deadline, start, log)
     return finish(model, predictor, heldout, before, rows, state, args, command, start, log)
 
 
-def train(model, predictor, sampler, optimizer, autocast, heldout, args, deadline, start, log) -> tuple[list[dict], dict]:
-    """The loop: as tinysam.loop.train, the step count fixed after a calibration unless --steps."""
-    calibrating = args.steps is None
-    total = args.steps or 10**9
-    warmup = min(args.warmup, max(1, total // 5))
-    final_reserve = 30.0
-    rows: list[dict] = []
-    step, running, seen, t_log, s_log, t_cal = 0, None, 0, time.monotonic(), 0, 0.0
-    next_val = time.monotonic() + args.val_every if not calibrating and args.val_every > 0 else None
-    train_start = time.monotonic()
-    while step < total:
-        lr = learning_rate(step, total, warmup, args.lr)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
+def tracking_step(model, trainable: list[torch.nn.Parameter], sampler: WindowSampler, optimizer, autocast):
+    """One optimization step on a batch of windows, as tinysam.loop.run_schedule calls it."""
+
+    def step(step: int, total: int) -> tuple[torch.Tensor, dict]:
         batch = sampler.sample()
         with autocast:
             outputs = track_windows(model, batch)
         loss, parts = tracking_loss(outputs, batch)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
+        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
         optimizer.step()
-        step += 1
-        values = torch.stack([loss.detach(), parts["mask"], parts["object"]])
-        running = values if running is None else running + values  # summed on the device: no sync
-        seen += 1
-        if calibrating and step == CALIBRATE_STEPS[0]:
-            _sync(model.device)
-            t_cal = time.monotonic()
-        if calibrating and step == CALIBRATE_STEPS[1]:
-            _sync(model.device)
-            rate = (CALIBRATE_STEPS[1] - CALIBRATE_STEPS[0]) / (time.monotonic() - t_cal)
-            t_val = time.monotonic()
-            validate(predictor, heldout)
-            val_seconds = time.monotonic() - t_val
-            final_reserve = 2 * val_seconds + 30.0  # the final validation (true fp32) and the files
-            left = deadline - time.monotonic() - final_reserve
-            periodic = int(left // args.val_every) if args.val_every > 0 else 0
-            total = step + max(1, int((left - periodic * val_seconds) * rate * SCHEDULE_MARGIN))
-            warmup = min(args.warmup, max(1, total // 5))
-            next_val = time.monotonic() + args.val_every if args.val_every > 0 else None
-            log(f"calibrated: {rate:.2f} steps/s, validation {val_seconds:.1f} s; training {total} steps")
-        if step % args.log_every == 0 or step == total:
-            now = time.monotonic()
-            loss_mean, mask_mean, object_mean = (running / seen).tolist()
-            speed = (step - s_log) / (now - t_log)
-            rows.append({"step": step, "seconds": round(now - start, 1), "lr": lr, "loss": loss_mean, "mask": mask_mean,
-                         "object": object_mean, "steps_per_s": round(speed, 3)})
-            log(f"step {step}/{total if total < 10**9 else '?'} loss {loss_mean:.4f} (mask {mask_mean:.4f}, "
-                f"object {object_mean:.4f}) lr {lr:.2e} {speed:.2f} steps/s")
-            running, seen, t_log, s_log = None, 0, now, step
-        if next_val is not None and time.monotonic() >= next_val and step < total:
-            result = validate(predictor, heldout)
-            rows.append({"step": step, "seconds": round(time.monotonic() - start, 1), "val_jf": result["jf"],
-                         "val_j_tracked": result["j_tracked"]})
-            log(f"validation at step {step}: held-out J&F {result['jf']:.4f}, J of tracked frames {result['j_tracked']:.4f}")
-            t_log, s_log = time.monotonic(), step
-            next_val = time.monotonic() + args.val_every
-        if calibrating and step > CALIBRATE_STEPS[1] and time.monotonic() > deadline - final_reserve:
-            log(f"time budget reached at step {step} of {total}: stopping early")
-            break
-    return rows, {"steps": step, "planned_steps": total, "warmup": warmup, "seconds": time.monotonic() - train_start}
+        return loss, parts
+
+    return step
 
 
 def finish(model, predictor, heldout, before: dict, rows: list[dict], state: dict, args, command: str, start: float, log) -> dict:
@@ -237,8 +199,7 @@ def finish(model, predictor, heldout, before: dict, rows: list[dict], state: dic
     after = validate(saved, heldout)
     log(f"final held-out J&F {after['jf']:.4f} (before {before['jf']:.4f}), J of tracked frames "
         f"{after['j_tracked']:.4f} (before {before['j_tracked']:.4f})")
-    rows.append({"step": state["steps"], "seconds": round(time.monotonic() - start, 1), "val_jf": after["jf"],
-                 "val_j_tracked": after["j_tracked"]})
+    rows.append({"step": state["steps"], "seconds": round(time.monotonic() - start, 1), **log_fields(after)})
     manifest = json.loads(args.init.with_suffix(".json").read_text())
     init_sha = manifest["sha256"]
     manifest.update(sha256=sha256, bytes=path.stat().st_size)
@@ -248,7 +209,8 @@ def finish(model, predictor, heldout, before: dict, rows: list[dict], state: dic
         "replay": f"{command} --steps {state['steps']}" if args.steps is None else command,
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "trained_modules": list(VIDEO_MODULES),
-        "frozen": "the image path (trunk, neck, prompt encoder, decoder, no_mem_embed): the image run's tensors",
+        "frozen": "the image path (trunk, neck, prompt encoder, decoder but its object-score head, no_mem_embed): "
+                  "the image run's tensors",
         "steps": state["steps"],
         "planned_steps": state["planned_steps"],
         "train_seconds": round(state["seconds"], 1),
@@ -259,7 +221,7 @@ def finish(model, predictor, heldout, before: dict, rows: list[dict], state: dic
         "schedule": "linear warmup, cosine to 1% of lr", "grad_clip": 1.0,
         "precision": "bf16 autocast" if model.device.type == "cuda" else "fp32",
         "loss": "tracked frames: 20 focal + dice on the low-res mask where the object is present and scored "
-                "present, + BCE of the object score vs present",
+                "present; every frame: + BCE of the object score vs present",
         "validation": {"heldout_clips_seed": HELDOUT_SEED, "input_size": args.size, "before": before, "after": after},
         "torch": torch.__version__,
         "device": torch.cuda.get_device_name(model.device) if model.device.type == "cuda" else "cpu",
@@ -267,38 +229,13 @@ def finish(model, predictor, heldout, before: dict, rows: list[dict], state: dic
     }
     write_json(args.out / FAMILY.manifest_name, manifest)
     write_log_csv(args.out / LOG_NAME, rows, LOG_FIELDS)
-    plot_curve(args.out / CURVE_NAME, rows, before)
+    plot_curve(args.out / CURVE_NAME, [{"step": 0, **log_fields(before)}, *rows],
+               {"loss": "total", "mask": "mask (20 focal + dice)", "object": "object score BCE"},
+               {"val_jf": "J&F, every frame", "val_j_tracked": "J, tracked frames"},
+               ("tracking loss", f"held-out clips (seed {HELDOUT_SEED}) vs ground truth"))
     log(f"wrote {path} ({manifest['bytes'] / 2**20:.1f} MiB, sha256 {sha256[:12]}), manifest, log and curve; "
         f"{state['steps']} steps in {state['seconds']:.0f} s")
     return manifest
-
-
-def plot_curve(path: Path, rows: list[dict], before: dict) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax_loss, ax_val) = plt.subplots(1, 2, figsize=(11, 4))
-    train_rows = [r for r in rows if r.get("loss") is not None]
-    for key, label in (("loss", "total"), ("mask", "mask (20 focal + dice)"), ("object", "object score BCE")):
-        ax_loss.plot([r["step"] for r in train_rows], [r[key] for r in train_rows], label=label)
-    ax_loss.set_yscale("log")
-    ax_loss.set_xlabel("step")
-    ax_loss.set_title("tracking loss")
-    ax_loss.legend()
-    val = [{"step": 0, "val_jf": before["jf"], "val_j_tracked": before["j_tracked"]}] + [r for r in rows if r.get("val_jf") is not None]
-    ax_val.plot([r["step"] for r in val], [r["val_jf"] for r in val], "o-", label="J&F, every frame")
-    ax_val.plot([r["step"] for r in val], [r["val_j_tracked"] for r in val], "s-", label="J, tracked frames")
-    ax_val.set_ylim(0, 1)
-    ax_val.set_xlabel("step")
-    ax_val.set_title(f"held-out clips (seed {HELDOUT_SEED}) vs ground truth")
-    ax_val.legend(loc="lower right")
-    fig.tight_layout()
-    tmp = path.with_name(path.name + ".tmp.png")  # the extension tells savefig the format
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    tmp.replace(path)
 
 
 if __name__ == "__main__":
