@@ -213,3 +213,14 @@ def data_root():
         return data_root()
     except DataNotFoundError as err:
         pytest.skip(str(err))
+
+
+@pytest.fixture
+def tf32_checked_off(monkeypatch):
+    """TF32 on, as PyTorch leaves cuDNN's convolutions by default; after the test, a check must have
+    turned it off (parity.golden.manifest.no_tf32): its fp32 stages run as the golden ran."""
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
+    yield
+    assert not torch.backends.cudnn.allow_tf32 and not torch.backends.cuda.matmul.allow_tf32, \
+        "the check left TF32 on: its fp32 stages would not run as the golden ran"

@@ -6,9 +6,10 @@
 The image run (`python -m tinysam.train --model sam2.1_hiera_nano`) trains the image path only; the
 memory attention, the memory encoder and the object pointers keep their seeded init, and tracking
 from them loses every object after the prompted frame. This run starts from that checkpoint and
-trains those modules alone (tinysam.rollout: the image path stays bit for bit) on windows of
-generated clips (tinysam.clips), each object clicked on a window's first frame and tracked through
-the rest, at input size 256, the video gate's (a CPU tracks ~10x faster there than at 1024).
+trains those modules and the object-score head, which only the tracker reads (tinysam.rollout: every
+image result stays bit for bit), on windows of generated clips (tinysam.clips), each object clicked
+on a window's first frame and tracked through the rest, at input size 256, the video gate's (a CPU
+tracks ~10x faster there than at 1024). The loop is the image run's (tinysam.loop.run_schedule).
 
 Validation tracks held-out clips (seed tinysam.clips.HELDOUT_SEED) through samfast's video predictor
 as the gate does (parity.tasks.video.track: one centre click per object on its first visible frame,
@@ -79,7 +80,8 @@ SMOKE = dict(pool=4, windows=2, steps=3, warmup=1, log_every=1, val_every=0.0, v
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m tinysam.train_tracking", description=__doc__.split("\n\n")[0])
     p.add_argument("--init", type=Path, default=TRAINED_CHECKPOINTS[FAMILY.model_type],
-                   help="the image run's checkpoint, its manifest (.json) beside it (default: the packaged one)")
+                   help="the image run's checkpoint, its manifest (.json) beside it (default: the packaged one, whose video "
+                        "modules a tracking run trained already: that run is continued, and recorded as continued_from)")
     add_run_flags(p, seed_help="data seeds and sampling")
     p.add_argument("--pool", type=int, help=f"training clips generated up front (default {DEFAULTS['pool']})")
     p.add_argument("--windows", type=int, help=f"windows of {WINDOW} frames per step (default {DEFAULTS['windows']})")
@@ -202,9 +204,13 @@ def finish(model, predictor, heldout, before: dict, rows: list[dict], state: dic
     rows.append({"step": state["steps"], "seconds": round(time.monotonic() - start, 1), **log_fields(after)})
     manifest = json.loads(args.init.with_suffix(".json").read_text())
     init_sha = manifest["sha256"]
+    # An init that a tracking run made already (the packaged file is one) is continued: its run is kept, nested.
+    earlier = manifest.pop("tracking", None)
     manifest.update(sha256=sha256, bytes=path.stat().st_size)
     manifest["tracking"] = {
-        "init": f"{args.init.name} (sha256 {init_sha}): the image run above",
+        "init": f"{args.init.name} (sha256 {init_sha}): the image run above"
+                + (", its video modules from the tracking run under continued_from" if earlier else ""),
+        **({"continued_from": earlier} if earlier else {}),
         "command": command,
         "replay": f"{command} --steps {state['steps']}" if args.steps is None else command,
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},

@@ -59,7 +59,7 @@ def test_golden_is_stored_reproducibly_with_its_parameters(golden):
     assert amg_golden.encode(again) == stored
 
 
-def test_fp32_passes_with_iou_one(golden, trained, scene, tmp_path):
+def test_fp32_passes_with_iou_one(golden, trained, scene, tmp_path, tf32_checked_off):
     (result,), paths = amg_runner.run_check(trained, scene, ["fp32"], PARAMS, data_args=DATA_ARGS, device="cpu",
                                             golden=golden, report_dir=tmp_path)
     assert result.passed, [g.describe() for g in result.failures]

@@ -56,7 +56,7 @@ def test_golden_round_trip(synthetic_golden, scenes):
     assert sorted(p.name for p in synthetic_golden.iterdir()) == ["logits.npz", "manifest.json", "predictions.json.gz"]
 
 
-def test_fp32_passes_with_iou_one(synthetic_golden, scenes, tmp_path):
+def test_fp32_passes_with_iou_one(synthetic_golden, scenes, tmp_path, tf32_checked_off):
     results, paths = run_check(ModelSource("vit_tiny"), scenes, ["fp32"], data_args="--data scenes",
                                device="cpu", golden=synthetic_golden, report_dir=tmp_path)
     (result,) = results

@@ -75,7 +75,7 @@ def test_golden_is_stored_with_its_identity(golden):
     assert video_golden.encode(outputs)[video_golden.TRACKS] == (golden / video_golden.TRACKS).read_bytes()
 
 
-def test_fp32_against_its_own_golden_passes_exactly(golden, tmp_path):
+def test_fp32_against_its_own_golden_passes_exactly(golden, tmp_path, tf32_checked_off):
     result, paths = check_against(golden, tmp_path)
     assert result.passed, result.gates
     s = result.summary

@@ -4,12 +4,12 @@ three planted defects of tests/parity/test_video_gate.py fail on them, not only 
 object scores that seeded weights are gated on. The gate's default clip (one generated clip of 6
 frames, input 256), fp32 on the CPU.
 
-Measured (2-core CPU, torch 2.14.1; limits of [video.fp32]: J&F mean 0.995, objects lost 0, object
-scores 1e-3 relative): fp32+sdpa equals the golden exactly; bf16+sdpa passes (J&F 0.998, object scores
-0.0075 of the 0.05 limit); one memory fewer: object scores 0.086 relative in fp32, 0.088 in bf16+sdpa,
-J&F mean 0.996 (the masks barely move over 6 frames: the scores catch it); object pointers zeroed: J&F
-mean 0.37, 12 object-frames lost; objects 1 and 2 given each other's click: J&F mean 0.46, 12 lost.
-Runtime: ~40 s on 2 CPU cores (a golden and six checks of 18 tracking steps).
+Measured with session 35's file (sha256 8ca7b48b…; 2-core CPU, torch 2.14.1; limits of [video.fp32]:
+J&F mean 0.995, objects lost 0, object scores 1e-3 relative; [video.bf16]: 0.98, 0, 0.05): fp32+sdpa
+equals the golden's masks and scores exactly; bf16+sdpa passes (J&F 0.997, object scores 0.014 relative);
+one memory fewer: J&F mean 0.972 (worst 0.79), object scores 0.15 relative in fp32, 0.16 in bf16+sdpa;
+object pointers zeroed: J&F mean 0.50, 10 object-frames lost; objects 1 and 2 given each other's click:
+J&F mean 0.52, 12 lost. Runtime: ~40 s on 2 CPU cores (a golden and six checks of 18 tracking steps).
 """
 
 from __future__ import annotations
@@ -42,22 +42,24 @@ def test_the_trained_tracker_is_gated_on_its_masks_and_passes(golden, tmp_path):
     assert result.passed, result.gates
     gated = {g.metric for g in result.gates if g.gated}
     assert {"jf_mean", "jf_worst", "objects_lost"} <= gated
-    # the masks mean something: J&F against the ground truth (measured 0.81; seeded weights' masks are noise)
+    # the masks mean something: J&F against the ground truth (measured 0.82; seeded weights' masks are noise)
     assert result.summary["jf_gt_mean"] > 0.7
 
 
 def test_bf16_tracks_within_its_limits(golden, tmp_path):
     result = check(golden, tmp_path, "bf16+sdpa")
     assert result.passed, result.gates
-    # not bit-equal: bf16 moved the scores by 0.08 (0.0075 relative to their +1 to +19) where measured
+    # not bit-equal: bf16 moved the scores (0.014 relative, measured)
     assert result.summary["object_score_max_rel_err"] > 0
 
 
 @pytest.mark.parametrize("stage", ["fp32", "bf16+sdpa"])
 def test_dropped_memory_fails(golden, tmp_path, monkeypatch, stage):
-    """The masks barely move over 6 frames (J&F 0.996 passes both stages' limits): the scores catch it."""
+    """The masks move (J&F mean 0.97 against limits of 0.995 and 0.98) and the object scores more (0.15-0.16
+    relative against 1e-3 and 0.05): with session 34's file, whose tracker never called an object absent,
+    only the scores caught it."""
     drop_oldest_memory(monkeypatch)
-    assert "object_score_max_rel_err" in failed_gates(check(golden, tmp_path, stage))
+    assert {"jf_mean", "object_score_max_rel_err"} <= failed_gates(check(golden, tmp_path, stage))
 
 
 def test_object_score_error_is_absolute_near_the_decision_and_relative_above():

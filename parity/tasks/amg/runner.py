@@ -91,6 +91,7 @@ def run_check(
     A stage whose switch did not run (parity.checks.exercised) is "not exercised", or failed with `require_gpu`."""
     remove_reports(Path(report_dir))  # first of all: a check that stops on bad input leaves no earlier PASS behind
     device = torch.device(device) if device else default_device()
+    golden_io.no_tf32()  # the stages' own switches set the precision; fp32 is compared as the golden ran it
     sha = source.sha256()
     folder = Path(golden) if golden else golden_folder(source, sha, dataset)
     regenerate = regenerate_command(source, data_args, params)

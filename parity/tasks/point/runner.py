@@ -131,6 +131,7 @@ def run_check(
     if ranks.is_main:  # first of all: a check that stops on bad input or crashes leaves no earlier PASS behind
         remove_reports(Path(report_dir))
     device = torch.device(device) if device else default_device()
+    golden_io.no_tf32()  # the stages' own switches set the precision; fp32 is compared as the golden ran it
     sha = source.sha256()
     folder = Path(golden) if golden else golden_folder(source, sha, dataset, prompt)
     regenerate = regenerate_command(source, data_args, prompt)

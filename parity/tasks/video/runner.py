@@ -156,6 +156,7 @@ def run_check(
     remove_reports(Path(report_dir))  # first of all: a check that stops on bad input leaves no earlier PASS behind
     refuse_unbuilt(stages)
     device = torch.device(device) if device else default_device()
+    golden_io.no_tf32()  # the stages' own switches set the precision; fp32 is compared as the golden ran it
     sha = source.sha256()
     folder = Path(golden) if golden else golden_folder(source, sha, spec)
     regenerate = regenerate_command(source, spec)
