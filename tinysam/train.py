@@ -58,6 +58,7 @@ from pathlib import Path  # noqa: E402
 import torch  # noqa: E402
 
 from parity.golden.data import load_dataset  # noqa: E402
+from parity.golden.manifest import no_tf32  # noqa: E402
 from parity.golden.settings import DataNotFoundError  # noqa: E402
 from samfast import build_sam  # noqa: E402
 from samfast.checkpoint import WEIGHTS_DIR  # noqa: E402
@@ -195,8 +196,7 @@ def finish(family: ModelFamily, model, heldout: ValidationSet, embedded: Validat
     ckpt_path = args.out / family.checkpoint_name
     sha256 = save_checkpoint(model, ckpt_path, family.fp32_keys, family.wrap_key)
     if cuda:
-        torch.backends.cuda.matmul.allow_tf32 = False  # true fp32 for the reported figures
-        torch.backends.cudnn.allow_tf32 = False
+        no_tf32()  # true fp32 for the reported figures, as the gate's goldens
     trained = build_sam(family.model_type, checkpoint=ckpt_path, device=device, stages="fp32")
     final = {"step": state["steps"]}
     sets = [("heldout", heldout, ("point", "box")), ("scenes", embedded, ("point", "box"))]

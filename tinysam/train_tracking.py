@@ -41,6 +41,7 @@ import torch  # noqa: E402
 
 from parity.compare.boundary import boundary_f  # noqa: E402
 from parity.compare.metrics import mask_iou  # noqa: E402
+from parity.golden.manifest import no_tf32  # noqa: E402
 from parity.golden.videos import generate_clip  # noqa: E402
 from parity.tasks.video.track import at_input_size, prompts, track_clip  # noqa: E402
 from samfast import build_sam_video  # noqa: E402
@@ -194,8 +195,7 @@ def finish(model, predictor, heldout, before: dict, rows: list[dict], state: dic
     path = args.out / FAMILY.checkpoint_name
     sha256 = save_checkpoint(model, path, FAMILY.fp32_keys, FAMILY.wrap_key)
     if model.device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = False  # true fp32 for the reported figures
-        torch.backends.cudnn.allow_tf32 = False
+        no_tf32()  # true fp32 for the reported figures, as the gate's goldens
     saved = build_sam_video(FAMILY.model_type, path, device=model.device, stages="fp32")
     at_input_size(saved.model, args.size)
     after = validate(saved, heldout)
