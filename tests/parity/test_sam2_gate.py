@@ -8,6 +8,8 @@ for SAM 1's seeded goldens); the AMG tests need masks to match, so they run the 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -15,6 +17,7 @@ from parity import cli
 from parity.golden import manifest as golden_io
 from parity.golden.data import load_dataset
 from parity.tasks.amg import runner as amg_runner
+from parity.tasks.amg.embedded import EMBEDDED_SAM2_GOLDEN
 from parity.tasks.amg.generate import AmgParams
 from parity.tasks.point.runner import make_golden, run_check
 from parity.tasks.source import ModelSource
@@ -130,3 +133,23 @@ def test_sam2_segment_everything_with_a_perturbed_decoder_fails(amg_golden, trai
     results, _ = amg_runner.run_check(trained_nano, scenes, ["fp32"], AMG_PARAMS, data_args="--data scenes",
                                       device="cpu", golden=amg_golden, report_dir=tmp_path, build=build)
     assert not results[0].passed and "union_iou_mean" in {g.metric for g in results[0].failures}
+
+
+def test_the_gate_steps_committed_golden_is_reproduced_in_fp32(tmp_path, tf32_checked_off):
+    """check-sam2-amg (parity.gate) reads the golden committed under golden/: made with the step's
+    parameters from the shipped checkpoint, and fp32 on a CPU gives its masks again (a stale or missing
+    golden would fail every gate run, with exit 2)."""
+    code = cli.main(["check", *EMBEDDED_SAM2_GOLDEN, "--stages", "fp32", "--device", "cpu", "--report-dir", str(tmp_path)])
+    (stage,) = json.loads((tmp_path / "amg" / "report.json").read_text())["stages"]
+    assert code == 0, stage["gates"]
+    summary = stage["summary"]
+    assert summary["golden_masks"] == summary["matched"] == 22 and summary["union_iou_mean"] == 1.0
+
+
+@pytest.mark.gpu
+def test_embedded_sam2_amg_golden_passes_every_stage_on_the_gpu(tmp_path):
+    """The GPU layer: every SAM 2 stage through the generator vs the committed CPU fp32 golden (the gate's
+    check-sam2-amg step runs the same, and the gate then leaves this test to it)."""
+    code = cli.main(["check", *EMBEDDED_SAM2_GOLDEN, "--device", "cuda", "--report-dir", str(tmp_path)])
+    print((tmp_path / "amg" / "report.md").read_text())
+    assert code == 0

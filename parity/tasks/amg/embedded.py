@@ -1,4 +1,4 @@
-"""The embedded default AMG check; it imports nothing, so the noxfile reads it without loading torch."""
+"""The embedded default AMG checks; it imports nothing, so the noxfile reads it without loading torch."""
 
 # The embedded default of `nox -s parity` (parity.gate), `nox -s golden` and the GPU test: the trained
 # vit_tiny on 3 generated scenes, a 4x4 grid. The tiny model's scores run lower than real SAM's, so the
@@ -7,3 +7,12 @@
 EMBEDDED_GOLDEN = ["--task", "amg", "--model", "vit_tiny", "--checkpoint", "trained", "--data", "scenes",
                    "--limit", "3", "--points-per-side", "4", "--pred-iou-thresh", "0.8", "--stability-score-thresh", "0.9"]
 EMBEDDED = [*EMBEDDED_GOLDEN, "--stages", "fp32", "fp32+sdpa"]
+
+# The same for SAM 2 (`check-sam2-amg`): the trained sam2.1_hiera_nano on 2 generated scenes, an 8x8
+# grid. Filters 0.72 / 0.71 keep 22 masks (12 and 10), and every candidate mask sits more than 0.02 from
+# both: the golden keeps the same masks with each filter moved 0.02 either way (measured on 3 scenes,
+# 31 masks at all five settings). On the CPU about 10 s per image per stage on 2 cores.
+EMBEDDED_SAM2_GOLDEN = ["--task", "amg", "--model", "sam2.1_hiera_nano", "--checkpoint", "trained", "--data", "scenes",
+                        "--limit", "2", "--points-per-side", "8", "--pred-iou-thresh", "0.72",
+                        "--stability-score-thresh", "0.71"]
+EMBEDDED_SAM2 = [*EMBEDDED_SAM2_GOLDEN, "--stages", "fp32", "fp32+sdpa"]
