@@ -83,14 +83,29 @@ def test_keys_that_are_not_whole_frames_are_refused():
         attention_by_memory_frame(q, k, v, None, 2)
 
 
-def test_one_kernel_call_for_every_frame_of_every_object(monkeypatch):
-    """The frames go to the kernel as one batch of objects x frames sequences of a frame's length, unmasked."""
+def test_one_object_s_frames_go_to_the_kernel_as_one_batch(monkeypatch):
+    """One object: its frames as one batch of sequences of a frame's length, unmasked (one sequence alone
+    leaves most of a GPU idle)."""
     seen = []
     real = memory_attention._attention_and_lse
     monkeypatch.setattr(memory_attention, "_attention_and_lse", lambda q, k, v: seen.append(tuple(k.shape)) or real(q, k, v))
+    q, k, v = _inputs(1, 1, 5, 8)
+    attention_by_memory_frame(q, k, v, _mask(1, 5, 8, [2], [4]), 8)
+    assert seen == [(5, 1, QUERIES, 16)]
+
+
+def test_several_objects_take_one_call_per_frame_slot_reading_the_queries_in_place(monkeypatch):
+    """Several objects: one unmasked call per frame slot over every object, each given the queries
+    themselves (no copy per frame) and its slot's keys and values as views of the memory's."""
+    calls = []
+    real = memory_attention._attention_and_lse
+    monkeypatch.setattr(memory_attention, "_attention_and_lse", lambda q, k, v: calls.append((q, k, v)) or real(q, k, v))
     q, k, v = _inputs(3, 1, 5, 8)
     attention_by_memory_frame(q, k, v, _mask(3, 5, 8, [5, 2, 1], [8, 8, 4]), 8)
-    assert seen == [(15, 1, QUERIES, 16)]
+    assert [tuple(key.shape) for _, key, _ in calls] == [(3, 1, QUERIES, 16)] * 5
+    assert all(queries is q for queries, _, _ in calls)
+    assert all(key.untyped_storage().data_ptr() == k.untyped_storage().data_ptr() for _, key, _ in calls)
+    assert [key.storage_offset() for _, key, _ in calls] == [f * QUERIES * 16 for f in range(5)]
 
 
 def test_on_a_cpu_the_switch_keeps_one_call():
@@ -122,7 +137,7 @@ def test_cross_attention_module_split_by_memory_frame(monkeypatch):
         module.split_by_memory_frame = True
         module.v_proj.register_forward_hook(lambda *_: pytest.fail("the value projection ran: it is folded"))
         split = module(tgt, memory, memory, freqs, pointers, mask)
-    assert value_widths == [8]  # the memory's own channels weighed, not 32 projected ones
+    assert value_widths == [8] * frames  # the memory's own channels weighed, not 32 projected ones
     assert not torch.equal(split, one_call)  # another kernel ran (rounding differs) ...
     torch.testing.assert_close(split, one_call, rtol=0, atol=1e-5)  # ... to the same attention
 

@@ -79,17 +79,26 @@ def attention_by_memory_frame(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if key_mask is None:
         key_mask = torch.ones(b, k.shape[-2], dtype=torch.bool, device=k.device)
 
-    def per_frame(x: torch.Tensor) -> torch.Tensor:  # (B, H, frames * L, C) -> (B * frames, H, L, C)
-        return x.reshape(b, h, frames, lq, x.shape[-1]).transpose(1, 2).reshape(b * frames, h, lq, x.shape[-1])
+    if b == 1:
+        # one object: its frames in one kernel call, a batch of `frames` sequences (one sequence alone gave
+        # an H100's 132 SMs 32 blocks of work). The queries are copied once per frame: contiguous, since
+        # cuDNN lays its output out like the queries, and a view with frames 0 apart was refused ("stride
+        # for the last dimension ... should be 1 for output O", H100, bf16)
+        def per_frame(x: torch.Tensor) -> torch.Tensor:  # (1, H, frames * L, C) -> (frames, H, L, C)
+            return x.reshape(h, frames, lq, x.shape[-1]).transpose(0, 1)
 
-    # contiguous even for one object (where reshape would give a view, its frames 0 apart): cuDNN lays its
-    # output out like the queries, and with values narrower than the queries that layout was refused
-    # ("stride for the last dimension ... should be 1 for output O", H100, bf16)
-    queries = q.unsqueeze(1).expand(b, frames, h, lq, d).reshape(b * frames, h, lq, d).contiguous()
-    out, lse = _attention_and_lse(queries, per_frame(k[:, :, :frame_keys]), per_frame(v[:, :, :frame_keys]))
+        queries = q.expand(frames, h, lq, d).contiguous()
+        out, lse = _attention_and_lse(queries, per_frame(k[:, :, :frame_keys]), per_frame(v[:, :, :frame_keys]))
+        outs, lse = out.unsqueeze(0), lse.unsqueeze(0)
+    else:
+        # several objects fill the GPU: one call per frame slot over every object, reading the queries as
+        # they are and each slot's keys and values in place (the copy of the queries per frame cost an H100
+        # 0.9 ms a tracked frame at 8 objects, docs/sam2.md#video-bench)
+        parts = [_attention_and_lse(q, k[:, :, f * lq:(f + 1) * lq], v[:, :, f * lq:(f + 1) * lq]) for f in range(frames)]
+        outs, lse = torch.stack([out for out, _ in parts], dim=1), torch.stack([lse for _, lse in parts], dim=1)
     in_memory = key_mask[:, :frame_keys:lq].reshape(b, frames, 1, 1)
     lse = lse.to(merge).reshape(b, frames, h, lq).masked_fill(~in_memory, float("-inf"))
-    outs = out.to(merge).reshape(b, frames, h, lq, v.shape[-1])
+    outs = outs.to(merge).reshape(b, frames, h, lq, v.shape[-1])
     if num_ptr_tokens:
         scores = q.to(merge) @ k[:, :, frame_keys:].to(merge).transpose(-1, -2) * d**-0.5
         scores = scores.masked_fill(~key_mask[:, None, None, frame_keys:], float("-inf"))
