@@ -111,19 +111,23 @@ def test_perturbed_decoder_fails(golden, trained, scene, tmp_path):
 
 
 def _cli(capsys, *args) -> tuple[int, str]:
+    """Every call names its --report-dir: the default, reports/ of the working tree, is where a gate run's own
+    AMG check writes beside these tests (a refused check first removes the folder's reports)."""
     code = main(["check", "--task", "amg", "--model", "vit_tiny", "--checkpoint", "trained", "--device", "cpu", *args])
     return code, capsys.readouterr().err
 
 
-def test_golden_of_other_parameters_is_refused_with_exit_2(golden, capsys):
-    code, err = _cli(capsys, "--data", "scenes", "--limit", "1", "--points-per-side", "4", "--golden", str(golden))
+def test_golden_of_other_parameters_is_refused_with_exit_2(golden, tmp_path, capsys):
+    code, err = _cli(capsys, "--data", "scenes", "--limit", "1", "--points-per-side", "4", "--golden", str(golden),
+                     "--report-dir", str(tmp_path))
     assert code == 2
     assert "points_per_side: golden 3, this run 4" in err
     assert "python -m parity golden --task amg" in err and "--limit 1 --points-per-side 4" in err
 
 
 def test_golden_of_other_data_or_missing_is_refused_with_exit_2(golden, tmp_path, capsys):
-    code, err = _cli(capsys, "--data", "scenes", "--limit", "2", "--points-per-side", "3", "--golden", str(golden))
+    code, err = _cli(capsys, "--data", "scenes", "--limit", "2", "--points-per-side", "3", "--golden", str(golden),
+                     "--report-dir", str(tmp_path))
     assert code == 2 and "another dataset" in err
     stale = tmp_path / "reports" / "amg" / "report.md"
     stale.parent.mkdir(parents=True)
@@ -149,9 +153,9 @@ def test_kernel_that_fell_back_is_not_exercised_and_require_gpu_fails_it(golden,
     assert code == 1 and "**FAIL**" in report and "FAIL: not exercised (--require-gpu)" in report
 
 
-def test_point_golden_is_not_an_amg_golden(capsys):
+def test_point_golden_is_not_an_amg_golden(tmp_path, capsys):
     point_golden = next(p for p in amg_golden.golden_io.GOLDEN_ROOT.iterdir() if not p.name.endswith("-amg"))
-    code, err = _cli(capsys, "--data", "scenes", "--golden", str(point_golden))
+    code, err = _cli(capsys, "--data", "scenes", "--golden", str(point_golden), "--report-dir", str(tmp_path))
     assert code == 2 and str(point_golden) in err
 
 

@@ -12,8 +12,9 @@ them as an input and never sees a module attribute change. A memory padded to a 
 The cross-attention has one head of 256 channels over 4096 queries and a memory of up to 7 frames of
 4096 tokens, then up to 64 object-pointer tokens; at the fixed capacity (samfast.sam2.tracker) its
 padding is masked out. With `split_by_memory_frame` (the sdpa switch's, set by samfast.stages), on a
-GPU (splits_by_memory_frame), the queries attend to each memory frame in one batched, unmasked kernel
-call (a frame slot is all memory or all padding) and to the pointer tokens in plain masked math; the
+GPU (splits_by_memory_frame), the queries attend to each memory frame unmasked (a frame slot is all
+memory or all padding; one object's frames in one batched kernel call, several objects' in a call per
+frame slot) and to the pointer tokens in plain masked math; the
 parts are merged by their log-sum-exp, a padded slot with no weight: the same softmax. The values stay
 at the memory's channels, the value projection folded into the output projection (_folded_output).
 On an H100 (bf16, compiled, hiera_l's shapes; docs/measurements/memory-attention-by-frame-h100-2026-11-26.md)
