@@ -29,6 +29,14 @@ def prepare_for_training(model) -> None:
             module.attn_impl = "sdpa"  # fused attention kernels train several times faster than the math path
 
 
+def train_in_tf32() -> None:
+    """The run's fp32 matmuls and convolutions (outside autocast) in TF32 on the GPU: training tolerates its
+    10-bit mantissa. The final validations, the figures a run reports, switch back to true fp32
+    (parity.golden.manifest.no_tf32), as the gate's goldens are made."""
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+
+
 def training_autocast(device: torch.device) -> torch.autocast:
     """bf16 autocast on the GPU; true fp32 on the CPU (bf16 matmuls crawl there)."""
     if device.type == "cuda":

@@ -64,7 +64,7 @@ from samfast import build_sam  # noqa: E402
 from samfast.checkpoint import WEIGHTS_DIR  # noqa: E402
 from tinysam.configs import FAMILIES, VIT_TINY, ModelFamily  # noqa: E402
 from tinysam.data import BatchSampler, DeviceData, build_pool  # noqa: E402
-from tinysam.loop import prepare_for_training, train  # noqa: E402
+from tinysam.loop import prepare_for_training, train, train_in_tf32  # noqa: E402
 from tinysam.outputs import plot_curve, save_checkpoint, write_json, write_log_csv  # noqa: E402
 from tinysam.validation import HELDOUT_IMAGES, HELDOUT_SEED, ValidationSet, heldout_dataset, validate  # noqa: E402
 
@@ -156,8 +156,7 @@ def main(argv: list[str] | None = None) -> dict:
     def prepare():  # runs while the workers generate the pool
         torch.manual_seed(args.seed)
         if cuda:
-            torch.backends.cuda.matmul.allow_tf32 = True
-            torch.backends.cudnn.allow_tf32 = True
+            train_in_tf32()
             torch.backends.cudnn.benchmark = True
         model = build_sam(family.model_type, seed=args.seed, device=device, stages="fp32")  # seeded random init
         heldout = ValidationSet.of(f"held-out (seed {HELDOUT_SEED})", heldout_dataset(args.val_images), family.frame)

@@ -54,7 +54,7 @@ from tinysam.clips import (  # noqa: E402
     build_clip_pool,
 )
 from tinysam.configs import SAM2_NANO  # noqa: E402
-from tinysam.loop import Run, run_schedule, training_autocast  # noqa: E402
+from tinysam.loop import Run, run_schedule, train_in_tf32, training_autocast  # noqa: E402
 from tinysam.optimizer import make_optimizer  # noqa: E402
 from tinysam.outputs import plot_curve, save_checkpoint, write_json, write_log_csv  # noqa: E402
 from tinysam.rollout import (  # noqa: E402
@@ -148,8 +148,7 @@ def main(argv: list[str] | None = None) -> dict:
     cuda = device.type == "cuda"
     torch.manual_seed(args.seed)
     if cuda:
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
+        train_in_tf32()
     predictor = build_sam_video(FAMILY.model_type, args.init, device=device, stages="fp32")
     model = at_input_size(predictor.model, args.size)
     trainable = prepare_for_tracking(model)
