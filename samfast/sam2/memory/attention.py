@@ -66,8 +66,9 @@ def _attention_and_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tup
 def attention_by_memory_frame(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None,
                               num_ptr_tokens: int) -> torch.Tensor:
     """softmax(q k^T / sqrt(d)) v for (B, H, L, D) inputs whose keys are memory frames of L tokens each
-    (as many as the queries), then num_ptr_tokens pointer tokens. Each frame is attended in one batch of
-    B x frames unmasked sequences, the pointers in plain math with their mask, and each part's output is
+    (as many as the queries), then num_ptr_tokens pointer tokens. Each frame is attended unmasked (for
+    one object all frames in one call, for several a call per frame), the pointers in plain math with
+    their mask, and each part's output is
     weighted by exp(its log-sum-exp - the total's). key_mask (B, keys) bool, False for a key that takes no
     part: a frame's tokens must all be in or all out (the tracker pads whole frames), only its first
     token is read. Every query must keep at least one key."""
@@ -93,8 +94,8 @@ def attention_by_memory_frame(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         outs, lse = out.unsqueeze(0), lse.unsqueeze(0)
     else:
         # several objects fill the GPU: one call per frame slot over every object, reading the queries as
-        # they are and each slot's keys and values in place (the copy of the queries per frame cost an H100
-        # 0.9 ms a tracked frame at 8 objects, docs/sam2.md#video-bench)
+        # they are and each slot's keys and values in place (at 8 objects on an H100 the kernels that made
+        # the copies took 0.95 of a tracked frame's 17.0 GPU ms; docs/sam2.md#video-bench)
         parts = [_attention_and_lse(q, k[:, :, f * lq:(f + 1) * lq], v[:, :, f * lq:(f + 1) * lq]) for f in range(frames)]
         outs, lse = torch.stack([out for out, _ in parts], dim=1), torch.stack([lse for _, lse in parts], dim=1)
     in_memory = key_mask[:, :frame_keys:lq].reshape(b, frames, 1, 1)
