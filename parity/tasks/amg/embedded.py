@@ -10,10 +10,11 @@ EMBEDDED = [*EMBEDDED_GOLDEN, "--stages", "fp32", "fp32+sdpa"]
 
 # The same for SAM 2 (`check-sam2-amg`): the trained sam2.1_hiera_nano on 2 generated scenes, an 8x8
 # grid. Filters 0.72 / 0.71 keep 22 masks (12 and 10), and every candidate mask sits more than 0.02 from
-# both: the golden keeps the same masks with each filter moved 0.02 either way (measured on 3 scenes,
-# 31 masks at all five settings). On the CPU about 10 s per image per stage on 2 cores. fp32 and fp32+sdpa
-# on a GPU too: there the bf16 stages passed in one H100 gate and found one more mask (union IoU 0.955
-# against 0.97) in another run (session 36): the margins hold for fp32's rounding, not for bf16's.
+# both, as far as counts show: the golden keeps as many masks with each filter moved 0.02 either way
+# (measured on 3 scenes, 31 masks at all five settings). On the CPU about 10 s per image per stage on 2
+# cores. fp32 and fp32+sdpa on a GPU too: there the bf16 stages passed in one H100 gate and found one more
+# mask (union IoU 0.955 against 0.97) in another run (session 36): the margins hold for fp32's rounding,
+# not for bf16's.
 EMBEDDED_SAM2_GOLDEN = ["--task", "amg", "--model", "sam2.1_hiera_nano", "--checkpoint", "trained", "--data", "scenes",
                         "--limit", "2", "--points-per-side", "8", "--pred-iou-thresh", "0.72",
                         "--stability-score-thresh", "0.71"]
