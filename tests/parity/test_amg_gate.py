@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -110,30 +111,28 @@ def test_perturbed_decoder_fails(golden, trained, scene, tmp_path):
     assert not picture.exists()
 
 
-def _cli(capsys, *args) -> tuple[int, str]:
-    """Every call names its --report-dir: the default, reports/ of the working tree, is where a gate run's own
+def _cli(capsys, report_dir: Path, *args) -> tuple[int, str]:
+    """A check into report_dir, never the default: reports/ of the working tree is where a gate run's own
     AMG check writes beside these tests (a refused check first removes the folder's reports)."""
-    code = main(["check", "--task", "amg", "--model", "vit_tiny", "--checkpoint", "trained", "--device", "cpu", *args])
+    code = main(["check", "--task", "amg", "--model", "vit_tiny", "--checkpoint", "trained", "--device", "cpu",
+                 "--report-dir", str(report_dir), *args])
     return code, capsys.readouterr().err
 
 
 def test_golden_of_other_parameters_is_refused_with_exit_2(golden, tmp_path, capsys):
-    code, err = _cli(capsys, "--data", "scenes", "--limit", "1", "--points-per-side", "4", "--golden", str(golden),
-                     "--report-dir", str(tmp_path))
+    code, err = _cli(capsys, tmp_path, "--data", "scenes", "--limit", "1", "--points-per-side", "4", "--golden", str(golden))
     assert code == 2
     assert "points_per_side: golden 3, this run 4" in err
     assert "python -m parity golden --task amg" in err and "--limit 1 --points-per-side 4" in err
 
 
 def test_golden_of_other_data_or_missing_is_refused_with_exit_2(golden, tmp_path, capsys):
-    code, err = _cli(capsys, "--data", "scenes", "--limit", "2", "--points-per-side", "3", "--golden", str(golden),
-                     "--report-dir", str(tmp_path))
+    code, err = _cli(capsys, tmp_path, "--data", "scenes", "--limit", "2", "--points-per-side", "3", "--golden", str(golden))
     assert code == 2 and "another dataset" in err
     stale = tmp_path / "reports" / "amg" / "report.md"
     stale.parent.mkdir(parents=True)
     stale.write_text("**PASS** of an earlier run")  # must not outlive a check that stops on bad input
-    code, err = _cli(capsys, "--data", "scenes", "--limit", "1", "--golden", str(tmp_path / "nothing"),
-                     "--report-dir", str(tmp_path / "reports"))
+    code, err = _cli(capsys, tmp_path / "reports", "--data", "scenes", "--limit", "1", "--golden", str(tmp_path / "nothing"))
     assert code == 2 and "python -m parity golden --task amg" in err and not stale.exists()
 
 
@@ -141,21 +140,21 @@ def test_kernel_that_fell_back_is_not_exercised_and_require_gpu_fails_it(golden,
     """Planted: fp32+triton on a CPU without TRITON_INTERPRET, where the kernel falls back on every call."""
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     args = ["--data", "scenes", "--limit", "1", "--points-per-side", "3", "--stages", "fp32+triton",
-            "--golden", str(golden), "--report-dir", str(tmp_path)]
-    code, _ = _cli(capsys, *args)
+            "--golden", str(golden)]
+    code, _ = _cli(capsys, tmp_path, *args)
     report = (tmp_path / "amg" / "report.md").read_text()
     assert code == 0 and "**NOT EXERCISED**" in report and "| fp32+triton | NOT EXERCISED |" in report
     assert "not exercised: a Triton kernel fell back to its reference path" in report
     assert json.loads((tmp_path / "amg" / "report.json").read_text())["verdict"] == "NOT EXERCISED"
 
-    code, _ = _cli(capsys, *args, "--require-gpu")
+    code, _ = _cli(capsys, tmp_path, *args, "--require-gpu")
     report = (tmp_path / "amg" / "report.md").read_text()
     assert code == 1 and "**FAIL**" in report and "FAIL: not exercised (--require-gpu)" in report
 
 
 def test_point_golden_is_not_an_amg_golden(tmp_path, capsys):
     point_golden = next(p for p in amg_golden.golden_io.GOLDEN_ROOT.iterdir() if not p.name.endswith("-amg"))
-    code, err = _cli(capsys, "--data", "scenes", "--golden", str(point_golden), "--report-dir", str(tmp_path))
+    code, err = _cli(capsys, tmp_path, "--data", "scenes", "--golden", str(point_golden))
     assert code == 2 and str(point_golden) in err
 
 
