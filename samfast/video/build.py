@@ -74,6 +74,13 @@ def compile_tracking(model: SAM2Base) -> None:
     of conditioning frames too. Mode: SAMFAST_COMPILE_MODE,
     else max-autotune on a GPU and inductor's default on a CPU, as for images."""
     model.fixed_capacity_memory = True
+    if "bf16" in model.switches:
+        # the epilogue GEMMs and the channels-last depthwise conv: within bf16's rounding, not fp32's
+        # (the GELU epilogue is the tanh form), as for the image encoder's MLPs
+        for layer in model.memory_attention.layers:
+            layer.relu_impl = "epilogue"
+        for block in model.memory_encoder.fuser.layers:
+            block.channels_last, block.gelu_impl = True, "epilogue"
     mode = compile_mode(model.device)
     model.memory_attention.compile_static(mode)
     model.memory_encoder.compile_static(mode)

@@ -153,6 +153,31 @@ def test_measure_sparse_backends_reports_every_backend():
     assert any(results[name]["error"] is None for name in SPARSE_BACKENDS), results
 
 
+def test_fused_relu_gemm_is_the_relu_of_the_linear_at_the_memory_attention_shape():
+    """The tracker's linear1 + ReLU (one cuBLASLt GEMM, ReLU epilogue; samfast.modeling.common.linear_relu)
+    at sam2's memory-attention MLP shape (8 objects' 4096 tokens, 256 -> 2048) against float64 math: in fp32
+    (TF32 off) to fp32 accumulation, in bf16 as close as the unfused linear + ReLU."""
+    from samfast.modeling.common import linear_relu
+
+    F = torch.nn.functional
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(8, 4096, 256, device="cuda", generator=g)
+    w, b = torch.randn(2048, 256, device="cuda", generator=g) * 256**-0.5, torch.randn(2048, device="cuda", generator=g)
+    exact = F.relu(F.linear(x.double(), w.double(), b.double()))
+    saved = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        fp32 = linear_relu(x, w, b).double()
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
+    assert (fp32 - exact).abs().max() < 1e-4
+    assert torch.equal(fp32 == 0, exact <= 1e-4) or ((fp32 == 0) != (exact == 0)).sum() < 10  # the ReLU applied
+    xb, wb, bb = x.bfloat16(), w.bfloat16(), b.bfloat16()
+    fused = (linear_relu(xb, wb, bb).double() - exact).abs().max()
+    unfused = (F.relu(F.linear(xb, wb, bb)).double() - exact).abs().max()
+    assert fused <= 1.25 * unfused, (fused, unfused)
+
+
 def test_fused_mlp_gemm_is_the_tanh_gelu_at_vit_b_shape():
     """The compile switch's lin1 + GELU (one cuBLASLt GEMM, GELU epilogue) against float64 math.
 

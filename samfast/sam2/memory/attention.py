@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from samfast.modeling.common import linear_relu
 from samfast.sam2.memory.rope import apply_rotary_enc, axial_rotations
 from samfast.sam2.memory.static_graphs import compile_per_object_count
 from samfast.sam2.position_encoding import made_for_inference_only
@@ -196,6 +197,9 @@ class MemoryAttentionLayer(nn.Module):
         self.dropout1 = nn.Dropout(dropout)
         self.dropout2 = nn.Dropout(dropout)
         self.dropout3 = nn.Dropout(dropout)
+        # "module" (as sam2 runs it) or "epilogue": linear1 and its ReLU as one GEMM (linear_relu), set by
+        # the compile switch's tracking half (samfast.video.build.compile_tracking)
+        self.relu_impl = "module"
 
     def forward(
         self,
@@ -213,8 +217,12 @@ class MemoryAttentionLayer(nn.Module):
         tgt2 = self.norm2(tgt)
         tgt2 = self.cross_attn_image(tgt2, memory + pos, memory, rotations, num_k_exclude_rope, memory_mask)
         tgt = tgt + self.dropout2(tgt2)
-        tgt2 = self.linear2(self.dropout(F.relu(self.linear1(self.norm3(tgt)))))
-        return tgt + self.dropout3(tgt2)
+        tgt2 = self.norm3(tgt)
+        if self.relu_impl == "epilogue":
+            hidden = linear_relu(tgt2, self.linear1.weight, self.linear1.bias)
+        else:
+            hidden = F.relu(self.linear1(tgt2))
+        return tgt + self.dropout3(self.linear2(self.dropout(hidden)))
 
 
 class MemoryAttention(nn.Module):

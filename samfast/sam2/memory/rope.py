@@ -26,11 +26,15 @@ def axial_rotations(dim: int, end_x: int, end_y: int, theta: float = 10000.0) ->
 
 
 def _rotate(x: torch.Tensor, rotations: torch.Tensor) -> torch.Tensor:
-    """x (..., L, D) as D/2 pairs (re, im), each times its rotation: (a + ib)(c + id) in real arithmetic."""
-    pairs = x.float().reshape(*x.shape[:-1], -1, 2)
-    re, im = pairs[..., 0], pairs[..., 1]
+    """x (..., L, D) as D/2 pairs (re, im), each times its rotation: (a + ib)(c + id) in real arithmetic,
+    written as x * (c, c) + (b, a) * (-d, d): every output element from its own element and its pair's,
+    no stack of the two halves (the same bits as re * c - im * d, re * d + im * c)."""
     cos, sin = rotations[..., 0], rotations[..., 1]
-    return torch.stack([re * cos - im * sin, re * sin + im * cos], dim=-1).flatten(-2).type_as(x)
+    cos_pairs = torch.stack([cos, cos], dim=-1).flatten(-2)
+    sin_pairs = torch.stack([-sin, sin], dim=-1).flatten(-2)
+    xf = x.float()
+    swapped = xf.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
+    return (xf * cos_pairs + swapped * sin_pairs).type_as(x)
 
 
 def apply_rotary_enc(
@@ -42,5 +46,7 @@ def apply_rotary_enc(
     if xk.shape[-2] == 0:  # no keys to rotate
         return xq_out, xk
     if repeat_freqs_k:
-        rotations = rotations.repeat(xk.shape[-2] // xq.shape[-2], 1, 1)
+        # the frames as a dimension of their own, each rotated by the same table
+        frames = xk.unflatten(-2, (xk.shape[-2] // xq.shape[-2], xq.shape[-2]))
+        return xq_out, _rotate(frames, rotations).flatten(-3, -2)
     return xq_out, _rotate(xk, rotations)
