@@ -38,6 +38,12 @@ def _mask(batch: int, frames: int, pointers: int, real_frames: list[int], real_p
     return mask
 
 
+def split_attention(q, k, v, mask, pointers):
+    """attention_by_memory_frame of keys given as one tensor, its last `pointers` tokens the pointers."""
+    frames = k.shape[-2] - pointers
+    return attention_by_memory_frame(q, k[:, :, :frames], k[:, :, frames:], v, mask)
+
+
 def _reference(q, k, v, mask):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=None if mask is None else mask[:, None, None, :])
 
@@ -58,13 +64,13 @@ def test_equals_one_masked_call_in_fp64(batch, heads, frames, pointers, real_fra
     keys) gets no weight. Planted defect below: with every slot counted the result differs."""
     q, k, v = _inputs(batch, heads, frames, pointers, value_width)
     mask = _mask(batch, frames, pointers, real_frames, real_pointers)
-    torch.testing.assert_close(attention_by_memory_frame(q, k, v, mask, pointers), _reference(q, k, v, mask),
+    torch.testing.assert_close(split_attention(q, k, v, mask, pointers), _reference(q, k, v, mask),
                                rtol=0, atol=1e-12)
 
 
 def test_without_a_mask_every_key_counts():
     q, k, v = _inputs(2, 1, 3, 4)
-    torch.testing.assert_close(attention_by_memory_frame(q, k, v, None, 4), _reference(q, k, v, None), rtol=0, atol=1e-12)
+    torch.testing.assert_close(split_attention(q, k, v, None, 4), _reference(q, k, v, None), rtol=0, atol=1e-12)
 
 
 def test_planted_defect_padded_slots_counted_differ():
@@ -74,13 +80,13 @@ def test_planted_defect_padded_slots_counted_differ():
     mask = _mask(1, 4, 4, [1], [4])
     frames_in = mask.clone()
     frames_in[:, : 4 * QUERIES] = True
-    assert not torch.allclose(attention_by_memory_frame(q, k, v, frames_in, 4), _reference(q, k, v, mask), atol=1e-3)
+    assert not torch.allclose(split_attention(q, k, v, frames_in, 4), _reference(q, k, v, mask), atol=1e-3)
 
 
 def test_keys_that_are_not_whole_frames_are_refused():
     q, k, v = _inputs(1, 1, 2, 3)
     with pytest.raises(ValueError, match="not whole frames"):
-        attention_by_memory_frame(q, k, v, None, 2)
+        split_attention(q, k, v, None, 2)
 
 
 def test_one_object_s_frames_go_to_the_kernel_as_one_batch(monkeypatch):
@@ -90,7 +96,7 @@ def test_one_object_s_frames_go_to_the_kernel_as_one_batch(monkeypatch):
     real = memory_attention._attention_and_lse
     monkeypatch.setattr(memory_attention, "_attention_and_lse", lambda q, k, v: seen.append(tuple(k.shape)) or real(q, k, v))
     q, k, v = _inputs(1, 1, 5, 8)
-    attention_by_memory_frame(q, k, v, _mask(1, 5, 8, [2], [4]), 8)
+    split_attention(q, k, v, _mask(1, 5, 8, [2], [4]), 8)
     assert seen == [(5, 1, QUERIES, 16)]
 
 
@@ -101,7 +107,7 @@ def test_several_objects_take_one_call_per_frame_slot_reading_the_queries_in_pla
     real = memory_attention._attention_and_lse
     monkeypatch.setattr(memory_attention, "_attention_and_lse", lambda q, k, v: calls.append((q, k, v)) or real(q, k, v))
     q, k, v = _inputs(3, 1, 5, 8)
-    attention_by_memory_frame(q, k, v, _mask(3, 5, 8, [5, 2, 1], [8, 8, 4]), 8)
+    split_attention(q, k, v, _mask(3, 5, 8, [5, 2, 1], [8, 8, 4]), 8)
     assert [tuple(key.shape) for _, key, _ in calls] == [(3, 1, QUERIES, 16)] * 5
     assert all(queries is q for queries, _, _ in calls)
     assert all(key.untyped_storage().data_ptr() == k.untyped_storage().data_ptr() for _, key, _ in calls)

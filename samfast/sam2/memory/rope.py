@@ -14,33 +14,35 @@ import torch
 
 
 def axial_rotations(dim: int, end_x: int, end_y: int, theta: float = 10000.0) -> torch.Tensor:
-    """sam2's compute_axial_cis as (end_x * end_y, dim // 2, 2) float32 (cos, sin) pairs: the first
-    half of each row's rotations by x, the second by y."""
+    """sam2's compute_axial_cis as the (2, end_x * end_y, dim) float32 table _rotate reads: row 0 each
+    rotation's cosine twice (for the pair's re and im), row 1 its sine as (-sin, sin); the first half of
+    each token's rotations by x, the second by y. Made whole here, outside the compiled graph, so that the
+    kernels rotating the memory keys load one value of each (they built the pairs per element: 4 masked loads)."""
     freqs = 1.0 / (theta ** (torch.arange(0, dim, 4)[: (dim // 4)].float() / dim))
     t = torch.arange(end_x * end_y, dtype=torch.float32)
     t_x, t_y = (t % end_x).float(), torch.div(t, end_x, rounding_mode="floor").float()
     freqs_x, freqs_y = torch.outer(t_x, freqs), torch.outer(t_y, freqs)
     cis_x = torch.polar(torch.ones_like(freqs_x), freqs_x)
     cis_y = torch.polar(torch.ones_like(freqs_y), freqs_y)
-    return torch.view_as_real(torch.cat([cis_x, cis_y], dim=-1)).contiguous()
+    cis = torch.cat([cis_x, cis_y], dim=-1)
+    cos, sin = cis.real, cis.imag
+    return torch.stack([torch.stack([cos, cos], dim=-1).flatten(-2), torch.stack([-sin, sin], dim=-1).flatten(-2)])
 
 
 def _rotate(x: torch.Tensor, rotations: torch.Tensor) -> torch.Tensor:
     """x (..., L, D) as D/2 pairs (re, im), each times its rotation: (a + ib)(c + id) in real arithmetic,
-    written as x * (c, c) + (b, a) * (-d, d): every output element from its own element and its pair's,
-    no stack of the two halves (the same bits as re * c - im * d, re * d + im * c)."""
-    cos, sin = rotations[..., 0], rotations[..., 1]
-    cos_pairs = torch.stack([cos, cos], dim=-1).flatten(-2)
-    sin_pairs = torch.stack([-sin, sin], dim=-1).flatten(-2)
+    written as x * (c, c) + (b, a) * (-d, d): every output element from its own element and its pair's
+    (the same bits as re * c - im * d, re * d + im * c)."""
+    cos, sin = rotations
     xf = x.float()
     swapped = xf.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
-    return (xf * cos_pairs + swapped * sin_pairs).type_as(x)
+    return (xf * cos + swapped * sin).type_as(x)
 
 
 def apply_rotary_enc(
     xq: torch.Tensor, xk: torch.Tensor, rotations: torch.Tensor, repeat_freqs_k: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotate (B, heads, L, D) queries and keys by (L, D/2, 2) rotations (axial_rotations); with
+    """Rotate (B, heads, L, D) queries and keys by (2, L, D) rotations (axial_rotations); with
     repeat_freqs_k the keys are several memory frames of L tokens each, every frame rotated like the queries."""
     xq_out = _rotate(xq, rotations)
     if xk.shape[-2] == 0:  # no keys to rotate
