@@ -80,7 +80,6 @@ def compile_tracking(model: SAM2Base) -> None:
         for layer in model.memory_attention.layers:
             layer.relu_impl = "epilogue"
         model.memory_encoder.channels_last = True
-        model.memory_encoder.mask_downsampler.first_conv_as_sum = True
         for block in model.memory_encoder.fuser.layers:
             block.channels_last, block.gelu_impl = True, "epilogue"
     mode = compile_mode(model.device)

@@ -14,7 +14,7 @@ import samfast
 from samfast.modeling.common import linear_relu
 from samfast.sam2.memory import attention as memory_attention
 from samfast.sam2.memory.attention import MemoryAttentionLayer
-from samfast.sam2.memory.encoder import CXBlock, MaskDownSampler, MemoryEncoder, _one_channel_conv
+from samfast.sam2.memory.encoder import CXBlock, MemoryEncoder
 from samfast.sam2.memory.rope import axial_rotations
 
 
@@ -91,24 +91,6 @@ def test_memory_encoder_channels_last_path_equals_the_module_path():
     torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
 
 
-def test_mask_downsampler_first_conv_as_a_sum_equals_the_conv():
-    """Odd and even sizes (the stride-2 windows' last row and column); planted defect: a sum that skips
-    one tap of the kernel is told apart."""
-    torch.manual_seed(0)
-    sampler = MaskDownSampler(32, num_layers=2).double().eval().requires_grad_(False)
-    for size in (16, 15):
-        masks = torch.randn(2, 1, size, size, dtype=torch.float64)
-        want = sampler(masks)
-        sampler.first_conv_as_sum = True
-        torch.testing.assert_close(sampler(masks), want, rtol=0, atol=1e-12)
-        sampler.first_conv_as_sum = False
-    first = sampler.encoder[0]
-    skipping = torch.nn.Conv2d(1, first.out_channels, 3, stride=2, padding=1).double().requires_grad_(False)
-    skipping.load_state_dict(first.state_dict())
-    skipping.weight[:, :, 2, 2] = 0
-    assert (_one_channel_conv(skipping, masks) - first(masks)).abs().max() > 1e-3
-
-
 @pytest.mark.parametrize("stages,fused", [("bf16+compile", True), ("bf16+compile+sdpa+triton", True),
                                           ("fp32+compile", False), ("bf16", False)])
 def test_the_fused_tracking_paths_are_set_by_compile_on_a_bf16_model_only(stages, fused):
@@ -118,4 +100,4 @@ def test_the_fused_tracking_paths_are_set_by_compile_on_a_bf16_model_only(stages
     layers, blocks = model.memory_attention.layers, model.memory_encoder.fuser.layers
     assert {layer.relu_impl for layer in layers} == {"epilogue" if fused else "module"}
     assert {(block.channels_last, block.gelu_impl) for block in blocks} == {(True, "epilogue") if fused else (False, "module")}
-    assert model.memory_encoder.channels_last == model.memory_encoder.mask_downsampler.first_conv_as_sum == fused
+    assert model.memory_encoder.channels_last == fused

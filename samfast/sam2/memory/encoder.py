@@ -13,11 +13,7 @@ from samfast.sam2.position_encoding import PositionEmbeddingSine
 
 class MaskDownSampler(nn.Module):
     """Four stride-2 3x3 convs (x4 channels each, LayerNorm2d, GELU), then a 1x1 conv to embed_dim:
-    a 1024x1024 mask to the 64x64 feature grid.
-
-    `first_conv_as_sum` (the compile switch on a bf16 tracker, samfast.video.build.compile_tracking): the
-    first conv, whose input is the mask's one channel, as the sum of its 9 shifted slices (_one_channel_conv).
-    cuDNN's kernel for it took 422 us for 8 objects' masks, 58 for one (H200, bf16, compiled)."""
+    a 1024x1024 mask to the 64x64 feature grid."""
 
     def __init__(self, embed_dim: int = 256, num_layers: int = 4, stride: int = 2) -> None:
         super().__init__()
@@ -30,27 +26,9 @@ class MaskDownSampler(nn.Module):
             self.encoder.append(nn.GELU())
             channels = out
         self.encoder.append(nn.Conv2d(channels, embed_dim, kernel_size=1))
-        self.first_conv_as_sum = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.first_conv_as_sum:
-            return self.encoder(x)
-        return self.encoder[1:](_one_channel_conv(self.encoder[0], x))
-
-
-def _one_channel_conv(conv: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
-    """conv of a one-channel x as the sum of its kernel's shifted, strided slices of x times their weights,
-    in fp32 at least, rounded once: one pointwise kernel under compile, reading the mask about once."""
-    (kh, kw), (sh, sw), (ph, pw) = conv.kernel_size, conv.stride, conv.padding
-    h_out, w_out = (x.shape[-2] + 2 * ph - kh) // sh + 1, (x.shape[-1] + 2 * pw - kw) // sw + 1
-    accumulate = torch.promote_types(x.dtype, torch.float32)
-    padded, weight = F.pad(x, (pw, pw, ph, ph)).to(accumulate), conv.weight.to(accumulate)
-    out = conv.bias.to(accumulate).view(1, -1, 1, 1)
-    for i in range(kh):
-        for j in range(kw):
-            window = padded[:, :, i:i + sh * (h_out - 1) + 1:sh, j:j + sw * (w_out - 1) + 1:sw]
-            out = out + window * weight[:, 0, i, j].view(1, -1, 1, 1)
-    return out.to(x.dtype)
+        return self.encoder(x)
 
 
 class CXBlock(nn.Module):
@@ -137,7 +115,8 @@ class MemoryEncoder(nn.Module):
 
 def _pointwise(conv: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
     """A 1x1 conv as a linear map over the channels of the channels-last map: one GEMM where the map is
-    channels-last (the tracker's frame features are: tokens-first), the result channels-last. cuDNN's
-    kernel for out_proj on a channels-last map took 143 us at 8 objects (H200, bf16)."""
+    channels-last (the tracker's frame features are: tokens-first), the result channels-last. Measured
+    only together with the memory attention's keys kept apart (attention.RoPEAttention): the two took 8
+    objects from 2.08x to 2.04x one object's frame time (H200, hiera_l, bench.video)."""
     weight = conv.weight.view(conv.out_channels, conv.in_channels)
     return F.linear(x.permute(0, 2, 3, 1), weight, conv.bias).permute(0, 3, 1, 2)
