@@ -1,4 +1,5 @@
-"""The AMG matching figure and its gates on synthetic mask sets (no model): each planted defect fails."""
+"""The AMG matching figure and its gates on synthetic mask sets (no model): each planted defect fails, and a
+mask that crossed a score filter by no more than the stage may move a score is counted, not failed."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pycocotools import mask as mask_utils
 
 from parity.compare.gates import load_thresholds
 from parity.tasks.amg.compare import compare
+from parity.tasks.amg.generate import AmgParams
 from parity.tasks.amg.matching import match_image, summarize
 
 HEIGHT, WIDTH = 96, 128
@@ -148,3 +150,59 @@ def test_masks_of_another_size_or_format_are_refused(golden):
         match_image(1, golden[1], other)
     with pytest.raises(TypeError, match="coco_rle"):
         match_image(1, golden[1], [{"segmentation": np.ones((HEIGHT, WIDTH), bool)}])
+
+
+# Filters well below the fixture's scores (0.90.. / 0.96..): only a mask placed near one is near it.
+FILTERS = AmgParams(pred_iou_thresh=0.5, stability_score_thresh=0.6)
+
+
+def _near(limits, key: str) -> dict:
+    """_record's scores for a mask half the stage's score tolerance above the filter of `key`, the other far above."""
+    scores = {"predicted_iou": 0.95, "stability": 0.97}
+    if key == "predicted_iou":
+        scores["predicted_iou"] = FILTERS.pred_iou_thresh + limits["max_score_abs_err"] / 2
+    else:
+        scores["stability"] = FILTERS.stability_score_thresh + limits["max_score_abs_err"] / 2
+    return scores
+
+
+@pytest.mark.parametrize("key", ["predicted_iou", "stability_score"])
+def test_a_mask_lost_near_a_filter_is_counted_not_failed(golden, limits, key):
+    """The golden kept a mask whose score sat within the stage's tolerance above a filter; the stage, its
+    score rounded below, dropped it: rounding, as a near tie of the point task, counted and passed."""
+    near_mask = _box_mask(10, 20, 80, 95)
+    golden_1 = golden[1] + [_record(near_mask, **_near(limits, key))]
+    result = compare("stage", {1: golden[1], 2: golden[2]}, {1: golden_1, 2: golden[2]}, limits, FILTERS)
+    s = result.summary
+    assert (s["lost"], s["lost_near_filter"], s["new"], s["new_near_filter"]) == (1, 1, 0, 0)
+    assert result.passed and s["union_iou_mean"] == 1.0
+    # the control: without the filters every lost mask counts, and this one fails the union mean
+    assert not compare("stage", {1: golden[1], 2: golden[2]}, {1: golden_1, 2: golden[2]}, limits).passed
+
+
+def test_a_new_mask_near_a_filter_is_counted_not_failed(golden, limits):
+    extra = _record(_box_mask(10, 20, 80, 95), **_near(limits, "stability_score"))
+    result = compare("stage", _with_image_1(golden, golden[1] + [extra]), golden, limits, FILTERS)
+    s = result.summary
+    assert (s["new"], s["new_near_filter"], s["lost"]) == (1, 1, 0) and result.passed
+
+
+@pytest.mark.parametrize("change", ["lost", "new"])
+def test_planted_defect_a_mask_clear_of_the_filters_still_fails(golden, limits, change):
+    """A mask whose scores sit twice the tolerance above every filter cannot have crossed one by
+    rounding: lost or new, it counts in the union mean and fails it."""
+    clear = _record(_box_mask(10, 20, 80, 95), FILTERS.pred_iou_thresh + 2 * limits["max_score_abs_err"],
+                    FILTERS.stability_score_thresh + 2 * limits["max_score_abs_err"])
+    with_clear = {1: golden[1] + [clear], 2: golden[2]}
+    outputs, reference = (golden, with_clear) if change == "lost" else (with_clear, golden)
+    result = compare("stage", outputs, reference, limits, FILTERS)
+    s = result.summary
+    assert (s[change], s[f"{change}_near_filter"]) == (1, 0)
+    assert "union_iou_mean" in {g.metric for g in result.failures}
+
+
+def test_every_unmatched_mask_near_a_filter_and_nothing_matched_fails(limits):
+    """Nothing left to compare is no pass: the union mean is NaN, which fails."""
+    near = [_record(_box_mask(10, 20, 80, 95), **_near(limits, "predicted_iou"))]
+    result = compare("stage", {1: []}, {1: near}, limits, FILTERS)
+    assert math.isnan(result.summary["union_iou_mean"]) and not result.passed

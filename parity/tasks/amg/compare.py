@@ -8,9 +8,13 @@ weights: with weights that find nothing the golden refuses to be written (parity
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from parity.compare.gates import Gate, StageResult
-from parity.tasks.amg.matching import MatchSummary, match_image, summarize
+from parity.tasks.amg.matching import FilterBand, MatchSummary, match_image, summarize
+
+if TYPE_CHECKING:  # the generator's module imports the model stack; matching needs only its filters
+    from parity.tasks.amg.generate import AmgParams
 
 
 def gates(summary: MatchSummary, limits: Mapping[str, float]) -> list[Gate]:
@@ -23,13 +27,17 @@ def gates(summary: MatchSummary, limits: Mapping[str, float]) -> list[Gate]:
 
 
 def compare(stage: str, outputs: Mapping[int, Sequence[dict]], golden: Mapping[int, Sequence[dict]],
-            limits: Mapping[str, float]) -> StageResult:
-    """Match each image's stage records (generator records, COCO RLE) to the golden's and gate the figures."""
+            limits: Mapping[str, float], params: AmgParams | None = None) -> StageResult:
+    """Match each image's stage records (generator records, COCO RLE) to the golden's and gate the figures.
+    params: the generator's, whose score filters decide which unmatched masks lie near a filter (within
+    limits' max_score_abs_err above it: counted, not failed); None counts none so."""
     if set(outputs) != set(golden):
         return StageResult(stage, [], {}, error=(
             f"the stage ran on images {sorted(outputs)} but the golden has {sorted(golden)}: "
             "different data; regenerate the golden"))
-    summary = summarize([match_image(image_id, golden[image_id], outputs[image_id]) for image_id in sorted(golden)])
+    band = None if params is None else FilterBand(params.pred_iou_thresh, params.stability_score_thresh,
+                                                  limits["max_score_abs_err"])
+    summary = summarize([match_image(image_id, golden[image_id], outputs[image_id], band) for image_id in sorted(golden)])
     figures = summary.as_dict()
     worst = figures.pop("worst")
     return StageResult(stage, gates(summary, limits), figures, worst)

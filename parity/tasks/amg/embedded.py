@@ -14,7 +14,9 @@ EMBEDDED = [*EMBEDDED_GOLDEN, "--stages", "fp32", "fp32+sdpa"]
 # (measured on 3 scenes, 31 masks at all five settings). On the CPU about 10 s per image per stage on 2
 # cores. fp32 and fp32+sdpa on a GPU too: there the bf16 stages passed in one H100 gate and found one more
 # mask (union IoU 0.955 against 0.97) in another run (session 36): the margins hold for fp32's rounding,
-# not for bf16's.
+# not for bf16's. Since session 37 a mask within the stage's score tolerance (bf16: 0.05) above a filter
+# is counted, not failed (parity.tasks.amg.matching); whether that admits this flip (or it came from NMS)
+# has not been run on a GPU yet, so the step stays on the fp32 stages.
 EMBEDDED_SAM2_GOLDEN = ["--task", "amg", "--model", "sam2.1_hiera_nano", "--checkpoint", "trained", "--data", "scenes",
                         "--limit", "2", "--points-per-side", "8", "--pred-iou-thresh", "0.72",
                         "--stability-score-thresh", "0.71"]

@@ -7,7 +7,12 @@ or order, so a stage that reorders its output is not penalized and one that perm
 caught by the score error of matched pairs instead.
 
 The headline figure is the mean IoU over the *union* of both sets: every matched pair counts
-once with its IoU, every lost or new mask counts with IoU 0. A mean over matched pairs alone (as
+once with its IoU, every lost or new mask counts with IoU 0 - but one *near a filter*: a mask that
+one side kept and the other did not, whose own score on the side that kept it lies within the
+stage's score tolerance above one of the generator's score filters (FilterBand). Rounding alone may
+take such a mask across the filter, so it is counted (lost_near_filter, new_near_filter), not failed,
+as the point task counts a best-mask flip between near-tied scores; a stage that moves the scores
+further is failed by the score error of its matched pairs. A mean over matched pairs alone (as
 torchao's AMG parity script reports, after dropping every image whose mask count changed) cannot
 see a lost mask at all and cannot see a split beyond the larger half; the union mean sees both,
 and no image is ever left out of it. The matched mean is reported beside it, because it says how
@@ -31,6 +36,21 @@ WORST_IMAGES = 5
 
 
 @dataclass(frozen=True)
+class FilterBand:
+    """The generator's score filters and how far a stage may move a score (its max_score_abs_err)."""
+
+    pred_iou_thresh: float
+    stability_score_thresh: float
+    tolerance: float
+
+    def holds(self, record: dict) -> bool:
+        """Whether the record's predicted IoU or stability score lies within the tolerance above its filter."""
+        return any(thresh < float(record[key]) <= thresh + self.tolerance
+                   for key, thresh in (("predicted_iou", self.pred_iou_thresh),
+                                       ("stability_score", self.stability_score_thresh)))
+
+
+@dataclass(frozen=True)
 class Pair:
     golden: int  # index into the golden's masks of the image
     stage: int  # index into the stage's masks of the image
@@ -45,6 +65,8 @@ class ImageMatch:
     golden_count: int
     stage_count: int
     pairs: tuple[Pair, ...]
+    lost_near_filter: int = 0  # lost masks whose golden scores lie near a filter (FilterBand)
+    new_near_filter: int = 0  # new masks whose stage scores do
 
     @property
     def lost(self) -> int:
@@ -56,7 +78,8 @@ class ImageMatch:
 
     @property
     def union(self) -> int:
-        return len(self.pairs) + self.lost + self.new
+        """The masks the union mean counts: every one but those near a filter."""
+        return len(self.pairs) + self.lost - self.lost_near_filter + self.new - self.new_near_filter
 
     @property
     def union_iou_mean(self) -> float:
@@ -74,8 +97,9 @@ def _rles(records: Sequence[dict], image_id: int, side: str) -> list[dict]:
     return rles
 
 
-def match_image(image_id: int, golden: Sequence[dict], stage: Sequence[dict]) -> ImageMatch:
-    """Match one image's stage records to its golden records (generator records, COCO RLE masks)."""
+def match_image(image_id: int, golden: Sequence[dict], stage: Sequence[dict], band: FilterBand | None = None) -> ImageMatch:
+    """Match one image's stage records to its golden records (generator records, COCO RLE masks); with a
+    band, count the unmatched masks near a filter."""
     golden_rles, stage_rles = _rles(golden, image_id, "golden"), _rles(stage, image_id, "stage")
     sizes = {tuple(r["size"]) for r in golden_rles + stage_rles}
     if len(sizes) > 1:
@@ -91,7 +115,11 @@ def match_image(image_id: int, golden: Sequence[dict], stage: Sequence[dict]) ->
                     golden=int(g), stage=int(s), iou=float(iou[s, g]),
                     predicted_iou_err=abs(float(stage[s]["predicted_iou"]) - float(golden[g]["predicted_iou"])),
                     stability_err=abs(float(stage[s]["stability_score"]) - float(golden[g]["stability_score"]))))
-    return ImageMatch(image_id, len(golden_rles), len(stage_rles), tuple(sorted(pairs, key=lambda p: p.golden)))
+    near = band.holds if band else (lambda record: False)
+    paired_golden, paired_stage = {p.golden for p in pairs}, {p.stage for p in pairs}
+    return ImageMatch(image_id, len(golden_rles), len(stage_rles), tuple(sorted(pairs, key=lambda p: p.golden)),
+                      lost_near_filter=sum(near(r) for g, r in enumerate(golden) if g not in paired_golden),
+                      new_near_filter=sum(near(r) for s, r in enumerate(stage) if s not in paired_stage))
 
 
 @dataclass(frozen=True)
@@ -104,8 +132,10 @@ class MatchSummary:
     matched: int
     lost: int
     new: int
+    lost_near_filter: int  # of the lost, those whose golden scores lie near a filter: not in the union mean
+    new_near_filter: int  # of the new, those whose stage scores do
     count_changed_images: int  # images whose number of masks differs from the golden's
-    union_iou_mean: float  # matched IoUs over matched + lost + new (unmatched count as 0)
+    union_iou_mean: float  # matched IoUs over matched + lost + new but those near a filter (unmatched count as 0)
     matched_iou_mean: float  # over matched pairs only; NaN when nothing matched (fails any gate)
     matched_iou_p5: float
     predicted_iou_max_err: float  # over matched pairs; NaN when nothing matched
@@ -117,10 +147,10 @@ class MatchSummary:
 
 
 def summarize(matches: Sequence[ImageMatch]) -> MatchSummary:
-    union = sum(m.union for m in matches)
-    if union == 0:
+    if not any(m.golden_count or m.stage_count for m in matches):
         # A gate that compared nothing must not pass.
         raise ValueError("neither the golden nor the stage has a single mask: there is nothing to compare")
+    union = sum(m.union for m in matches)
     pairs = [p for m in matches for p in m.pairs]
     ious = np.array([p.iou for p in pairs], dtype=np.float64)
     nan = math.nan
@@ -132,13 +162,17 @@ def summarize(matches: Sequence[ImageMatch]) -> MatchSummary:
         matched=len(pairs),
         lost=sum(m.lost for m in matches),
         new=sum(m.new for m in matches),
+        lost_near_filter=sum(m.lost_near_filter for m in matches),
+        new_near_filter=sum(m.new_near_filter for m in matches),
         count_changed_images=sum(m.golden_count != m.stage_count for m in matches),
-        union_iou_mean=float(ious.sum()) / union,
+        # every unmatched mask near a filter and nothing matched: NaN, which fails the gate
+        union_iou_mean=float(ious.sum()) / union if union else nan,
         matched_iou_mean=float(ious.mean()) if pairs else nan,
         matched_iou_p5=float(np.percentile(ious, 5)) if pairs else nan,
         predicted_iou_max_err=max((p.predicted_iou_err for p in pairs), default=nan),
         stability_max_err=max((p.stability_err for p in pairs), default=nan),
         worst=[{"image_id": m.image_id, "union_iou_mean": m.union_iou_mean, "golden_masks": m.golden_count,
                 "stage_masks": m.stage_count, "lost": m.lost, "new": m.new,
+                "lost_near_filter": m.lost_near_filter, "new_near_filter": m.new_near_filter,
                 "pairs": [[p.golden, p.stage, p.iou] for p in m.pairs]} for m in worst],
     )

@@ -113,7 +113,7 @@ def run_check(
         except Exception as err:  # a stage that cannot run here is a failed stage, reported with its reason
             results.append(StageResult(name, [], {}, error=f"{type(err).__name__}: {err}"))
             continue
-        result = compare(name, generated.images, golden_images, thresholds_for(stage, thresholds))
+        result = compare(name, generated.images, golden_images, thresholds_for(stage, thresholds), params)
         if result.summary:
             result.summary.update(seconds=generated.seconds, ms_per_image=generated.ms_per_image,
                                   kernel_fallbacks=used.kernel_fallbacks)
