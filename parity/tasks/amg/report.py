@@ -81,7 +81,8 @@ def render_markdown(header: dict, results: list[StageResult]) -> str:
                   "| image id | union IoU mean | golden / stage masks | lost (near a filter) | new (near a filter) | pairs |",
                   "|---|---|---|---|---|---|"]
         lines += [f"| {w['image_id']} | {w['union_iou_mean']:.4f} | {w['golden_masks']} / {w['stage_masks']} | "
-                  f"{w['lost']} ({w['lost_near_filter']}) | {w['new']} ({w['new_near_filter']}) | " + " ".join(f"({g},{s},{iou:.3f})" for g, s, iou in w["pairs"]) + " |"
+                  f"{w['lost']} ({w['lost_near_filter']}) | {w['new']} ({w['new_near_filter']}) | "
+                  + " ".join(f"({g},{s},{iou:.3f})" for g, s, iou in w["pairs"]) + " |"
                   for w in r.worst]
         lines += ["", *(f"![image {image_id}]({picture_name(r.stage, image_id)})" for image_id in r.pictures)]
     lines += all_gates_lines(results)

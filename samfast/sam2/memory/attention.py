@@ -64,11 +64,12 @@ def _attention_and_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tup
     return out, lse[..., : q.shape[-2]]  # the efficient kernel pads the queries to a multiple of 32
 
 
-def attention_by_memory_frame(q: torch.Tensor, frame_keys: torch.Tensor, pointer_keys: torch.Tensor, v: torch.Tensor,
+def attention_by_memory_frame(q: torch.Tensor, k: torch.Tensor, pointer_keys: torch.Tensor, v: torch.Tensor,
                               key_mask: torch.Tensor | None) -> torch.Tensor:
-    """softmax(q k^T / sqrt(d)) v for (B, H, L, D) inputs whose keys k are memory frames of L tokens each
-    (as many as the queries), then pointer tokens, given apart (frame_keys, pointer_keys: the rotated frames
-    need no copy into one tensor with the pointers); v holds the values of both, in that order. Each frame is attended unmasked (for
+    """softmax(q [k, pointer_keys]^T / sqrt(d)) v for (B, H, L, D) inputs whose keys k are memory frames of
+    L tokens each (as many as the queries) and pointer_keys the pointer tokens', given apart (the rotated
+    frames need no copy into one tensor with the pointers); v holds the values of both, frames first.
+    Each frame is attended unmasked (for
     one object all frames in one call, for several a call per frame), the pointers in plain math with
     their mask, and each part's output is
     weighted by exp(its log-sum-exp - the total's). key_mask (B, keys) bool, False for a key that takes no
@@ -76,8 +77,7 @@ def attention_by_memory_frame(q: torch.Tensor, frame_keys: torch.Tensor, pointer
     token is read. Every query must keep at least one key."""
     b, h, lq, d = q.shape
     merge = torch.promote_types(q.dtype, torch.float32)  # bf16 parts merged in fp32
-    num_ptr_tokens, k = pointer_keys.shape[-2], frame_keys
-    frame_keys = k.shape[-2]
+    num_ptr_tokens, frame_keys = pointer_keys.shape[-2], k.shape[-2]
     if frame_keys % lq:
         raise ValueError(f"{frame_keys} memory frame tokens are not whole frames of the queries' {lq} tokens")
     frames = frame_keys // lq
