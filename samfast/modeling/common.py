@@ -20,17 +20,25 @@ def linear_gelu_tanh(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) 
     return F.gelu(F.linear(x, weight, bias), approximate="tanh")
 
 
+def _epilogue_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, use_gelu: bool) -> torch.Tensor:
+    """act(x @ weight.T + bias) as one cuBLASLt GEMM, the activation (GELU or ReLU) in its epilogue."""
+    out = torch._addmm_activation(bias, x.reshape(-1, x.shape[-1]), weight.t(), use_gelu=use_gelu)
+    return out.view(*x.shape[:-1], weight.shape[0])
+
+
+def _linear_output(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """The fake kernel of a linear op: an empty tensor of its output's shape."""
+    return x.new_empty(*x.shape[:-1], weight.shape[0])
+
+
 @linear_gelu_tanh.register_kernel("cuda")
 def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     # cuBLASLt's GELU epilogue is the tanh form (on the CPU, _addmm_activation is the exact GELU,
     # hence the formula above there: the op means the same on every device).
-    out = torch._addmm_activation(bias, x.reshape(-1, x.shape[-1]), weight.t(), use_gelu=True)
-    return out.view(*x.shape[:-1], weight.shape[0])
+    return _epilogue_gemm(x, weight, bias, use_gelu=True)
 
 
-@linear_gelu_tanh.register_fake
-def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    return x.new_empty(*x.shape[:-1], weight.shape[0])
+linear_gelu_tanh.register_fake(_linear_output)
 
 
 @torch.library.custom_op("samfast::linear_relu", mutates_args=())
@@ -46,13 +54,10 @@ def linear_relu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> to
 
 @linear_relu.register_kernel("cuda")
 def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    out = torch._addmm_activation(bias, x.reshape(-1, x.shape[-1]), weight.t(), use_gelu=False)
-    return out.view(*x.shape[:-1], weight.shape[0])
+    return _epilogue_gemm(x, weight, bias, use_gelu=False)
 
 
-@linear_relu.register_fake
-def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    return x.new_empty(*x.shape[:-1], weight.shape[0])
+linear_relu.register_fake(_linear_output)
 
 
 @torch.library.custom_op("samfast::linear_accumulate", mutates_args=("out",))
