@@ -6,6 +6,8 @@ its predicted IoUs within max_score_abs_err (parity/budgets.toml, [accuracy.<pre
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import torch
 
@@ -62,11 +64,18 @@ def stage_outputs(model, scene) -> dict[str, torch.Tensor]:
     }
 
 
-def true_fp32_outputs(model, scene) -> dict[str, torch.Tensor]:
-    """stage_outputs with TF32 off for matmul and cuDNN, as goldens are made."""
+@contextlib.contextmanager
+def tf32_off():
+    """TF32 off for matmul and cuDNN inside the block, as goldens are made; the settings restored after."""
     saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     try:
-        return stage_outputs(model, scene)
+        yield
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def true_fp32_outputs(model, scene) -> dict[str, torch.Tensor]:
+    """stage_outputs with TF32 off (tf32_off)."""
+    with tf32_off():
+        return stage_outputs(model, scene)

@@ -34,6 +34,7 @@ from tests.stage_accuracy import (
     assert_close_to_fp32,
     random_scene,
     stage_outputs,
+    tf32_off,
     true_fp32_outputs,
 )
 from tests.stage_accuracy import rel_l2 as _rel_l2
@@ -164,14 +165,10 @@ def test_fused_relu_gemm_is_the_relu_of_the_linear_at_the_memory_attention_shape
     x = torch.randn(8, 4096, 256, device="cuda", generator=g)
     w, b = torch.randn(2048, 256, device="cuda", generator=g) * 256**-0.5, torch.randn(2048, device="cuda", generator=g)
     exact = F.relu(F.linear(x.double(), w.double(), b.double()))
-    saved = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    try:
+    with tf32_off():
         fp32 = linear_relu(x, w, b).double()
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = saved
     assert (fp32 - exact).abs().max() < 1e-4
-    assert torch.equal(fp32 == 0, exact <= 1e-4) or ((fp32 == 0) != (exact == 0)).sum() < 10  # the ReLU applied
+    assert (fp32 >= 0).all()  # the ReLU applied (without it, half the outputs would be negative, down to about -4)
     xb, wb, bb = x.bfloat16(), w.bfloat16(), b.bfloat16()
     fused = (linear_relu(xb, wb, bb).double() - exact).abs().max()
     unfused = (F.relu(F.linear(xb, wb, bb)).double() - exact).abs().max()
@@ -193,12 +190,8 @@ def test_fused_mlp_gemm_is_the_tanh_gelu_at_vit_b_shape():
     w, b = torch.randn(3072, 768, device="cuda", generator=g) * 768**-0.5, torch.randn(3072, device="cuda", generator=g)
     pre = F.linear(x.double(), w.double(), b.double())
     tanh, exact = F.gelu(pre, approximate="tanh"), F.gelu(pre)
-    saved = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    try:
+    with tf32_off():
         fp32 = linear_gelu_tanh(x, w, b).double()
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = saved
     assert (fp32 - tanh).abs().max() < 1e-4 < (fp32 - exact).abs().max()
     xb, wb, bb = x.bfloat16(), w.bfloat16(), b.bfloat16()
     fused = (linear_gelu_tanh(xb, wb, bb).double() - exact).abs().max()
