@@ -1,5 +1,6 @@
 """The AMG matching figure and its gates on synthetic mask sets (no model): each planted defect fails, and a
-mask that crossed a score filter by no more than the stage may move a score is counted, not failed."""
+mask that crossed a score filter or a box NMS decision by no more than the stage may move a score or a box
+IoU is counted, not failed."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pycocotools import mask as mask_utils
 from parity.compare.gates import load_thresholds
 from parity.tasks.amg.compare import compare
 from parity.tasks.amg.generate import AmgParams
-from parity.tasks.amg.matching import match_image, summarize
+from parity.tasks.amg.matching import box_iou, match_image, summarize
 
 HEIGHT, WIDTH = 96, 128
 # Five disjoint rectangles (y0, y1, x0, x1) of varied sizes, like one image's generated masks.
@@ -22,7 +23,8 @@ BOXES = [(4, 30, 4, 40), (4, 24, 50, 70), (40, 90, 8, 60), (36, 60, 80, 124), (7
 def _record(mask: np.ndarray, predicted_iou: float, stability: float) -> dict:
     rle = mask_utils.encode(np.asfortranarray(mask.astype(np.uint8)))
     return {"segmentation": {"size": rle["size"], "counts": rle["counts"].decode("ascii")},
-            "area": int(mask.sum()), "predicted_iou": predicted_iou, "stability_score": stability}
+            "area": int(mask.sum()), "bbox": [float(v) for v in mask_utils.toBbox(rle)],
+            "predicted_iou": predicted_iou, "stability_score": stability}
 
 
 def _box_mask(y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
@@ -152,8 +154,9 @@ def test_masks_of_another_size_or_format_are_refused(golden):
         match_image(1, golden[1], [{"segmentation": np.ones((HEIGHT, WIDTH), bool)}])
 
 
-# Filters well below the fixture's scores (0.90.. / 0.96..): only a mask placed near one is near it.
-FILTERS = AmgParams(pred_iou_thresh=0.5, stability_score_thresh=0.6)
+# Filters well below the fixture's scores (0.90.. / 0.96..): only a mask placed near one is near it. The
+# fixture's boxes are disjoint, far from box NMS's 0.7: only a mask placed beside one is near it.
+FILTERS = AmgParams(pred_iou_thresh=0.5, stability_score_thresh=0.6, box_nms_thresh=0.7)
 
 
 def _near(limits, key: str) -> dict:
@@ -174,7 +177,7 @@ def test_a_mask_lost_near_a_filter_is_counted_not_failed(golden, limits, key):
     golden_1 = golden[1] + [_record(near_mask, **_near(limits, key))]
     result = compare("stage", {1: golden[1], 2: golden[2]}, {1: golden_1, 2: golden[2]}, limits, FILTERS)
     s = result.summary
-    assert (s["lost"], s["lost_near_filter"], s["new"], s["new_near_filter"]) == (1, 1, 0, 0)
+    assert (s["lost"], s["lost_near_decision"], s["new"], s["new_near_decision"]) == (1, 1, 0, 0)
     assert result.passed and s["union_iou_mean"] == 1.0
     # the control: without the filters every lost mask counts, and this one fails the union mean
     assert not compare("stage", {1: golden[1], 2: golden[2]}, {1: golden_1, 2: golden[2]}, limits).passed
@@ -184,7 +187,7 @@ def test_a_new_mask_near_a_filter_is_counted_not_failed(golden, limits):
     extra = _record(_box_mask(10, 20, 80, 95), **_near(limits, "stability_score"))
     result = compare("stage", _with_image_1(golden, golden[1] + [extra]), golden, limits, FILTERS)
     s = result.summary
-    assert (s["new"], s["new_near_filter"], s["lost"]) == (1, 1, 0) and result.passed
+    assert (s["new"], s["new_near_decision"], s["lost"]) == (1, 1, 0) and result.passed
 
 
 @pytest.mark.parametrize("change", ["lost", "new"])
@@ -197,7 +200,7 @@ def test_planted_defect_a_mask_clear_of_the_filters_still_fails(golden, limits, 
     outputs, reference = (golden, with_clear) if change == "lost" else (with_clear, golden)
     result = compare("stage", outputs, reference, limits, FILTERS)
     s = result.summary
-    assert (s[change], s[f"{change}_near_filter"]) == (1, 0)
+    assert (s[change], s[f"{change}_near_decision"]) == (1, 0)
     assert "union_iou_mean" in {g.metric for g in result.failures}
 
 
@@ -206,3 +209,71 @@ def test_every_unmatched_mask_near_a_filter_and_nothing_matched_fails(limits):
     near = [_record(_box_mask(10, 20, 80, 95), **_near(limits, "predicted_iou"))]
     result = compare("stage", {1: []}, {1: near}, limits, FILTERS)
     assert math.isnan(result.summary["union_iou_mean"]) and not result.passed
+
+
+def test_box_iou_is_torchvisions_on_the_xyxy_boxes():
+    import torch
+    from torchvision.ops import box_iou as xyxy_iou
+
+    a, b = [8.0, 40.0, 52.0, 50.0], [20.0, 30.0, 40.0, 44.0]
+    expected = xyxy_iou(torch.tensor([[8.0, 40.0, 60.0, 90.0]]), torch.tensor([[20.0, 30.0, 60.0, 74.0]]))
+    assert box_iou(a, b) == pytest.approx(float(expected))
+    assert box_iou(a, [100.0, 0.0, 5.0, 5.0]) == 0.0
+
+
+def _beside_box_2(box_iou_target: float) -> np.ndarray:
+    """A rectangle inside BOXES[2] (50 x 52 pixels) whose box IoU with it is as close to the target as pixels allow."""
+    y0, y1, x0, x1 = BOXES[2]
+    area = (y1 - y0) * (x1 - x0)
+    h, w = min(((h, w) for h in range(1, y1 - y0 + 1) for w in range(1, x1 - x0 + 1)),
+               key=lambda hw: abs(hw[0] * hw[1] / area - box_iou_target))
+    return _box_mask(y0, y0 + h, x0, x0 + w)
+
+
+def _nms_case(limits, distance: float, score_above_neighbour: float = -0.01) -> tuple[dict, float]:
+    """A record beside BOXES[2]'s mask (score 0.94), its box IoU `distance` tolerances below box_nms_thresh,
+    and that IoU; its scores clear of the filters."""
+    tolerance = limits["max_box_iou_shift"]
+    mask = _beside_box_2(FILTERS.box_nms_thresh - distance * tolerance)
+    record = _record(mask, 0.94 + score_above_neighbour, 0.97)
+    iou = box_iou(record["bbox"], _golden_image()[2]["bbox"])
+    return record, iou
+
+
+@pytest.mark.parametrize("change", ["lost", "new"])
+def test_a_mask_near_box_nms_is_counted_not_failed(golden, limits, change):
+    """One side kept a mask whose box IoU with a mask scored as high sat within the stage's box tolerance
+    below box_nms_thresh; the other side, its boxes moved a pixel, dropped it by NMS: counted and passed."""
+    beside, iou = _nms_case(limits, 0.5)
+    tolerance = limits["max_box_iou_shift"]
+    assert FILTERS.box_nms_thresh - 0.75 * tolerance < iou < FILTERS.box_nms_thresh - 0.25 * tolerance
+    with_it = {1: golden[1] + [beside], 2: golden[2]}
+    outputs, reference = (golden, with_it) if change == "lost" else (with_it, golden)
+    result = compare("stage", outputs, reference, limits, FILTERS)
+    s = result.summary
+    assert (s[change], s[f"{change}_near_decision"]) == (1, 1)
+    assert result.passed and s["union_iou_mean"] == 1.0
+    # the control: without the generator's thresholds every lost or new mask counts, and this one fails
+    assert not compare("stage", outputs, reference, limits).passed
+
+
+@pytest.mark.parametrize("change", ["lost", "new"])
+def test_planted_defect_a_mask_clear_of_box_nms_still_fails(golden, limits, change):
+    """A mask whose box IoU sits twice the tolerance below box_nms_thresh cannot have crossed it by a box
+    shift of rounding: lost or new, it counts in the union mean and fails it."""
+    clear, iou = _nms_case(limits, 2.0)
+    assert iou < FILTERS.box_nms_thresh - 1.5 * limits["max_box_iou_shift"]
+    with_it = {1: golden[1] + [clear], 2: golden[2]}
+    outputs, reference = (golden, with_it) if change == "lost" else (with_it, golden)
+    result = compare("stage", outputs, reference, limits, FILTERS)
+    assert (result.summary[change], result.summary[f"{change}_near_decision"]) == (1, 0)
+    assert "union_iou_mean" in {g.metric for g in result.failures}
+
+
+def test_planted_defect_a_mask_that_outscores_its_neighbour_is_not_near_box_nms(golden, limits):
+    """NMS drops the lower-scored box: a new mask scored clearly above its neighbour (by twice the score
+    tolerance) would have dropped the neighbour, not itself, so its box IoU excuses nothing."""
+    outscoring, _ = _nms_case(limits, 0.5, score_above_neighbour=2 * limits["max_score_abs_err"])
+    result = compare("stage", _with_image_1(golden, golden[1] + [outscoring]), golden, limits, FILTERS)
+    assert (result.summary["new"], result.summary["new_near_decision"]) == (1, 0)
+    assert not result.passed

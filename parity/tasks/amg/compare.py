@@ -11,9 +11,9 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from parity.compare.gates import Gate, StageResult
-from parity.tasks.amg.matching import FilterBand, MatchSummary, match_image, summarize
+from parity.tasks.amg.matching import DecisionBand, MatchSummary, match_image, summarize
 
-if TYPE_CHECKING:  # the generator's module imports the model stack; matching needs only its filters
+if TYPE_CHECKING:  # the generator's module imports the model stack; matching needs only its thresholds
     from parity.tasks.amg.generate import AmgParams
 
 
@@ -29,14 +29,16 @@ def gates(summary: MatchSummary, limits: Mapping[str, float]) -> list[Gate]:
 def compare(stage: str, outputs: Mapping[int, Sequence[dict]], golden: Mapping[int, Sequence[dict]],
             limits: Mapping[str, float], params: AmgParams | None = None) -> StageResult:
     """Match each image's stage records (generator records, COCO RLE) to the golden's and gate the figures.
-    params: the generator's, whose score filters decide which unmatched masks lie near a filter (within
-    limits' max_score_abs_err above it: counted, not failed); None counts none so."""
+    params: the generator's, whose score filters and box NMS threshold decide which unmatched masks lie near
+    a decision (within limits' max_score_abs_err above a filter, or max_box_iou_shift below box_nms_thresh:
+    counted, not failed); None counts none so."""
     if set(outputs) != set(golden):
         return StageResult(stage, [], {}, error=(
             f"the stage ran on images {sorted(outputs)} but the golden has {sorted(golden)}: "
             "different data; regenerate the golden"))
-    band = None if params is None else FilterBand(params.pred_iou_thresh, params.stability_score_thresh,
-                                                  limits["max_score_abs_err"])
+    band = None if params is None else DecisionBand(params.pred_iou_thresh, params.stability_score_thresh,
+                                                    params.box_nms_thresh, limits["max_score_abs_err"],
+                                                    limits["max_box_iou_shift"])
     summary = summarize([match_image(image_id, golden[image_id], outputs[image_id], band) for image_id in sorted(golden)])
     figures = summary.as_dict()
     worst = figures.pop("worst")

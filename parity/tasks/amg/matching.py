@@ -7,12 +7,13 @@ or order, so a stage that reorders its output is not penalized and one that perm
 caught by the score error of matched pairs instead.
 
 The headline figure is the mean IoU over the *union* of both sets: every matched pair counts
-once with its IoU, every lost or new mask counts with IoU 0 - but one *near a filter*: a mask that
-one side kept and the other did not, whose own score on the side that kept it lies within the
-stage's score tolerance above one of the generator's score filters (FilterBand). Rounding alone may
-take such a mask across the filter, so it is counted (lost_near_filter, new_near_filter), not failed,
-as the point task counts a best-mask flip between near-tied scores; a stage that moves the scores
-further is failed by the score error of its matched pairs. A mean over matched pairs alone (as
+once with its IoU, every lost or new mask counts with IoU 0 - but one *near a decision*: a mask that
+one side kept and the other did not, which on the side that kept it sat within the stage's tolerance
+of one of the generator's decisions (DecisionBand): its own score just above a score filter, or its
+box's IoU with a mask of that side that outscores it (or nearly) just below box_nms_thresh, where NMS
+would have dropped it. Rounding alone may take such a mask across the decision, so it is counted
+(lost_near_decision, new_near_decision), not failed, as the point task counts a best-mask flip between
+near-tied scores; a stage that moves the scores further is failed by the score error of its matched pairs. A mean over matched pairs alone (as
 torchao's AMG parity script reports, after dropping every image whose mask count changed) cannot
 see a lost mask at all and cannot see a split beyond the larger half; the union mean sees both,
 and no image is ever left out of it. The matched mean is reported beside it, because it says how
@@ -35,19 +36,43 @@ MATCH_IOU = 0.5
 WORST_IMAGES = 5
 
 
+def box_iou(a: Sequence[float], b: Sequence[float]) -> float:
+    """IoU of two XYWH boxes (the records' bbox; the generator's NMS boxes, as x0, y0, x0 + w, y0 + h)."""
+    width = min(a[0] + a[2], b[0] + b[2]) - max(a[0], b[0])
+    height = min(a[1] + a[3], b[1] + b[3]) - max(a[1], b[1])
+    inter = max(0.0, width) * max(0.0, height)
+    union = a[2] * a[3] + b[2] * b[3] - inter
+    return inter / union if union > 0 else 0.0
+
+
 @dataclass(frozen=True)
-class FilterBand:
-    """The generator's score filters and how far a stage may move a score (its max_score_abs_err)."""
+class DecisionBand:
+    """The generator's score filters and box NMS threshold, and how far a stage may move a score (its
+    max_score_abs_err) and the box IoU between two of its masks (its max_box_iou_shift)."""
 
     pred_iou_thresh: float
     stability_score_thresh: float
-    tolerance: float
+    box_nms_thresh: float
+    score_tolerance: float
+    box_iou_tolerance: float
 
-    def holds(self, record: dict) -> bool:
-        """Whether the record's predicted IoU or stability score lies within the tolerance above its filter."""
-        return any(thresh < float(record[key]) <= thresh + self.tolerance
+    def holds(self, index: int, kept: Sequence[dict]) -> bool:
+        """Whether kept[index] (one side's records of an image) sat near a decision or near box NMS on that side."""
+        return self._near_a_filter(kept[index]) or self._near_nms(index, kept)
+
+    def _near_a_filter(self, record: dict) -> bool:
+        return any(thresh < float(record[key]) <= thresh + self.score_tolerance
                    for key, thresh in (("predicted_iou", self.pred_iou_thresh),
                                        ("stability_score", self.stability_score_thresh)))
+
+    def _near_nms(self, index: int, kept: Sequence[dict]) -> bool:
+        # NMS drops the lower-scored of two boxes above box_nms_thresh: a mask kept with a box IoU just
+        # below it, beside a mask that outscores it or nearly (the order may flip too), is one box
+        # shift of rounding from being dropped
+        record = kept[index]
+        score = float(record["predicted_iou"]) - self.score_tolerance
+        return any(self.box_nms_thresh - self.box_iou_tolerance < box_iou(record["bbox"], other["bbox"]) <= self.box_nms_thresh
+                   for i, other in enumerate(kept) if i != index and float(other["predicted_iou"]) >= score)
 
 
 @dataclass(frozen=True)
@@ -65,8 +90,8 @@ class ImageMatch:
     golden_count: int
     stage_count: int
     pairs: tuple[Pair, ...]
-    lost_near_filter: int = 0  # lost masks whose golden scores lie near a filter (FilterBand)
-    new_near_filter: int = 0  # new masks whose stage scores do
+    lost_near_decision: int = 0  # lost masks that sat near a decision on the golden's side (DecisionBand)
+    new_near_decision: int = 0  # new masks that sat near one on the stage's side
 
     @property
     def lost(self) -> int:
@@ -78,8 +103,8 @@ class ImageMatch:
 
     @property
     def union(self) -> int:
-        """The masks the union mean counts: every one but those near a filter."""
-        return len(self.pairs) + self.lost - self.lost_near_filter + self.new - self.new_near_filter
+        """The masks the union mean counts: every one but those near a decision."""
+        return len(self.pairs) + self.lost - self.lost_near_decision + self.new - self.new_near_decision
 
     @property
     def union_iou_mean(self) -> float:
@@ -97,9 +122,9 @@ def _rles(records: Sequence[dict], image_id: int, side: str) -> list[dict]:
     return rles
 
 
-def match_image(image_id: int, golden: Sequence[dict], stage: Sequence[dict], band: FilterBand | None = None) -> ImageMatch:
+def match_image(image_id: int, golden: Sequence[dict], stage: Sequence[dict], band: DecisionBand | None = None) -> ImageMatch:
     """Match one image's stage records to its golden records (generator records, COCO RLE masks); with a
-    band, count the unmatched masks near a filter."""
+    band, count the unmatched masks near a decision."""
     golden_rles, stage_rles = _rles(golden, image_id, "golden"), _rles(stage, image_id, "stage")
     sizes = {tuple(r["size"]) for r in golden_rles + stage_rles}
     if len(sizes) > 1:
@@ -115,11 +140,11 @@ def match_image(image_id: int, golden: Sequence[dict], stage: Sequence[dict], ba
                     golden=int(g), stage=int(s), iou=float(iou[s, g]),
                     predicted_iou_err=abs(float(stage[s]["predicted_iou"]) - float(golden[g]["predicted_iou"])),
                     stability_err=abs(float(stage[s]["stability_score"]) - float(golden[g]["stability_score"]))))
-    near = band.holds if band else (lambda record: False)
+    near = band.holds if band else (lambda index, kept: False)
     paired_golden, paired_stage = {p.golden for p in pairs}, {p.stage for p in pairs}
     return ImageMatch(image_id, len(golden_rles), len(stage_rles), tuple(sorted(pairs, key=lambda p: p.golden)),
-                      lost_near_filter=sum(near(r) for g, r in enumerate(golden) if g not in paired_golden),
-                      new_near_filter=sum(near(r) for s, r in enumerate(stage) if s not in paired_stage))
+                      lost_near_decision=sum(near(g, golden) for g in range(len(golden)) if g not in paired_golden),
+                      new_near_decision=sum(near(s, stage) for s in range(len(stage)) if s not in paired_stage))
 
 
 @dataclass(frozen=True)
@@ -132,10 +157,10 @@ class MatchSummary:
     matched: int
     lost: int
     new: int
-    lost_near_filter: int  # of the lost, those whose golden scores lie near a filter: not in the union mean
-    new_near_filter: int  # of the new, those whose stage scores do
+    lost_near_decision: int  # of the lost, those near a decision on the golden's side: not in the union mean
+    new_near_decision: int  # of the new, those near one on the stage's side
     count_changed_images: int  # images whose number of masks differs from the golden's
-    union_iou_mean: float  # matched IoUs over matched + lost + new but those near a filter (unmatched count as 0)
+    union_iou_mean: float  # matched IoUs over matched + lost + new but those near a decision (unmatched count as 0)
     matched_iou_mean: float  # over matched pairs only; NaN when nothing matched (fails any gate)
     matched_iou_p5: float
     predicted_iou_max_err: float  # over matched pairs; NaN when nothing matched
@@ -162,10 +187,10 @@ def summarize(matches: Sequence[ImageMatch]) -> MatchSummary:
         matched=len(pairs),
         lost=sum(m.lost for m in matches),
         new=sum(m.new for m in matches),
-        lost_near_filter=sum(m.lost_near_filter for m in matches),
-        new_near_filter=sum(m.new_near_filter for m in matches),
+        lost_near_decision=sum(m.lost_near_decision for m in matches),
+        new_near_decision=sum(m.new_near_decision for m in matches),
         count_changed_images=sum(m.golden_count != m.stage_count for m in matches),
-        # every unmatched mask near a filter and nothing matched: NaN, which fails the gate
+        # every unmatched mask near a decision and nothing matched: NaN, which fails the gate
         union_iou_mean=float(ious.sum()) / union if union else nan,
         matched_iou_mean=float(ious.mean()) if pairs else nan,
         matched_iou_p5=float(np.percentile(ious, 5)) if pairs else nan,
@@ -173,6 +198,6 @@ def summarize(matches: Sequence[ImageMatch]) -> MatchSummary:
         stability_max_err=max((p.stability_err for p in pairs), default=nan),
         worst=[{"image_id": m.image_id, "union_iou_mean": m.union_iou_mean, "golden_masks": m.golden_count,
                 "stage_masks": m.stage_count, "lost": m.lost, "new": m.new,
-                "lost_near_filter": m.lost_near_filter, "new_near_filter": m.new_near_filter,
+                "lost_near_decision": m.lost_near_decision, "new_near_decision": m.new_near_decision,
                 "pairs": [[p.golden, p.stage, p.iou] for p in m.pairs]} for m in worst],
     )

@@ -25,7 +25,7 @@ from parity.report.verdicts import (
 from parity.tasks.amg.matching import MATCH_IOU
 
 COLUMNS = ("union IoU mean", "matched IoU mean", "matched p5", "golden / stage masks", "matched",
-           "lost (near a filter)", "new (near a filter)",
+           "lost (near a decision)", "new (near a decision)",
            "images with another count", "score err", "stability err (not gated)", "ms/img")
 
 
@@ -45,8 +45,8 @@ def _row(r: StageResult) -> str:
         return f"| {r.stage} | ERROR |" + " - |" * len(COLUMNS)
     s = r.summary
     cells = [fmt(s["union_iou_mean"]), fmt(s["matched_iou_mean"]), fmt(s["matched_iou_p5"]),
-             f"{s['golden_masks']} / {s['stage_masks']}", s["matched"], f"{s['lost']} ({s['lost_near_filter']})",
-             f"{s['new']} ({s['new_near_filter']})",
+             f"{s['golden_masks']} / {s['stage_masks']}", s["matched"], f"{s['lost']} ({s['lost_near_decision']})",
+             f"{s['new']} ({s['new_near_decision']})",
              f"{s['count_changed_images']} of {s['images']}", fmt(s["predicted_iou_max_err"]),
              fmt(s["stability_max_err"]), fmt(s.get("ms_per_image"), 1)]
     return f"| {r.stage} | {stage_verdict(r)} | " + " | ".join(str(c) for c in cells) + " |"
@@ -64,9 +64,10 @@ def render_markdown(header: dict, results: list[StageResult]) -> str:
         f"- this run: {header['device']}, torch {header['torch']}; points_per_batch {header['points_per_batch']}",
         f"- generator: {params}",
         f"- masks matched one to one per image by mask IoU (pairs at IoU <= {MATCH_IOU:g} unmatched); "
-        "the union mean counts every lost and new mask as IoU 0 but those near a filter (their score on the side "
-        "that kept them within the stage's score tolerance above pred_iou_thresh or stability_score_thresh: "
-        "counted, not failed); no image is left out of any figure",
+        "the union mean counts every lost and new mask as IoU 0 but those near a decision (on the side that kept "
+        "them, a score within the stage's score tolerance above pred_iou_thresh or stability_score_thresh, or a "
+        "box IoU with a mask scored as high within its box tolerance below box_nms_thresh: counted, not failed); "
+        "no image is left out of any figure",
         "",
         "| stage | verdict | " + " | ".join(COLUMNS) + " |",
         "|---|---|" + "---|" * len(COLUMNS),
@@ -78,10 +79,10 @@ def render_markdown(header: dict, results: list[StageResult]) -> str:
             continue
         lines += [f"- not exercised (--require-gpu): {reason}" for reason in r.not_exercised if r.exercise_required]
         lines += ["", "Worst images (union IoU mean; pairs as golden index, stage index, IoU):", "",
-                  "| image id | union IoU mean | golden / stage masks | lost (near a filter) | new (near a filter) | pairs |",
+                  "| image id | union IoU mean | golden / stage masks | lost (near a decision) | new (near a decision) | pairs |",
                   "|---|---|---|---|---|---|"]
         lines += [f"| {w['image_id']} | {w['union_iou_mean']:.4f} | {w['golden_masks']} / {w['stage_masks']} | "
-                  f"{w['lost']} ({w['lost_near_filter']}) | {w['new']} ({w['new_near_filter']}) | "
+                  f"{w['lost']} ({w['lost_near_decision']}) | {w['new']} ({w['new_near_decision']}) | "
                   + " ".join(f"({g},{s},{iou:.3f})" for g, s, iou in w["pairs"]) + " |"
                   for w in r.worst]
         lines += ["", *(f"![image {image_id}]({picture_name(r.stage, image_id)})" for image_id in r.pictures)]
