@@ -89,7 +89,7 @@ EMBEDDED_CHECKS = {"check": CheckStep("python -m parity check", tuple(EMBEDDED_C
                                                report_dir="sam2", task_dir="amg")}
 # SAM 2's segment everything keeps its two fp32 stages on a GPU too: with its golden, the bf16 stages
 # turned up one more mask on one H100 and not on another (session 36, docs/sam2.md#the-gate), and a gate
-# must not fail on a healthy machine.
+# must not fail on a healthy machine (parity.tasks.amg.embedded says what still stands in the way).
 GPU_CHECKS = {**EMBEDDED_CHECKS,
               "check-amg": CheckStep("python -m parity check --task amg", tuple(EMBEDDED_AMG_ALL_STAGES), task_dir="amg")}
 CACHE_STATES = {"cold": "empty: cold", "warm": "sealed: warm", "resumed": "a killed run's entries: resumed"}
