@@ -239,6 +239,13 @@ class SamAutomaticMaskGenerator(ServesFamilies):
     # --- filters -------------------------------------------------------------------------------
     def _filter_crop(self, c: int, crop: _Crop, logits: torch.Tensor, iou: torch.Tensor, image_size) -> _Kept:
         """The reference's _process_batch filters then its per-crop NMS, over all the crop's masks at once."""
+        index, stability, boxes = self._candidates(crop, logits, iou, image_size)
+        keep = batched_nms(boxes.float(), iou[index], torch.zeros_like(index), self.box_nms_thresh)  # syncs inside
+        return self._kept(c, crop, index[keep], stability[keep], boxes[keep], iou)
+
+    def _candidates(self, crop: _Crop, logits: torch.Tensor, iou: torch.Tensor, image_size):
+        """The crop's masks that pass the score filters, off the crop's edge: index into the crop's outputs,
+        stability scores and boxes (x0, y0, x1, y1 in crop pixels), NMS still to come."""
         threshold = self.mask_threshold
         if self.pred_iou_thresh > 0.0:
             index = torch.nonzero(iou > self.pred_iou_thresh)[:, 0]  # sync: the survivors' count
@@ -254,9 +261,11 @@ class SamAutomaticMaskGenerator(ServesFamilies):
         if self.stability_score_thresh > 0.0:
             keep &= stability >= self.stability_score_thresh
         keep = torch.nonzero(keep)[:, 0]  # sync
-        index, stability, boxes = index[keep], stability[keep], boxes[keep]
-        keep = batched_nms(boxes.float(), iou[index], torch.zeros_like(index), self.box_nms_thresh)  # syncs inside
-        index, stability, boxes = index[keep], stability[keep], boxes[keep]
+        return index[keep], stability[keep], boxes[keep]
+
+    @staticmethod
+    def _kept(c: int, crop: _Crop, index: torch.Tensor, stability: torch.Tensor, boxes: torch.Tensor,
+              iou: torch.Tensor) -> _Kept:
         x0, y0 = crop.box[:2]
         # Python offsets: a tensor of them would be a host-to-device copy
         boxes = torch.stack([boxes[:, 0] + x0, boxes[:, 1] + y0, boxes[:, 2] + x0, boxes[:, 3] + y0], dim=1)

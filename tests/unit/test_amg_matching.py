@@ -277,3 +277,77 @@ def test_planted_defect_a_mask_that_outscores_its_neighbour_is_not_near_box_nms(
     result = compare("stage", _with_image_1(golden, golden[1] + [outscoring]), golden, limits, FILTERS)
     assert (result.summary["new"], result.summary["new_near_decision"]) == (1, 0)
     assert not result.passed
+
+
+# --- swapped at NMS: the stage's NMS kept the other mask of a near-tied pair --------------------------
+
+
+def _ring(y0: int, y1: int, x0: int, x1: int, width: int = 5) -> np.ndarray:
+    """The border of a rectangle: the same box, mask IoU with the full rectangle 0.35 for BOXES[2]."""
+    mask = _box_mask(y0, y1, x0, x1)
+    mask[y0 + width : y1 - width, x0 + width : x1 - width] = False
+    return mask
+
+
+def _without_a_corner(y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
+    """The same box missing a quarter: mask IoU 0.75 with the full rectangle, still matched to it."""
+    mask = _box_mask(y0, y1, x0, x1)
+    mask[(y0 + y1) // 2 :, (x0 + x1) // 2 :] = False
+    return mask
+
+
+def _swap(limits, kept_mask: np.ndarray) -> tuple[dict, list[dict]]:
+    """Image 1 as a stage that kept `kept_mask` in place of golden mask 2 (score 0.94) and dropped golden
+    mask 2 itself, scored a quarter of the tolerance below the kept one: (outputs, image 1's alternates)."""
+    tolerance = limits["max_score_abs_err"]
+    kept = _record(kept_mask, 0.94 + tolerance / 4, 0.97)
+    dropped = _record(_box_mask(*BOXES[2]), 0.94, 0.97)
+    return {1: _golden_image_with(2, kept), 2: _golden_image()}, [dropped]
+
+
+def _golden_image_with(index: int, record: dict) -> list[dict]:
+    image = _golden_image()
+    image[index] = record
+    return image
+
+
+@pytest.mark.parametrize("kept_shape", [_without_a_corner, _ring], ids=["matched-lower", "lost-and-new"])
+def test_a_mask_swapped_at_a_near_tied_nms_is_paired_with_the_stages_dropped_mask(golden, limits, kept_shape):
+    """The golden kept one of two near-tied masks, the stage the other: with the stage's alternates the
+    golden mask pairs with the one the stage dropped, and the stage's kept one counts near a decision."""
+    outputs, alternates = _swap(limits, kept_shape(*BOXES[2]))
+    result = compare("stage", outputs, golden, limits, FILTERS, {1: alternates})
+    s = result.summary
+    assert result.passed, [g.describe() for g in result.failures]
+    assert (s["matched"], s["swapped"], s["lost"], s["new"], s["new_near_decision"]) == (10, 1, 0, 1, 1)
+    assert s["union_iou_mean"] == s["matched_iou_mean"] == 1.0
+    assert sum(w["swapped"] for w in result.worst) == 1
+    # the control: without the alternates the kept mask is a worse match (or none) and fails
+    assert not compare("stage", outputs, golden, limits, FILTERS).passed
+
+
+def test_planted_defect_an_alternate_unlike_the_golden_mask_swaps_nothing(golden, limits):
+    outputs, _ = _swap(limits, _ring(*BOXES[2]))
+    unlike = [_record(_box_mask(40, 60, 8, 30), 0.94, 0.97)]  # inside golden mask 2's box, IoU 0.17 with it
+    result = compare("stage", outputs, golden, limits, FILTERS, {1: unlike})
+    assert result.summary["swapped"] == 0 and not result.passed
+
+
+def test_planted_defect_a_new_mask_not_kept_in_the_swaps_place_still_fails(golden, limits):
+    """The swap explains the mask kept beside the dropped one (their boxes overlap above NMS's threshold),
+    not a mask elsewhere."""
+    outputs, alternates = _swap(limits, _ring(*BOXES[2]))
+    elsewhere = _record(_box_mask(10, 20, 80, 95), 0.94, 0.97)
+    outputs = {1: [*_golden_image()[:2], elsewhere, *_golden_image()[3:]], 2: outputs[2]}
+    result = compare("stage", outputs, golden, limits, FILTERS, {1: alternates})
+    s = result.summary
+    assert (s["swapped"], s["new"], s["new_near_decision"]) == (1, 1, 0)
+    assert "union_iou_mean" in {g.metric for g in result.failures}
+
+
+def test_planted_defect_a_swapped_in_mask_with_the_wrong_score_fails_the_score_gate(golden, limits):
+    outputs, (dropped,) = _swap(limits, _ring(*BOXES[2]))
+    dropped = {**dropped, "predicted_iou": dropped["predicted_iou"] + 2 * limits["max_score_abs_err"]}
+    result = compare("stage", outputs, golden, limits, FILTERS, {1: [dropped]})
+    assert result.summary["swapped"] == 1
+    assert "score_max_abs_err" in {g.metric for g in result.failures}

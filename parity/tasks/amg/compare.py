@@ -27,11 +27,14 @@ def gates(summary: MatchSummary, limits: Mapping[str, float]) -> list[Gate]:
 
 
 def compare(stage: str, outputs: Mapping[int, Sequence[dict]], golden: Mapping[int, Sequence[dict]],
-            limits: Mapping[str, float], params: AmgParams | None = None) -> StageResult:
+            limits: Mapping[str, float], params: AmgParams | None = None,
+            alternates: Mapping[int, Sequence[dict]] | None = None) -> StageResult:
     """Match each image's stage records (generator records, COCO RLE) to the golden's and gate the figures.
     params: the generator's, whose score filters and box NMS threshold decide which unmatched masks lie near
     a decision (within limits' max_score_abs_err above a filter, or max_box_iou_shift below box_nms_thresh:
-    counted, not failed); None counts none so."""
+    counted, not failed); None counts none so. alternates: per image, the masks the stage's NMS dropped at a
+    near tie (parity.tasks.amg.alternates), which a golden mask may be paired with (swapped at NMS; with
+    params only)."""
     if set(outputs) != set(golden):
         return StageResult(stage, [], {}, error=(
             f"the stage ran on images {sorted(outputs)} but the golden has {sorted(golden)}: "
@@ -39,7 +42,9 @@ def compare(stage: str, outputs: Mapping[int, Sequence[dict]], golden: Mapping[i
     band = None if params is None else DecisionBand(params.pred_iou_thresh, params.stability_score_thresh,
                                                     params.box_nms_thresh, limits["max_score_abs_err"],
                                                     limits["max_box_iou_shift"])
-    summary = summarize([match_image(image_id, golden[image_id], outputs[image_id], band) for image_id in sorted(golden)])
+    alternates = alternates or {}
+    summary = summarize([match_image(image_id, golden[image_id], outputs[image_id], band, alternates.get(image_id, ()))
+                         for image_id in sorted(golden)])
     figures = summary.as_dict()
     worst = figures.pop("worst")
     return StageResult(stage, gates(summary, limits), figures, worst)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
 from parity.golden.data import Dataset
+from parity.tasks.amg.alternates import alternates_generator
 from samfast import SamAutomaticMaskGenerator
 
 # What the golden keeps of each record: every key of the reference generator's records.
@@ -47,9 +48,15 @@ class AmgParams:
                         if getattr(self, f.name) != getattr(default, f.name))
 
 
-def make_generator(model: torch.nn.Module, params: AmgParams, points_per_batch: int) -> SamAutomaticMaskGenerator:
-    """samfast's generator for `model`, with COCO RLE output (what the golden stores and matching reads)."""
-    return SamAutomaticMaskGenerator(model, points_per_batch=points_per_batch, output_mode="coco_rle", **params.as_dict())
+def make_generator(model: torch.nn.Module, params: AmgParams, points_per_batch: int,
+                   alternates_within: float | None = None) -> SamAutomaticMaskGenerator:
+    """samfast's generator for `model`, with COCO RLE output (what the golden stores and matching reads);
+    with alternates_within (a score tolerance), one that also keeps the masks NMS dropped at a near tie
+    (parity.tasks.amg.alternates)."""
+    settings = dict(points_per_batch=points_per_batch, output_mode="coco_rle", **params.as_dict())
+    if alternates_within is None:
+        return SamAutomaticMaskGenerator(model, **settings)
+    return alternates_generator(model, alternates_within, **settings)
 
 
 def plain_record(record: dict) -> dict:
@@ -72,6 +79,7 @@ class Generated:
     images: dict[int, list[dict]]  # image id -> plain records
     described: dict[int, dict]  # image id -> file_name, height, width
     seconds: float
+    alternates: dict[int, list[dict]] = field(default_factory=dict)  # image id -> plain records, if kept
 
     @property
     def ms_per_image(self) -> float:
@@ -79,13 +87,17 @@ class Generated:
 
 
 def generate(generator: SamAutomaticMaskGenerator, dataset: Dataset, desc: str) -> Generated:
-    """Every image of `dataset` through `generator.generate`, no image skipped."""
-    images, described, seconds = {}, {}, 0.0
+    """Every image of `dataset` through `generator.generate`, no image skipped (and the alternates of a
+    generator that keeps them)."""
+    images, described, alternates, seconds = {}, {}, {}, 0.0
     for sample in tqdm(dataset.samples, desc=desc, unit="img"):
         start = time.perf_counter()
         records = generator.generate(sample.image)
         seconds += time.perf_counter() - start
         images[sample.image_id] = [plain_record(r) for r in records]
+        if hasattr(generator, "alternates"):
+            (kept,) = generator.alternates
+            alternates[sample.image_id] = [plain_record(r) for r in kept]
         height, width = sample.image.shape[:2]
         described[sample.image_id] = {"file_name": sample.file_name, "height": height, "width": width}
-    return Generated(images, described, seconds)
+    return Generated(images, described, seconds, alternates)

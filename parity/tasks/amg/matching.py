@@ -13,7 +13,12 @@ of one of the generator's decisions (DecisionBand): its own score just above a s
 box's IoU with a mask of that side that outscores it (or nearly) just below box_nms_thresh, where NMS
 would have dropped it. Rounding alone may take such a mask across the decision, so it is counted
 (lost_near_decision, new_near_decision), not failed, as the point task counts a best-mask flip between
-near-tied scores; a stage that moves the scores further is failed by the score error of its matched pairs. A mean over matched pairs alone (as
+near-tied scores; a stage that moves the scores further is failed by the score error of its matched pairs.
+Where NMS itself decided between two masks of near-tied scores, rounding may swap which one is kept:
+given the masks the stage's NMS dropped at such a tie (its *alternates*, parity.tasks.amg.alternates),
+a golden mask that one of them fits better than the stage's kept masks is paired with it (*swapped at
+NMS*, its IoU and score error counted as any pair's), and the stage mask kept in its place is counted
+near a decision. A mean over matched pairs alone (as
 torchao's AMG parity script reports, after dropping every image whose mask count changed) cannot
 see a lost mask at all and cannot see a split beyond the larger half; the union mean sees both,
 and no image is ever left out of it. The matched mean is reported beside it, because it says how
@@ -57,7 +62,7 @@ class DecisionBand:
     box_iou_tolerance: float
 
     def holds(self, index: int, kept: Sequence[dict]) -> bool:
-        """Whether kept[index] (one side's records of an image) sat near a decision or near box NMS on that side."""
+        """Whether kept[index] (one side's records of an image) sat near a filter or near box NMS on that side."""
         return self._near_a_filter(kept[index]) or self._near_nms(index, kept)
 
     def _near_a_filter(self, record: dict) -> bool:
@@ -78,10 +83,11 @@ class DecisionBand:
 @dataclass(frozen=True)
 class Pair:
     golden: int  # index into the golden's masks of the image
-    stage: int  # index into the stage's masks of the image
+    stage: int  # index into the stage's masks of the image (into its alternates when swapped)
     iou: float
     predicted_iou_err: float  # |stage predicted_iou - golden predicted_iou|
     stability_err: float  # |stage stability_score - golden stability_score|
+    swapped: bool = False  # paired with a mask the stage's NMS dropped at a near tie
 
 
 @dataclass(frozen=True)
@@ -91,7 +97,7 @@ class ImageMatch:
     stage_count: int
     pairs: tuple[Pair, ...]
     lost_near_decision: int = 0  # lost masks that sat near a decision on the golden's side (DecisionBand)
-    new_near_decision: int = 0  # new masks that sat near one on the stage's side
+    new_near_decision: int = 0  # new masks that sat near one on the stage's side, or were kept in a swap's place
 
     @property
     def lost(self) -> int:
@@ -99,7 +105,11 @@ class ImageMatch:
 
     @property
     def new(self) -> int:
-        return self.stage_count - len(self.pairs)
+        return self.stage_count - sum(not p.swapped for p in self.pairs)
+
+    @property
+    def swapped(self) -> int:
+        return sum(p.swapped for p in self.pairs)
 
     @property
     def union(self) -> int:
@@ -122,29 +132,63 @@ def _rles(records: Sequence[dict], image_id: int, side: str) -> list[dict]:
     return rles
 
 
-def match_image(image_id: int, golden: Sequence[dict], stage: Sequence[dict], band: DecisionBand | None = None) -> ImageMatch:
+def _pair(g: int, s: int, iou: float, golden: Sequence[dict], stage: Sequence[dict], swapped: bool = False) -> Pair:
+    return Pair(golden=g, stage=s, iou=iou, swapped=swapped,
+                predicted_iou_err=abs(float(stage[s]["predicted_iou"]) - float(golden[g]["predicted_iou"])),
+                stability_err=abs(float(stage[s]["stability_score"]) - float(golden[g]["stability_score"])))
+
+
+def _mask_ious(rles: list[dict], golden_rles: list[dict]) -> np.ndarray:
+    """iou[s, g]; crowd flags off: plain intersection over union."""
+    return np.asarray(mask_utils.iou(rles, golden_rles, [0] * len(golden_rles)), dtype=np.float64)
+
+
+def match_image(image_id: int, golden: Sequence[dict], stage: Sequence[dict], band: DecisionBand | None = None,
+                alternates: Sequence[dict] = ()) -> ImageMatch:
     """Match one image's stage records to its golden records (generator records, COCO RLE masks); with a
-    band, count the unmatched masks near a decision."""
+    band, count the unmatched masks near a decision, and pair golden masks with the stage's alternates
+    where those fit better (swapped at NMS)."""
     golden_rles, stage_rles = _rles(golden, image_id, "golden"), _rles(stage, image_id, "stage")
     sizes = {tuple(r["size"]) for r in golden_rles + stage_rles}
     if len(sizes) > 1:
         raise ValueError(f"image {image_id}: masks of different sizes {sorted(sizes)}; golden and stage ran on other images")
-    pairs = []
+    pairs = {}  # golden index -> Pair
     if golden_rles and stage_rles:
-        # iou[s, g]; crowd flags off: plain intersection over union
-        iou = np.asarray(mask_utils.iou(stage_rles, golden_rles, [0] * len(golden_rles)), dtype=np.float64)
+        iou = _mask_ious(stage_rles, golden_rles)
         eligible = np.where(iou > MATCH_IOU, iou, 0.0)
         for s, g in zip(*linear_sum_assignment(eligible, maximize=True)):
             if eligible[s, g] > 0.0:
-                pairs.append(Pair(
-                    golden=int(g), stage=int(s), iou=float(iou[s, g]),
-                    predicted_iou_err=abs(float(stage[s]["predicted_iou"]) - float(golden[g]["predicted_iou"])),
-                    stability_err=abs(float(stage[s]["stability_score"]) - float(golden[g]["stability_score"]))))
+                pairs[int(g)] = _pair(int(g), int(s), float(iou[s, g]), golden, stage)
+    kept_for_swaps = set()
+    if band and alternates and golden_rles:
+        kept_for_swaps = _swap_at_nms(golden, golden_rles, stage, alternates, pairs, band, image_id)
     near = band.holds if band else (lambda index, kept: False)
-    paired_golden, paired_stage = {p.golden for p in pairs}, {p.stage for p in pairs}
-    return ImageMatch(image_id, len(golden_rles), len(stage_rles), tuple(sorted(pairs, key=lambda p: p.golden)),
-                      lost_near_decision=sum(near(g, golden) for g in range(len(golden)) if g not in paired_golden),
-                      new_near_decision=sum(near(s, stage) for s in range(len(stage)) if s not in paired_stage))
+    paired_stage = {p.stage for p in pairs.values() if not p.swapped}
+    return ImageMatch(image_id, len(golden_rles), len(stage_rles), tuple(pairs[g] for g in sorted(pairs)),
+                      lost_near_decision=sum(near(g, golden) for g in range(len(golden)) if g not in pairs),
+                      new_near_decision=sum(s in kept_for_swaps or near(s, stage)
+                                            for s in range(len(stage)) if s not in paired_stage))
+
+
+def _swap_at_nms(golden: Sequence[dict], golden_rles: list[dict], stage: Sequence[dict], alternates: Sequence[dict],
+                 pairs: dict[int, Pair], band: DecisionBand, image_id: int) -> set[int]:
+    """Pair each golden mask, lost or matched, with the stage's alternate that fits it better than its pair
+    (each alternate once, golden masks in order); returns the stage masks kept in place of a swapped-in
+    alternate: their box IoU with it above box_nms_thresh, their scores within the score tolerance."""
+    iou = _mask_ious(_rles(alternates, image_id, "alternate"), golden_rles)
+    used = []
+    for g in range(len(golden)):
+        floor = pairs[g].iou if g in pairs else MATCH_IOU
+        fits = [a for a in range(len(alternates)) if a not in used and iou[a, g] > floor]
+        if fits:
+            a = max(fits, key=lambda a: iou[a, g])
+            used.append(a)
+            pairs[g] = _pair(g, a, float(iou[a, g]), golden, alternates, swapped=True)
+    paired_stage = {p.stage for p in pairs.values() if not p.swapped}
+    return {s for s in range(len(stage)) if s not in paired_stage and any(
+        box_iou(stage[s]["bbox"], alternates[a]["bbox"]) > band.box_nms_thresh
+        and abs(float(stage[s]["predicted_iou"]) - float(alternates[a]["predicted_iou"])) <= band.score_tolerance
+        for a in used)}
 
 
 @dataclass(frozen=True)
@@ -158,7 +202,8 @@ class MatchSummary:
     lost: int
     new: int
     lost_near_decision: int  # of the lost, those near a decision on the golden's side: not in the union mean
-    new_near_decision: int  # of the new, those near one on the stage's side
+    new_near_decision: int  # of the new, those near one on the stage's side or kept in a swap's place
+    swapped: int  # of the matched, those paired with a mask the stage's NMS dropped at a near tie
     count_changed_images: int  # images whose number of masks differs from the golden's
     union_iou_mean: float  # matched IoUs over matched + lost + new but those near a decision (unmatched count as 0)
     matched_iou_mean: float  # over matched pairs only; NaN when nothing matched (fails any gate)
@@ -189,6 +234,7 @@ def summarize(matches: Sequence[ImageMatch]) -> MatchSummary:
         new=sum(m.new for m in matches),
         lost_near_decision=sum(m.lost_near_decision for m in matches),
         new_near_decision=sum(m.new_near_decision for m in matches),
+        swapped=sum(m.swapped for m in matches),
         count_changed_images=sum(m.golden_count != m.stage_count for m in matches),
         # every unmatched mask near a decision and nothing matched: NaN, which fails the gate
         union_iou_mean=float(ious.sum()) / union if union else nan,
@@ -199,5 +245,6 @@ def summarize(matches: Sequence[ImageMatch]) -> MatchSummary:
         worst=[{"image_id": m.image_id, "union_iou_mean": m.union_iou_mean, "golden_masks": m.golden_count,
                 "stage_masks": m.stage_count, "lost": m.lost, "new": m.new,
                 "lost_near_decision": m.lost_near_decision, "new_near_decision": m.new_near_decision,
-                "pairs": [[p.golden, p.stage, p.iou] for p in m.pairs]} for m in worst],
+                "swapped": m.swapped,  # their pairs are not listed: their stage side is no record of the stage's
+                "pairs": [[p.golden, p.stage, p.iou] for p in m.pairs if not p.swapped]} for m in worst],
     )

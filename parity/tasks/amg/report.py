@@ -24,7 +24,7 @@ from parity.report.verdicts import (
 )
 from parity.tasks.amg.matching import MATCH_IOU
 
-COLUMNS = ("union IoU mean", "matched IoU mean", "matched p5", "golden / stage masks", "matched",
+COLUMNS = ("union IoU mean", "matched IoU mean", "matched p5", "golden / stage masks", "matched (swapped at NMS)",
            "lost (near a decision)", "new (near a decision)",
            "images with another count", "score err", "stability err (not gated)", "ms/img")
 
@@ -45,7 +45,8 @@ def _row(r: StageResult) -> str:
         return f"| {r.stage} | ERROR |" + " - |" * len(COLUMNS)
     s = r.summary
     cells = [fmt(s["union_iou_mean"]), fmt(s["matched_iou_mean"]), fmt(s["matched_iou_p5"]),
-             f"{s['golden_masks']} / {s['stage_masks']}", s["matched"], f"{s['lost']} ({s['lost_near_decision']})",
+             f"{s['golden_masks']} / {s['stage_masks']}", f"{s['matched']} ({s['swapped']})",
+             f"{s['lost']} ({s['lost_near_decision']})",
              f"{s['new']} ({s['new_near_decision']})",
              f"{s['count_changed_images']} of {s['images']}", fmt(s["predicted_iou_max_err"]),
              fmt(s["stability_max_err"]), fmt(s.get("ms_per_image"), 1)]
@@ -67,6 +68,8 @@ def render_markdown(header: dict, results: list[StageResult]) -> str:
         "the union mean counts every lost and new mask as IoU 0 but those near a decision (on the side that kept "
         "them, a score within the stage's score tolerance above pred_iou_thresh or stability_score_thresh, or a "
         "box IoU with a mask scored as high within its box tolerance below box_nms_thresh: counted, not failed); "
+        "a golden mask fitted better by a mask the stage's NMS dropped at a near tie is paired with that one "
+        "(swapped at NMS) and the stage's mask kept in its place counted near a decision; "
         "no image is left out of any figure",
         "",
         "| stage | verdict | " + " | ".join(COLUMNS) + " |",
@@ -79,10 +82,11 @@ def render_markdown(header: dict, results: list[StageResult]) -> str:
             continue
         lines += [f"- not exercised (--require-gpu): {reason}" for reason in r.not_exercised if r.exercise_required]
         lines += ["", "Worst images (union IoU mean; pairs as golden index, stage index, IoU):", "",
-                  "| image id | union IoU mean | golden / stage masks | lost (near a decision) | new (near a decision) | pairs |",
-                  "|---|---|---|---|---|---|"]
+                  "| image id | union IoU mean | golden / stage masks | lost (near a decision) | new (near a decision) "
+                  "| swapped at NMS (not in pairs) | pairs |",
+                  "|---|---|---|---|---|---|---|"]
         lines += [f"| {w['image_id']} | {w['union_iou_mean']:.4f} | {w['golden_masks']} / {w['stage_masks']} | "
-                  f"{w['lost']} ({w['lost_near_decision']}) | {w['new']} ({w['new_near_decision']}) | "
+                  f"{w['lost']} ({w['lost_near_decision']}) | {w['new']} ({w['new_near_decision']}) | {w['swapped']} | "
                   + " ".join(f"({g},{s},{iou:.3f})" for g, s, iou in w["pairs"]) + " |"
                   for w in r.worst]
         lines += ["", *(f"![image {image_id}]({picture_name(r.stage, image_id)})" for image_id in r.pictures)]
