@@ -18,10 +18,12 @@ from parity.golden import manifest as golden_io
 from parity.golden.data import load_dataset
 from parity.tasks.amg import runner as amg_runner
 from parity.tasks.amg.embedded import EMBEDDED_SAM2_GOLDEN
-from parity.tasks.amg.generate import AmgParams
+from parity.tasks.amg.generate import AmgParams, make_generator, plain_record
+from parity.tasks.amg.matching import box_iou
 from parity.tasks.point.runner import make_golden, run_check
 from parity.tasks.source import ModelSource
 from samfast.checkpoint import TRAINED_CHECKPOINTS, resolve_checkpoint
+from samfast.sam2 import SAM2AutomaticMaskGenerator
 from tests.planted import perturb_decoder
 
 MODEL = "sam2.1_hiera_nano"
@@ -150,10 +152,6 @@ def test_the_checks_generator_keeps_the_masks_nms_dropped_at_a_near_tie(trained_
     """The check's generator (parity.tasks.amg.alternates) is SAM 2's, its records unchanged, and keeps
     as alternates exactly the masks its NMS dropped for a kept mask scored within the tolerance above: on
     the embedded step's first scene (an 8x8 grid, filters 0.72 / 0.71) there are some at bf16's 0.05."""
-    from parity.tasks.amg.generate import make_generator, plain_record
-    from parity.tasks.amg.matching import box_iou
-    from samfast.sam2 import SAM2AutomaticMaskGenerator
-
     model = trained_nano.build("fp32", torch.device("cpu"), 1)
     params = AmgParams(points_per_side=8, pred_iou_thresh=0.72, stability_score_thresh=0.71)
     image = scenes.samples[0].image
