@@ -79,6 +79,12 @@ class DecisionBand:
         return any(self.box_nms_thresh - self.box_iou_tolerance < box_iou(record["bbox"], other["bbox"]) <= self.box_nms_thresh
                    for i, other in enumerate(kept) if i != index and float(other["predicted_iou"]) >= score)
 
+    def kept_in_place_of(self, record: dict, alternate: dict) -> bool:
+        """Whether NMS may have kept `record` over `alternate` at a near tie (parity.tasks.amg.alternates): their
+        boxes overlap above box_nms_thresh and their scores lie within the score tolerance."""
+        return (box_iou(record["bbox"], alternate["bbox"]) > self.box_nms_thresh
+                and abs(float(record["predicted_iou"]) - float(alternate["predicted_iou"])) <= self.score_tolerance)
+
 
 @dataclass(frozen=True)
 class Pair:
@@ -159,22 +165,22 @@ def match_image(image_id: int, golden: Sequence[dict], stage: Sequence[dict], ba
         for s, g in zip(*linear_sum_assignment(eligible, maximize=True)):
             if eligible[s, g] > 0.0:
                 pairs[int(g)] = _pair(int(g), int(s), float(iou[s, g]), golden, stage)
-    kept_for_swaps = set()
-    if band and alternates and golden_rles:
-        kept_for_swaps = _swap_at_nms(golden, golden_rles, stage, alternates, pairs, band, image_id)
+    swapped_in = _swap_at_nms(golden, golden_rles, alternates, pairs, image_id) if band and alternates and golden_rles else []
     near = band.holds if band else (lambda index, kept: False)
+
+    def new_near(s: int) -> bool:  # near a decision, or kept in place of a swapped-in alternate
+        return near(s, stage) or any(band.kept_in_place_of(stage[s], a) for a in swapped_in)
+
     paired_stage = {p.stage for p in pairs.values() if not p.swapped}
     return ImageMatch(image_id, len(golden_rles), len(stage_rles), tuple(pairs[g] for g in sorted(pairs)),
                       lost_near_decision=sum(near(g, golden) for g in range(len(golden)) if g not in pairs),
-                      new_near_decision=sum(s in kept_for_swaps or near(s, stage)
-                                            for s in range(len(stage)) if s not in paired_stage))
+                      new_near_decision=sum(new_near(s) for s in range(len(stage)) if s not in paired_stage))
 
 
-def _swap_at_nms(golden: Sequence[dict], golden_rles: list[dict], stage: Sequence[dict], alternates: Sequence[dict],
-                 pairs: dict[int, Pair], band: DecisionBand, image_id: int) -> set[int]:
+def _swap_at_nms(golden: Sequence[dict], golden_rles: list[dict], alternates: Sequence[dict], pairs: dict[int, Pair],
+                 image_id: int) -> list[dict]:
     """Pair each golden mask, lost or matched, with the stage's alternate that fits it better than its pair
-    (each alternate once, golden masks in order); returns the stage masks kept in place of a swapped-in
-    alternate: their box IoU with it above box_nms_thresh, their scores within the score tolerance."""
+    (each alternate once, golden masks in order), in `pairs`; returns the alternates so swapped in."""
     iou = _mask_ious(_rles(alternates, image_id, "alternate"), golden_rles)
     used = []
     for g in range(len(golden)):
@@ -184,11 +190,7 @@ def _swap_at_nms(golden: Sequence[dict], golden_rles: list[dict], stage: Sequenc
             a = max(fits, key=lambda a: iou[a, g])
             used.append(a)
             pairs[g] = _pair(g, a, float(iou[a, g]), golden, alternates, swapped=True)
-    paired_stage = {p.stage for p in pairs.values() if not p.swapped}
-    return {s for s in range(len(stage)) if s not in paired_stage and any(
-        box_iou(stage[s]["bbox"], alternates[a]["bbox"]) > band.box_nms_thresh
-        and abs(float(stage[s]["predicted_iou"]) - float(alternates[a]["predicted_iou"])) <= band.score_tolerance
-        for a in used)}
+    return [alternates[a] for a in used]
 
 
 @dataclass(frozen=True)
