@@ -81,6 +81,8 @@ def apply_stages(model, switches: frozenset[str]) -> None:
             module.attn_impl = "triton"
         decoder.upscale_impl = "triton"  # the upscaling and mask product fused: kernels.upscaled_masks
         decoder.transformer.fused_cross_attention = True  # kernels.decoder_attention
+        for module in model.memory_cross_attentions().values():
+            module.key_impl = "triton"  # the memory's keys projected and rotated at once: kernels.rotated_keys
     if switches & {"int8", "sparse", FP8}:
         quantize_linears(model.image_encoder, model.encoder_linears(), int8="int8" in switches,
                          sparse="sparse" in switches, fp8=FP8 in switches)

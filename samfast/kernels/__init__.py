@@ -1,6 +1,7 @@
 """Hand-written Triton kernels with their reference paths: the fused rel-pos attention of the
 encoder, Hiera's small-window attention, the quantized MLP's GELU + quantization, the decoder's folded
-cross attentions and its fused upscaling; fallbacks of all are counted in dispatch."""
+cross attentions and its fused upscaling, SAM 2's memory keys projected and rotated at once; fallbacks
+of all are counted in dispatch."""
 
 from samfast.kernels.decoder_attention import (
     image_to_token_attention,
@@ -18,6 +19,7 @@ from samfast.kernels.relpos_attention import (
     relpos_attention_from_tables,
     relpos_attention_reference,
 )
+from samfast.kernels.rotated_keys import rotated_keys, rotated_keys_reference
 from samfast.kernels.window_attention import window_attention, window_attention_reference
 
 __all__ = [
@@ -34,6 +36,8 @@ __all__ = [
     "relpos_attention_from_tables",
     "relpos_attention_reference",
     "reset_fallback_counts",
+    "rotated_keys",
+    "rotated_keys_reference",
     "token_to_image_attention",
     "token_to_image_attention_reference",
     "upscaled_masks",

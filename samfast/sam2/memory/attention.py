@@ -31,8 +31,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from samfast.kernels.rotated_keys import rotated_keys
 from samfast.modeling.common import linear_relu
-from samfast.sam2.memory.rope import apply_rotary_enc, axial_rotations
+from samfast.sam2.memory.rope import apply_rotary_enc, axial_rotations, rotate
 from samfast.sam2.memory.static_graphs import compile_per_object_count
 from samfast.sam2.position_encoding import made_for_inference_only
 
@@ -135,6 +136,9 @@ class RoPEAttention(nn.Module):
         self.dropout_p = dropout
         self.rope_k_repeat = rope_k_repeat
         self.split_by_memory_frame = False  # the sdpa switch's (samfast.stages): attention_by_memory_frame
+        # "module" (k_proj, then the rotation) or "triton" (the triton switch's, samfast.stages): the memory
+        # frames' keys projected and rotated in one kernel, kernels.rotated_keys (one head only)
+        self.key_impl = "module"
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         b, n, c = x.shape
@@ -156,19 +160,25 @@ class RoPEAttention(nn.Module):
         # one head split by frame: the value projection folded into the output projection (_folded_output),
         # so the attention weighs the memory's own kv_in_dim channels (64 for sam2's 256)
         folded = by_frame and self.num_heads == 1
-        q, k = self._heads(self.q_proj(q)), self._heads(self.k_proj(k))
-        v = v.unsqueeze(1) if folded else self._heads(self.v_proj(v))
         if q.shape[-2] != k.shape[-2] and not self.rope_k_repeat:
             raise ValueError("keys longer than the queries need rope_k_repeat (memory cross-attention)")
         num_k_rope = k.shape[-2] - num_k_exclude_rope
-        q, k_rope = apply_rotary_enc(q, k[:, :, :num_k_rope], rotations, repeat_freqs_k=self.rope_k_repeat)
+        v = v.unsqueeze(1) if folded else self._heads(self.v_proj(v))
+        if self.key_impl == "triton" and self.rope_k_repeat and self.num_heads == 1:
+            q = rotate(self._heads(self.q_proj(q)), rotations)
+            k_rope = rotated_keys(k[:, :num_k_rope], self.k_proj.weight, self.k_proj.bias, rotations).unsqueeze(1)
+            pointer_keys = self._heads(self.k_proj(k[:, num_k_rope:]))
+        else:
+            q, k = self._heads(self.q_proj(q)), self._heads(self.k_proj(k))
+            q, k_rope = apply_rotary_enc(q, k[:, :, :num_k_rope], rotations, repeat_freqs_k=self.rope_k_repeat)
+            pointer_keys = k[:, :, num_k_rope:]
         if by_frame:
             # the rotated frames and the pointers stay apart: the kernel that rotates the keys writes the
             # frames alone (at 8 objects on an H200 the kernel that rotated them into one tensor with the
             # pointers took 0.78 of a tracked frame's 14.5 GPU ms; the split one was not timed on its own)
-            out = attention_by_memory_frame(q, k_rope, k[:, :, num_k_rope:], v, key_mask)
+            out = attention_by_memory_frame(q, k_rope, pointer_keys, v, key_mask)
         else:
-            k = torch.cat([k_rope, k[:, :, num_k_rope:]], dim=2)
+            k = torch.cat([k_rope, pointer_keys], dim=2)
             attn_mask = None if key_mask is None else key_mask[:, None, None, :]
             dropout_p = self.dropout_p if self.training else 0.0
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)

@@ -14,7 +14,7 @@ import torch
 
 
 def axial_rotations(dim: int, end_x: int, end_y: int, theta: float = 10000.0) -> torch.Tensor:
-    """sam2's compute_axial_cis as the (2, end_x * end_y, dim) float32 table _rotate reads: row 0 each
+    """sam2's compute_axial_cis as the (2, end_x * end_y, dim) float32 table rotate reads: row 0 each
     rotation's cosine twice (for the pair's re and im), row 1 its sine as (-sin, sin); the first half of
     each token's rotations by x, the second by y. Made whole here, outside the compiled graph, so that the
     kernels rotating the memory keys load one value of each (they built the pairs per element: 4 masked loads)."""
@@ -29,7 +29,7 @@ def axial_rotations(dim: int, end_x: int, end_y: int, theta: float = 10000.0) ->
     return torch.stack([torch.stack([cos, cos], dim=-1).flatten(-2), torch.stack([-sin, sin], dim=-1).flatten(-2)])
 
 
-def _rotate(x: torch.Tensor, rotations: torch.Tensor) -> torch.Tensor:
+def rotate(x: torch.Tensor, rotations: torch.Tensor) -> torch.Tensor:
     """x (..., L, D) as D/2 pairs (re, im), each times its rotation: (a + ib)(c + id) in real arithmetic,
     written as x * (c, c) + (b, a) * (-d, d): every output element from its own element and its pair's
     (the same bits as re * c - im * d, re * d + im * c)."""
@@ -44,11 +44,16 @@ def apply_rotary_enc(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate (B, heads, L, D) queries and keys by (2, L, D) rotations (axial_rotations); with
     repeat_freqs_k the keys are several memory frames of L tokens each, every frame rotated like the queries."""
-    xq_out = _rotate(xq, rotations)
+    xq_out = rotate(xq, rotations)
     if xk.shape[-2] == 0:  # no keys to rotate
         return xq_out, xk
     if repeat_freqs_k:
-        # the frames as a dimension of their own, each rotated by the same table
-        frames = xk.unflatten(-2, (xk.shape[-2] // xq.shape[-2], xq.shape[-2]))
-        return xq_out, _rotate(frames, rotations).flatten(-3, -2)
-    return xq_out, _rotate(xk, rotations)
+        return xq_out, rotate_frames(xk, rotations)
+    return xq_out, rotate(xk, rotations)
+
+
+def rotate_frames(xk: torch.Tensor, rotations: torch.Tensor) -> torch.Tensor:
+    """Keys (..., frames * L, D) of several memory frames, each frame's L tokens rotated by the (2, L, D) rotations."""
+    # the frames as a dimension of their own, each rotated by the same table
+    frames = xk.unflatten(-2, (xk.shape[-2] // rotations.shape[-2], rotations.shape[-2]))
+    return rotate(frames, rotations).flatten(-3, -2)
