@@ -83,6 +83,8 @@ def apply_stages(model, switches: frozenset[str]) -> None:
         decoder.transformer.fused_cross_attention = True  # kernels.decoder_attention
         for module in model.memory_cross_attentions().values():
             module.key_impl = "triton"  # the memory's keys projected and rotated at once: kernels.rotated_keys
+        for module in model.mask_downsamplers().values():
+            module.conv_impl = "triton"  # each mask conv with its norm and GELU: kernels.downsample_conv
     if switches & {"int8", "sparse", FP8}:
         quantize_linears(model.image_encoder, model.encoder_linears(), int8="int8" in switches,
                          sparse="sparse" in switches, fp8=FP8 in switches)

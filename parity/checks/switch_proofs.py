@@ -96,7 +96,7 @@ def prove_sdpa(model, run: RunTrace, switches: frozenset) -> tuple[bool, str]:
 
 def prove_triton(model, run: RunTrace, switches: frozenset) -> tuple[bool, str]:
     """The encoder attentions the switch takes (SAM 1's rel-pos ones, Hiera's small windows), the decoder and
-    SAM 2's memory keys on their kernels, and no call sent to a reference path."""
+    SAM 2's memory keys and mask convs on their kernels, and no call sent to a reference path."""
     behind = [name for name, module in model.triton_attention_modules().items() if module.attn_impl != "triton"]
     decoder = model.prompt_decoder()
     if decoder.upscale_impl != "triton":
@@ -105,13 +105,15 @@ def prove_triton(model, run: RunTrace, switches: frozenset) -> tuple[bool, str]:
         behind.append("prompt decoder's cross attention")
     memory = model.memory_cross_attentions()
     behind += [f"{name} (keys)" for name, module in memory.items() if module.key_impl != "triton"]
+    behind += [f"{name} (convs)" for name, module in model.mask_downsamplers().items() if module.conv_impl != "triton"]
     if behind:
         return False, f"triton: {len(behind)} module(s) stayed off the Triton kernels: {names(behind)}"
     if run.kernel_fallbacks:
         reasons = ", ".join(f"{n}x {reason}" for reason, n in run.kernel_fallbacks.items())
         return False, f"a Triton kernel fell back to its reference path ({reasons})"
     return True, (f"triton: {len(model.triton_attention_modules())} encoder attentions, the decoder's upscaling "
-                  "and cross attention" + (f" and {len(memory)} memory cross-attentions' keys" if memory else "")
+                  "and cross attention" + (f", {len(memory)} memory cross-attentions' keys and the mask downsampler's "
+                                           "convs" if memory else "")
                   + " on the Triton kernels; no call fell back")
 
 

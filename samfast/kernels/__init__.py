@@ -1,7 +1,7 @@
 """Hand-written Triton kernels with their reference paths: the fused rel-pos attention of the
 encoder, Hiera's small-window attention, the quantized MLP's GELU + quantization, the decoder's folded
-cross attentions and its fused upscaling, SAM 2's memory keys projected and rotated at once; fallbacks
-of all are counted in dispatch."""
+cross attentions and its fused upscaling, SAM 2's memory keys projected and rotated at once and its mask
+downsampler's convs with their norms and GELUs; fallbacks of all are counted in dispatch."""
 
 from samfast.kernels.decoder_attention import (
     image_to_token_attention,
@@ -11,6 +11,7 @@ from samfast.kernels.decoder_attention import (
 )
 from samfast.kernels.dispatch import FALLBACK_COUNTS, fallback_counts, reset_fallback_counts
 from samfast.kernels.gelu_quantize import gelu_quantize, gelu_quantize_reference, quantized_linear
+from samfast.kernels.mask_downsample import downsample_conv, downsample_conv_reference
 from samfast.kernels.mask_upscale import upscaled_masks, upscaled_masks_reference
 from samfast.kernels.relpos_attention import (
     forms_bias_from_tables,
@@ -24,6 +25,8 @@ from samfast.kernels.window_attention import window_attention, window_attention_
 
 __all__ = [
     "FALLBACK_COUNTS",
+    "downsample_conv",
+    "downsample_conv_reference",
     "fallback_counts",
     "forms_bias_from_tables",
     "gelu_quantize",

@@ -49,6 +49,10 @@ class Sam(nn.Module):
         """The attentions to a video memory that the sdpa switch splits by memory frame: SAM 1 has no memory."""
         return {}
 
+    def mask_downsamplers(self) -> dict[str, nn.Module]:
+        """The mask downsamplers the triton switch fuses: SAM 1 has no memory encoder."""
+        return {}
+
     def triton_attention_modules(self) -> dict[str, nn.Module]:
         """The encoder attentions the triton switch puts on a kernel: every one (their decomposed rel-pos
         bias fused, kernels.relpos_attention)."""

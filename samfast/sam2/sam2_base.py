@@ -98,6 +98,10 @@ class SAM2Base(SAM2Tracking, nn.Module):
         return {f"memory_attention.layers.{i}.cross_attn_image": layer.cross_attn_image
                 for i, layer in enumerate(self.memory_attention.layers)}
 
+    def mask_downsamplers(self) -> dict[str, nn.Module]:
+        """The memory encoder's mask downsampler, whose convs the triton switch fuses (kernels.downsample_conv)."""
+        return {"memory_encoder.mask_downsampler": self.memory_encoder.mask_downsampler}
+
     def triton_attention_modules(self) -> dict[str, nn.Module]:
         """The encoder attentions the triton switch puts on a kernel: Hiera's whose windows fit
         kernels.window_attention (the second stage's 4 x 4 windows); cuDNN keeps the larger ones."""

@@ -292,7 +292,7 @@ def test_compile_gives_the_encoder_one_batch_size_padded_or_split():
     assert built.static_batch == 2
 
 
-# --- triton: Hiera's small windows, the decoder's and the memory keys' kernels ----------------------------------------
+# --- triton: Hiera's small windows, the decoder's, the memory keys' and the mask convs' kernels ----------------------
 @pytest.mark.parametrize("stage", ["fp32+triton", "fp32+compile+triton"])
 def test_triton_puts_the_sam2_decoder_and_hieras_small_windows_on_their_kernels(stage):
     """The upscaling and the cross-attention kernels, eager and compiled (the compiled decoder routes
@@ -304,14 +304,20 @@ def test_triton_puts_the_sam2_decoder_and_hieras_small_windows_on_their_kernels(
     impls = {name: m.attn_impl for name, m in model.attention_modules().items() if ".trunk." in name}
     assert impls == {f"image_encoder.trunk.blocks.{i}.attn": "triton" if i in (1, 2) else "math" for i in range(5)}
     assert {m.key_impl for m in model.memory_cross_attentions().values()} == {"triton"}
+    assert model.memory_encoder.mask_downsampler.conv_impl == "triton"
 
 
 def test_triton_proof_on_sam2_names_a_decoder_left_off_its_kernels():
     model = samfast.build_sam(NT_MODEL, device="cpu", stages="fp32+compile+triton")
     switches = parse_stages("fp32+compile+triton")
     ran, sentence = PROOFS["triton"](model, RunTrace(), switches)
-    assert ran and sentence.endswith("the decoder's upscaling and cross attention and 4 memory cross-attentions' keys "
-                                     "on the Triton kernels; no call fell back")
+    assert ran and sentence.endswith("the decoder's upscaling and cross attention, 4 memory cross-attentions' keys "
+                                     "and the mask downsampler's convs on the Triton kernels; no call fell back")
+    model.memory_encoder.mask_downsampler.conv_impl = "module"  # planted: the mask convs left behind
+    ran, sentence = PROOFS["triton"](model, RunTrace(), switches)
+    assert not ran and sentence == ("triton: 1 module(s) stayed off the Triton kernels: "
+                                    "memory_encoder.mask_downsampler (convs)")
+    model.memory_encoder.mask_downsampler.conv_impl = "triton"
     model.memory_attention.layers[3].cross_attn_image.key_impl = "module"  # planted: one memory's keys left behind
     ran, sentence = PROOFS["triton"](model, RunTrace(), switches)
     assert not ran and sentence == ("triton: 1 module(s) stayed off the Triton kernels: "

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from samfast.kernels.mask_downsample import MAX_INPUT_CHANNELS, downsample_conv
 from samfast.modeling.common import LayerNorm2d, gelu_mlp
 from samfast.sam2.memory.static_graphs import compile_per_object_count
 from samfast.sam2.position_encoding import PositionEmbeddingSine
@@ -13,7 +14,12 @@ from samfast.sam2.position_encoding import PositionEmbeddingSine
 
 class MaskDownSampler(nn.Module):
     """Four stride-2 3x3 convs (x4 channels each, LayerNorm2d, GELU), then a 1x1 conv to embed_dim:
-    a 1024x1024 mask to the 64x64 feature grid."""
+    a 1024x1024 mask to the 64x64 feature grid.
+
+    `conv_impl` "triton" (the triton switch): the map channels-last throughout; each conv of few input
+    channels (the first two) with its norm and GELU one kernel (kernels.downsample_conv: cuDNN's grouped
+    kernels were slow there), the wider ones on cuDNN, the 1x1 conv the GEMM it is.
+    """
 
     def __init__(self, embed_dim: int = 256, num_layers: int = 4, stride: int = 2) -> None:
         super().__init__()
@@ -26,9 +32,19 @@ class MaskDownSampler(nn.Module):
             self.encoder.append(nn.GELU())
             channels = out
         self.encoder.append(nn.Conv2d(channels, embed_dim, kernel_size=1))
+        self.conv_impl = "module"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.encoder(x)
+        if self.conv_impl != "triton":
+            return self.encoder(x)
+        y = x.permute(0, 2, 3, 1)  # (B, H, W, C); one channel: a view
+        for i in range(0, len(self.encoder) - 1, 3):
+            conv, norm, act = self.encoder[i], self.encoder[i + 1], self.encoder[i + 2]
+            if conv.in_channels <= MAX_INPUT_CHANNELS:
+                y = downsample_conv(y, conv.weight, conv.bias, norm.weight, norm.bias, norm.eps)
+            else:
+                y = act(norm(conv(y.permute(0, 3, 1, 2)).permute(0, 2, 3, 1), channels_last=True))
+        return _pointwise(self.encoder[-1], y.permute(0, 3, 1, 2))
 
 
 class CXBlock(nn.Module):
