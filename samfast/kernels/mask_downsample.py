@@ -24,8 +24,10 @@ from samfast.kernels.dispatch import TritonKernel, launcher, note_fallback, tl, 
 
 __all__ = ["MAX_INPUT_CHANNELS", "downsample_conv", "downsample_conv_reference"]
 
-#: Output pixels per program under the interpreter (no autotuning there). Tests may change it.
-_INTERPRET_BLOCK_P = 32
+#: Output pixels per program under the interpreter (no autotuning there): many, since the interpreter's
+#: cost is per program (the nano's three 256 x 256 masks: 43 s a call at 32 pixels, 0.4 s at 4096).
+#: Tests may change it.
+_INTERPRET_BLOCK_P = 4096
 
 #: The most input channels the kernel takes. It sums each tap's products channel by channel, which
 #: pays for the first convs' 1 and 4 channels; from 16 on cuDNN's implicit GEMMs serve (a tl.dot version

@@ -1,5 +1,6 @@
-"""The triton switch in tracking: Hiera's small-window attentions and the decoder's upscaling on their kernels
-(interpreted on the CPU) give fp32 tracking's masks, and no call falls back. The decoder's cross attentions
+"""The triton switch in tracking: Hiera's small-window attentions, the decoder's upscaling, the memory keys and
+the mask downsampler's first convs on their kernels (interpreted on the CPU) give fp32 tracking's masks, and no
+call falls back. The decoder's cross attentions
 stay on the module path for a tracked frame's few prompts (samfast.sam2.sam.mask_decoder.MIN_FUSED_PROMPTS:
 on an H100 the kernels took 2.8x its time for one prompt).
 
@@ -54,6 +55,7 @@ def test_tracking_on_the_kernels_equals_fp32():
     assert model.triton_attention_modules() and all(m.attn_impl == "triton" for m in model.triton_attention_modules().values())
     assert model.sam_mask_decoder.transformer.fused_cross_attention  # the switch's; routed by prompt count
     assert model.sam_mask_decoder.upscale_impl == "triton"
+    assert model.memory_encoder.mask_downsampler.conv_impl == "triton"
     _, want = track("fp32")
     assert len(got) == len(want) == FRAMES
     for frame, (g, w) in enumerate(zip(got, want, strict=True)):
