@@ -134,12 +134,14 @@ class GateUsageError(Exception):
 
 
 def spare_cores(cores: int) -> int:
-    """The cores left to the CPU layers: all but one (the gate and inductor's compile helpers). They run
-    niced (CPU_LAYERS_NICENESS), so while the GPU-layer workers and the checks compile they take only
-    what those leave, and once those are done they have every core: xdist's worker count is fixed at
-    the start (H100 at 47577b7, warm: with cores - GPU workers - 1 = 10 workers, 4 of 14 cores idled
-    for the last ~100 s of the CPU layers' 244 s)."""
-    return max(1, cores - 1)
+    """The cores left to the CPU layers: all but one (the gate and inductor's compile helpers), every one
+    on a machine of two or fewer. They run niced (CPU_LAYERS_NICENESS), so while the GPU-layer workers and
+    the checks compile they take only what those leave, and once those are done they have every core:
+    xdist's worker count is fixed at the start (H100 at 47577b7, warm: with cores - GPU workers - 1 = 10
+    workers, 4 of 14 cores idled for the last ~100 s of the CPU layers' 244 s). On two cores one held back
+    idled half the machine once the checks were done (their first ~3 minutes): the cold CPU gate took
+    1756 s with one worker (58d69dc), 1359 s with two (docs/measurements/gate-time-cpu-cold-two-workers-2026-11-28-3cd037d.md)."""
+    return cores if cores <= 2 else cores - 1
 
 
 def cpu_layers_env(cpu_workers: int, spare: int, environ=os.environ) -> dict[str, str]:

@@ -97,6 +97,8 @@ def test_several_workers_share_a_gpu_only_when_allowed():
 def test_cpu_layers_get_the_cores_the_other_steps_leave_and_no_gpu():
     # all cores but one (the gate's): the CPU layers run niced beside the GPU-layer workers (5af7a8f)
     assert spare_cores(14) == 13
+    assert spare_cores(3) == 2
+    assert spare_cores(2) == 2  # two cores: both (one held back idled half the machine)
     assert spare_cores(1) == 1
     assert choose_cpu_workers(None, spare=10, have_xdist=True) == 10
     assert choose_cpu_workers(None, spare=1, have_xdist=True) == 1
