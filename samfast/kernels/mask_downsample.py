@@ -31,7 +31,7 @@ _INTERPRET_BLOCK_P = 4096
 
 #: The most input channels the kernel takes. It sums each tap's products channel by channel, which
 #: pays for the first convs' 1 and 4 channels; from 16 on cuDNN's implicit GEMMs serve (a tl.dot version
-#: compiled for minutes per block size at 64 -> 256 channels and ran slower).
+#: compiled for 150 s for one block size at 64 -> 256 channels in fp32 and ran 7.5 ms: session 40).
 MAX_INPUT_CHANNELS = 8
 
 

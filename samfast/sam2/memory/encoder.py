@@ -16,8 +16,8 @@ class MaskDownSampler(nn.Module):
     """Four stride-2 3x3 convs (x4 channels each, LayerNorm2d, GELU), then a 1x1 conv to embed_dim:
     a 1024x1024 mask to the 64x64 feature grid.
 
-    `conv_impl` "triton" (the triton switch): the map channels-last throughout; each conv of few input
-    channels (the first two) with its norm and GELU one kernel (kernels.downsample_conv: cuDNN's grouped
+    `conv_impl` "triton" (the triton switch): the map channels-last throughout; each stride-2 conv of few
+    input channels (sam2's first two) with its norm and GELU one kernel (kernels.downsample_conv: cuDNN's grouped
     kernels were slow there), the wider ones on cuDNN, the 1x1 conv the GEMM it is.
     """
 
@@ -40,7 +40,7 @@ class MaskDownSampler(nn.Module):
         y = x.permute(0, 2, 3, 1)  # (B, H, W, C); one channel: a view
         for i in range(0, len(self.encoder) - 1, 3):
             conv, norm, act = self.encoder[i], self.encoder[i + 1], self.encoder[i + 2]
-            if conv.in_channels <= MAX_INPUT_CHANNELS:
+            if conv.in_channels <= MAX_INPUT_CHANNELS and conv.stride == (2, 2):  # the kernel's stride
                 y = downsample_conv(y, conv.weight, conv.bias, norm.weight, norm.bias, norm.eps)
             else:
                 y = act(norm(conv(y.permute(0, 3, 1, 2)).permute(0, 2, 3, 1), channels_last=True))
