@@ -60,6 +60,11 @@ def dot_precision(dtype: torch.dtype) -> str | None:
     return "ieee" if dtype == torch.float32 else None
 
 
+def is_power_of_2(n: int, at_least: int = 1) -> bool:
+    """n a power of 2 and at least `at_least` (16: tl.dot's smallest width): the widths a kernel tiles as is."""
+    return n >= at_least and n & (n - 1) == 0
+
+
 class TritonKernel:
     """One kernel body, compiled (autotuned over `configs`, keyed on `key`) or interpreted, chosen per call.
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from samfast.kernels.dispatch import TritonKernel, launcher, note_fallback, tl, triton, unsupported_reason
+from samfast.kernels.dispatch import TritonKernel, is_power_of_2, launcher, note_fallback, tl, triton, unsupported_reason
 
 __all__ = ["MAX_INPUT_CHANNELS", "downsample_conv", "downsample_conv_reference"]
 
@@ -141,10 +141,6 @@ else:  # pragma: no cover - old torch: plain launch, still correct, not traceabl
     _run = _downsample_conv_kernel
 
 
-def _is_pow2(n: int) -> bool:
-    return n >= 1 and n & (n - 1) == 0
-
-
 def downsample_conv(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, norm_weight: torch.Tensor, norm_bias: torch.Tensor,
     eps: float,
@@ -165,7 +161,7 @@ def downsample_conv(
                          f"{tuple(norm_weight.shape)}, {tuple(norm_bias.shape)}")
     reason = unsupported_reason((x, weight, bias, norm_weight, norm_bias))
     channels = x.shape[3]
-    if reason is None and not (_is_pow2(channels) and channels <= MAX_INPUT_CHANNELS and _is_pow2(cout)):
+    if reason is None and not (is_power_of_2(channels) and channels <= MAX_INPUT_CHANNELS and is_power_of_2(cout)):
         reason = f"conv channels not powers of 2 (the inputs at most {MAX_INPUT_CHANNELS})"
     if reason is None and not weight.is_contiguous():
         reason = "a conv weight that is not contiguous"

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from samfast.kernels.dispatch import TritonKernel, dot_precision, launcher, note_fallback, tl, triton, unsupported_reason
+from samfast.kernels.dispatch import TritonKernel, dot_precision, is_power_of_2, launcher, note_fallback, tl, triton, unsupported_reason
 
 __all__ = ["upscaled_masks", "upscaled_masks_reference"]
 
@@ -237,17 +237,13 @@ else:  # pragma: no cover - old torch: plain launch, still correct, not traceabl
 # --------------------------------------------------------------------------- dispatch
 
 
-def _is_pow2_at_least_16(n: int) -> bool:
-    return n >= 16 and n & (n - 1) == 0
-
-
 def _unsupported_reason(src, upscaling, hyper_in, high_res) -> str | None:
     conv1, norm, act1, conv2, act2 = upscaling
     params = (conv1.weight, conv1.bias, norm.weight, norm.bias, conv2.weight, conv2.bias)
     reason = unsupported_reason((src, hyper_in, *params, *high_res))
     if reason is not None:
         return reason
-    if not all(_is_pow2_at_least_16(n) for n in (conv1.out_channels, 4 * conv2.out_channels)):
+    if not all(is_power_of_2(n, at_least=16) for n in (conv1.out_channels, 4 * conv2.out_channels)):
         return "upscaling widths not powers of 2 >= 16"
     if hyper_in.shape[1] > MAX_MASKS:
         return f"more than {MAX_MASKS} masks"

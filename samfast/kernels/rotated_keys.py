@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from samfast.kernels.dispatch import TritonKernel, dot_precision, launcher, note_fallback, tl, triton, unsupported_reason
+from samfast.kernels.dispatch import TritonKernel, dot_precision, is_power_of_2, launcher, note_fallback, tl, triton, unsupported_reason
 
 __all__ = ["rotated_keys", "rotated_keys_reference"]
 
@@ -130,10 +130,6 @@ else:  # pragma: no cover - old torch: plain launch, still correct, not traceabl
     _run = _rotated_keys_kernel
 
 
-def _is_pow2_at_least_16(n: int) -> bool:
-    return n >= 16 and n & (n - 1) == 0
-
-
 def rotated_keys(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, rotations: torch.Tensor) -> torch.Tensor:
     """The rotated keys (B, frames x L, C) of memory tokens x (B, frames x L, K) (the memory plus its
     encodings), any strides: linear(x, weight (C, K), bias (C,)), every frame of L tokens rotated by
@@ -152,7 +148,7 @@ def rotated_keys(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, rota
     reason = unsupported_reason((x, weight, bias))
     if reason is None and (rotations.dtype != torch.float32 or rotations.device != x.device):
         reason = "rotations not float32 on the keys' device"
-    if reason is None and not (_is_pow2_at_least_16(x.shape[2]) and _is_pow2_at_least_16(channels // 2)):
+    if reason is None and not (is_power_of_2(x.shape[2], at_least=16) and is_power_of_2(channels // 2, at_least=16)):
         reason = "input channels or output pairs not powers of 2 >= 16"
     if reason is None and not (weight.is_contiguous() and rotations.is_contiguous()):
         reason = "a weight or rotations that are not contiguous"
