@@ -178,15 +178,32 @@ class StackedFrameOutput:
 
     @cached_property
     def obj_ptr(self) -> torch.Tensor:
-        return torch.cat([out.obj_ptr for out in self.outputs])
+        return _stacked([out.obj_ptr for out in self.outputs])
 
     @cached_property
     def maskmem_features(self) -> torch.Tensor:
-        return torch.cat([out.maskmem_features for out in self.outputs])
+        return _stacked([out.maskmem_features for out in self.outputs])
 
     @cached_property
     def maskmem_pos_enc(self) -> list[torch.Tensor]:
-        return [torch.cat(levels) for levels in zip(*(out.maskmem_pos_enc for out in self.outputs))]
+        return [_stacked(list(levels)) for levels in zip(*(out.maskmem_pos_enc for out in self.outputs))]
+
+
+def _stacked(parts: list[torch.Tensor]) -> torch.Tensor:
+    """The parts concatenated on dim 0: a view where they already lie so in one tensor (the objects of one
+    batched step, split per object by FrameOutput.split, or the one encoding the predictor expands to
+    every object), else a copy. A step of 8 objects reads 7 memory frames: the copies took a tracked
+    frame's memory 8 x 7 times through memory on an H200."""
+    first = parts[0]
+    offset = first.storage_offset()
+    for part in parts:
+        same_layout = (part.dtype, part.stride(), part.shape[1:]) == (first.dtype, first.stride(), first.shape[1:])
+        same_memory = part.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
+        if not (same_layout and same_memory and part.storage_offset() == offset):
+            return torch.cat(parts)
+        offset += part.shape[0] * part.stride(0)
+    rows = sum(part.shape[0] for part in parts)
+    return first.as_strided((rows, *first.shape[1:]), first.stride(), first.storage_offset())
 
 
 class StackedMemoryBanks:

@@ -146,14 +146,16 @@ def test_compiled_tracker_never_recompiles_over_100_frames():
     assert later.graphs_compiled == 0, f"{later.graphs_compiled} graph(s) compiled after frame {FIRST_FRAMES}"
 
 
+@pytest.mark.parametrize("last_pointers", [4, 0])
 @pytest.mark.parametrize("value_width", [256, 64])
 @pytest.mark.parametrize("objects", [1, 2])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_cross_attention_by_memory_frame_equals_one_call_on_cuda(dtype, objects, value_width):
+def test_cross_attention_by_memory_frame_equals_one_call_on_cuda(dtype, objects, value_width, last_pointers):
     """The sdpa switch's cross-attention split by memory frame on CUDA's kernels (cuDNN in bf16, the
     memory-efficient one in fp32) against one masked F.scaled_dot_product_attention call, both against
     fp64: the memory attention's head (one of 256 channels), a memory of 3 frames of 16 x 16 tokens and 10
-    pointer tokens, the last two frames and 6 pointer tokens padded for the last object; values of 256
+    pointer tokens, the last two frames and all but last_pointers pointer tokens padded for the last
+    object (0: an object with no pointer yet, whose pointers' part must weigh nothing); values of 256
     channels and of the memory's 64 (the folded value projection: cuDNN refused that width for one
     object until the queries were made contiguous)."""
     from samfast.sam2.memory.attention import attention_by_memory_frame
@@ -163,7 +165,7 @@ def test_cross_attention_by_memory_frame_equals_one_call_on_cuda(dtype, objects,
                for n, width in ((256, 256), (778, 256), (778, value_width)))
     mask = torch.ones(objects, 778, dtype=torch.bool, device=DEVICE)
     mask[-1, 256:768] = False
-    mask[-1, 772:] = False
+    mask[-1, 768 + last_pointers:] = False
     exact = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None, None, :])
     inputs = [x.to(dtype) for x in (q, k, v)]
     one_call = torch.nn.functional.scaled_dot_product_attention(*inputs, attn_mask=mask[:, None, None, :])

@@ -35,7 +35,8 @@ def frame_output(gen: torch.Generator) -> FrameOutput:
         obj_ptr=torch.randn(BATCH, 256, generator=gen),
         object_score_logits=torch.ones(BATCH, 1),
         maskmem_features=torch.randn(BATCH, 64, SIDE, SIDE, generator=gen).to(torch.bfloat16),
-        maskmem_pos_enc=[torch.randn(BATCH, 64, SIDE, SIDE, generator=gen)],
+        # the sine encoding of the map's size, one for every object (the predictor expands one copy)
+        maskmem_pos_enc=[torch.randn(1, 64, SIDE, SIDE, generator=gen).expand(BATCH, -1, -1, -1)],
     )
 
 
@@ -132,8 +133,7 @@ def test_padding_contents_change_no_bit(model, bank, features, monkeypatch, fram
     gen = torch.Generator().manual_seed(2)
 
     def noise(like, count):
-        tokens, pos = torch.randn(2, count, *like.shape[1:], generator=gen).to(like.dtype)
-        return tokens, pos
+        return torch.randn(like.shape[0], count, like.shape[2], generator=gen).to(like.dtype)
 
     monkeypatch.setattr(tracker, "_zeros", noise)
     assert torch.equal(conditioned(model, bank, frame_idx, features, fixed=True), zeros)

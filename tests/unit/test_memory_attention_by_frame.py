@@ -91,13 +91,18 @@ def test_keys_that_are_not_whole_frames_are_refused():
 
 def test_one_object_s_frames_go_to_the_kernel_as_one_batch(monkeypatch):
     """One object: its frames as one batch of sequences of a frame's length, unmasked (one sequence alone
-    leaves most of a GPU idle)."""
+    leaves most of a GPU idle), then its pointer tokens in a call of their own, the padded ones biased out."""
     seen = []
     real = memory_attention._attention_and_lse
-    monkeypatch.setattr(memory_attention, "_attention_and_lse", lambda q, k, v: seen.append(tuple(k.shape)) or real(q, k, v))
+    monkeypatch.setattr(memory_attention, "_attention_and_lse",
+                        lambda q, k, v, bias=None: seen.append((tuple(k.shape), bias)) or real(q, k, v, bias))
     q, k, v = _inputs(1, 1, 5, 8)
     split_attention(q, k, v, _mask(1, 5, 8, [2], [4]), 8)
-    assert seen == [(5, 1, QUERIES, 16)]
+    assert [shape for shape, _ in seen] == [(5, 1, QUERIES, 16), (1, 1, 8, 16)]
+    frames_bias, pointers_bias = (bias for _, bias in seen)
+    assert frames_bias is None
+    expected = torch.tensor([0.0] * 4 + [memory_attention.PADDED_KEY_BIAS] * 4, dtype=q.dtype)
+    assert pointers_bias.shape == (1, 1, QUERIES, 8) and torch.equal(pointers_bias[0, 0], expected.expand(QUERIES, 8))
 
 
 def test_several_objects_take_one_call_per_frame_slot_reading_the_queries_in_place(monkeypatch):
@@ -105,13 +110,13 @@ def test_several_objects_take_one_call_per_frame_slot_reading_the_queries_in_pla
     themselves (no copy per frame) and its slot's keys and values as views of the memory's."""
     calls = []
     real = memory_attention._attention_and_lse
-    monkeypatch.setattr(memory_attention, "_attention_and_lse", lambda q, k, v: calls.append((q, k, v)) or real(q, k, v))
+    monkeypatch.setattr(memory_attention, "_attention_and_lse", lambda q, k, v, bias=None: calls.append((q, k, v)) or real(q, k, v, bias))
     q, k, v = _inputs(3, 1, 5, 8)
     split_attention(q, k, v, _mask(3, 5, 8, [5, 2, 1], [8, 8, 4]), 8)
-    assert [tuple(key.shape) for _, key, _ in calls] == [(3, 1, QUERIES, 16)] * 5
+    assert [tuple(key.shape) for _, key, _ in calls] == [(3, 1, QUERIES, 16)] * 5 + [(3, 1, 8, 16)]  # then the pointers
     assert all(queries is q for queries, _, _ in calls)
     assert all(key.untyped_storage().data_ptr() == k.untyped_storage().data_ptr() for _, key, _ in calls)
-    assert [key.storage_offset() for _, key, _ in calls] == [f * QUERIES * 16 for f in range(5)]
+    assert [key.storage_offset() for _, key, _ in calls[:5]] == [f * QUERIES * 16 for f in range(5)]
 
 
 def test_on_a_cpu_the_switch_keeps_one_call():
@@ -137,13 +142,13 @@ def test_cross_attention_module_split_by_memory_frame(monkeypatch):
     value_widths = []
     real = memory_attention._attention_and_lse
     monkeypatch.setattr(memory_attention, "_attention_and_lse",
-                        lambda q, k, v: value_widths.append(v.shape[-1]) or real(q, k, v))
+                        lambda q, k, v, bias=None: value_widths.append(v.shape[-1]) or real(q, k, v, bias))
     with torch.no_grad():
         one_call = module(tgt, memory, memory, freqs, pointers, mask)
         module.split_by_memory_frame = True
         module.v_proj.register_forward_hook(lambda *_: pytest.fail("the value projection ran: it is folded"))
         split = module(tgt, memory, memory, freqs, pointers, mask)
-    assert value_widths == [8] * frames  # the memory's own channels weighed, not 32 projected ones
+    assert value_widths == [8] * (frames + 1)  # frames, then pointers: the memory's own channels, not 32 projected ones
     assert not torch.equal(split, one_call)  # another kernel ran (rounding differs) ...
     torch.testing.assert_close(split, one_call, rtol=0, atol=1e-5)  # ... to the same attention
 

@@ -48,21 +48,40 @@ def splits_by_memory_frame(device: torch.device) -> bool:
     return device.type == "cuda"
 
 
-def _attention_and_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+# the bias of a padded pointer key: exp of it underflows to exactly 0 beside any real key's score (fp32's
+# exp is 0 below -104), and an object with no pointer yet gets a finite part of zero weight (-inf: a NaN part)
+PADDED_KEY_BIAS = -1e4
+
+
+def _attention_and_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The attention output and the log-sum-exp of each query's scores (B, H, Lq), in one kernel: the
-    SDPA backends' own ops (F.scaled_dot_product_attention does not return the log-sum-exp). cuDNN's
-    measured fastest on an H100 (half precision only); in fp32 or below Hopper, the memory-efficient kernel."""
+    SDPA backends' own ops (F.scaled_dot_product_attention does not return the log-sum-exp); bias
+    (B, H, Lq, Lk), added to the scores. cuDNN's measured fastest on an H100 (half precision only); in
+    fp32 or below Hopper, the memory-efficient kernel."""
     if q.device.type != "cuda":
         # the CPU kernel takes values of the queries' width only: narrower ones padded with zero channels,
         # which weigh to zero and are cut off again
         width = v.shape[-1]
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, F.pad(v, (0, q.shape[-1] - width)))[:2]
+        padded = F.pad(v, (0, q.shape[-1] - width))
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, padded, attn_mask=bias)[:2]
         return out[..., :width], lse
     if q.dtype in (torch.float16, torch.bfloat16) and torch.cuda.get_device_capability(q.device) >= (9, 0):
-        out, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True)[:2]
+        out, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, bias, True)[:2]
     else:
-        out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, True)[:2]
+        out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, bias, True)[:2]
     return out, lse[..., : q.shape[-2]]  # the efficient kernel pads the queries to a multiple of 32
+
+
+def _pointer_bias(pointer_mask: torch.Tensor, heads: int, queries: int, dtype: torch.dtype) -> torch.Tensor:
+    """(B, heads, queries, P) bias of the pointer tokens: 0 for a real one, PADDED_KEY_BIAS for padding
+    (pointer_mask (B, P) bool). Its rows lie 16 elements apart, filled in place, as the memory-efficient
+    kernel reads them ("attn_bias is not correctly aligned (strideB)" for rows of 10 in fp32); one row per
+    object, broadcast to every query."""
+    b, p = pointer_mask.shape
+    bias = torch.zeros(b, 1, 1, -(-p // 16) * 16, dtype=dtype, device=pointer_mask.device)[..., :p]
+    bias.masked_fill_(~pointer_mask[:, None, None, :], PADDED_KEY_BIAS)
+    return bias.expand(b, heads, queries, p)
 
 
 def attention_by_memory_frame(q: torch.Tensor, k: torch.Tensor, pointer_keys: torch.Tensor, v: torch.Tensor,
@@ -70,12 +89,11 @@ def attention_by_memory_frame(q: torch.Tensor, k: torch.Tensor, pointer_keys: to
     """softmax(q [k, pointer_keys]^T / sqrt(d)) v for (B, H, L, D) inputs whose keys k are memory frames of
     L tokens each (as many as the queries) and pointer_keys the pointer tokens', given apart (the rotated
     frames need no copy into one tensor with the pointers); v holds the values of both, frames first.
-    Each frame is attended unmasked (for
-    one object all frames in one call, for several a call per frame), the pointers in plain math with
-    their mask, and each part's output is
-    weighted by exp(its log-sum-exp - the total's). key_mask (B, keys) bool, False for a key that takes no
-    part: a frame's tokens must all be in or all out (the tracker pads whole frames), only its first
-    token is read. Every query must keep at least one key."""
+    Each frame is attended unmasked (for one object all frames in one call, for several a call per
+    frame), the pointers in one call with their padding biased out (_pointer_bias), and each part's
+    output is weighted by exp(its log-sum-exp - the total's). key_mask (B, keys) bool, False for a key
+    that takes no part: a frame's tokens must all be in or all out (the tracker pads whole frames), only
+    its first token is read. Every query must keep at least one key."""
     b, h, lq, d = q.shape
     merge = torch.promote_types(q.dtype, torch.float32)  # bf16 parts merged in fp32
     num_ptr_tokens, frame_keys = pointer_keys.shape[-2], k.shape[-2]
@@ -94,27 +112,22 @@ def attention_by_memory_frame(q: torch.Tensor, k: torch.Tensor, pointer_keys: to
             return x.reshape(h, frames, lq, x.shape[-1]).transpose(0, 1)
 
         queries = q.expand(frames, h, lq, d).contiguous()
-        out, lse = _attention_and_lse(queries, per_frame(k), per_frame(v[:, :, :frame_keys]))
-        outs, lse = out.unsqueeze(0), lse.unsqueeze(0)
+        parts = [_attention_and_lse(queries, per_frame(k), per_frame(v[:, :, :frame_keys]))]
     else:
         # several objects fill the GPU: one call per frame slot over every object, reading the queries as
         # they are and each slot's keys and values in place (at 8 objects on an H100 the kernels that made
         # the copies took 0.95 of a tracked frame's 17.0 GPU ms; docs/sam2.md#video-bench)
         parts = [_attention_and_lse(q, k[:, :, f * lq:(f + 1) * lq], v[:, :, f * lq:(f + 1) * lq]) for f in range(frames)]
-        outs, lse = torch.stack([out for out, _ in parts], dim=1), torch.stack([lse for _, lse in parts], dim=1)
     in_memory = key_mask[:, :frame_keys:lq].reshape(b, frames, 1, 1)
-    lse = lse.to(merge).reshape(b, frames, h, lq).masked_fill(~in_memory, float("-inf"))
-    outs = outs.to(merge).reshape(b, frames, h, lq, v.shape[-1])
+    lse = torch.cat([lse.reshape(b, -1, h, lq) for _, lse in parts], dim=1).to(merge).masked_fill(~in_memory, float("-inf"))
+    outs = [out.reshape(b, -1, h, lq, v.shape[-1]) for out, _ in parts]
     if num_ptr_tokens:
-        scores = q.to(merge) @ pointer_keys.to(merge).transpose(-1, -2) * d**-0.5
-        scores = scores.masked_fill(~key_mask[:, None, None, frame_keys:], float("-inf"))
-        pointers_lse = torch.logsumexp(scores, dim=-1)  # -inf for an object with no pointer yet
-        # with no pointer, softmax is NaN: its weight below is 0, and 0 x NaN would be NaN
-        pointers_out = torch.softmax(scores, dim=-1).nan_to_num(0.0) @ v[:, :, frame_keys:].to(merge)
-        lse = torch.cat([lse, pointers_lse.unsqueeze(1)], dim=1)
-        outs = torch.cat([outs, pointers_out.unsqueeze(1)], dim=1)
+        bias = _pointer_bias(key_mask[:, frame_keys:], h, lq, q.dtype)
+        pointers_out, pointers_lse = _attention_and_lse(q, pointer_keys, v[:, :, frame_keys:], bias)
+        lse = torch.cat([lse, pointers_lse.to(merge).reshape(b, 1, h, lq)], dim=1)
+        outs.append(pointers_out.unsqueeze(1))
     weights = torch.softmax(lse, dim=1).unsqueeze(-1)  # (B, parts, H, L, 1)
-    return (outs * weights).sum(dim=1).to(q.dtype)
+    return (torch.cat(outs, dim=1).to(merge) * weights).sum(dim=1).to(q.dtype)
 
 
 class RoPEAttention(nn.Module):
@@ -253,8 +266,9 @@ class MemoryAttention(nn.Module):
     def compile_static(self, mode: str) -> None:
         """torch.compile the layers (fullgraph): the tracker pads the memory to a fixed capacity, so a
         video's steps share one shape; a static graph for one object, one for every larger batch (static_graphs)."""
-        # curr, memory, curr_pos, memory_pos: (tokens, objects, channels); memory_mask (objects, tokens)
-        self.compiled_attend = compile_per_object_count(self.attend, mode, {0: 1, 1: 1, 2: 1, 3: 1, 6: 0})
+        # curr, memory, curr_pos: (tokens, objects, channels); memory_mask (objects, tokens); memory_pos is
+        # the objects' one encoding (tokens, 1, channels)
+        self.compiled_attend = compile_per_object_count(self.attend, mode, {0: 1, 1: 1, 2: 1, 6: 0})
 
     def rotations(self, num_tokens: int, device: torch.device) -> torch.Tensor:
         """The rotations of a square map of num_tokens tokens (kept for the next call of that size,
@@ -275,8 +289,9 @@ class MemoryAttention(nn.Module):
         num_obj_ptr_tokens: int = 0,
         memory_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """curr, curr_pos (L, B, C); memory, memory_pos (M, B, mem_dim), the last num_obj_ptr_tokens
-        of them object pointers; memory_mask (B, M) bool, False for a padded memory token -> (L, B, C)."""
+        """curr, curr_pos (L, B, C); memory (M, B, mem_dim), the last num_obj_ptr_tokens of them object
+        pointers, and its encodings memory_pos (M, B or 1, mem_dim); memory_mask (B, M) bool, False for
+        a padded memory token -> (L, B, C)."""
         if isinstance(curr, list):  # sam2 passes one-element lists
             (curr,), (curr_pos,) = curr, curr_pos
         attend = self.attend if self.compiled_attend is None else self.compiled_attend
