@@ -71,9 +71,11 @@ class StageResult:
     exercised: list[str] = field(default_factory=list)  # switches that ran, each with what proves it
     not_applicable: dict[str, str] = field(default_factory=dict)  # switch -> why the task ignores it
     exercise_required: bool = False  # --require-gpu: a switch that did not run fails the stage
-    # ann_id -> (golden RLE, stage RLE) of the worst annotations only, for pictures; not in report.json
-    worst_masks: dict[int, tuple[dict, dict]] = field(default_factory=dict, repr=False)
-    pictures: dict[int, bytes] = field(default_factory=dict, repr=False)  # ann_id -> PNG, failed/near-failing stages
+    # the worst items' (golden, stage) masks only, for pictures; not in report.json. The point task: ann_id ->
+    # RLEs; the video task: 0 -> the worst object-frame's arrays
+    worst_masks: dict[int, tuple] = field(default_factory=dict, repr=False)
+    # PNGs of failed/near-failing stages, keyed like worst_masks (segment everything: by image id)
+    pictures: dict[int, bytes] = field(default_factory=dict, repr=False)
 
     @property
     def verdict(self) -> str:

@@ -80,7 +80,7 @@ def as_rgb(image: np.ndarray) -> np.ndarray:
 
 
 def mask_comparison_png(image: np.ndarray, golden: np.ndarray, stage: np.ndarray, *, point=None, box=None,
-                        title: str = "") -> bytes:
+                        title: str = "", image_label: str = "image + prompt") -> bytes:
     """PNG bytes: image crop with the prompt | golden mask | stage mask | difference, under `title`.
 
     image: HxW or HxWx3 uint8; golden, stage: HxW bool; point (x, y) and box (x0, y0, x1, y1) in pixels.
@@ -93,7 +93,7 @@ def mask_comparison_png(image: np.ndarray, golden: np.ndarray, stage: np.ndarray
     crop = (slice(y0, y1), slice(x0, x1))
     panels = [rgb[crop], _tint(rgb[crop], golden[crop], (60, 120, 255)), _tint(rgb[crop], stage[crop], (255, 140, 0)),
               difference(rgb[crop], golden[crop], stage[crop])]
-    sheet, draw, scale, inset, top = panel_sheet(panels, ("image + prompt", "golden", "stage", "diff: green golden, red stage"), title)
+    sheet, draw, scale, inset, top = panel_sheet(panels, (image_label, "golden", "stage", "diff: green golden, red stage"), title)
     for left in range(0, 4 * (PANEL + 4), PANEL + 4):  # the prompt on every panel
 
         def to_sheet(x, y):

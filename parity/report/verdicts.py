@@ -24,9 +24,12 @@ REPORT_FILES = ("report.md", "report.json", "report.html", "junit.xml", "report.
 
 
 def remove_reports(folder: Path) -> None:
-    """Delete the report files a check writes, so none of a previous run outlives a failed or crashed one."""
+    """Delete the report files a check writes and every picture of an earlier run (worst-*.png), so none
+    of a previous run outlives a failed or crashed one."""
     for name in REPORT_FILES:
         (folder / name).unlink(missing_ok=True)
+    for picture in folder.glob("worst-*.png"):
+        picture.unlink()
 
 
 def overall_verdict(results: list[StageResult]) -> str:

@@ -21,12 +21,15 @@ import json
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from parity.cli import main
 from parity.golden.videos import generate_clip
+from parity.report.pictures import PANEL
 from parity.tasks.source import ModelSource
 from parity.tasks.video import golden as video_golden
 from parity.tasks.video import runner, track
+from parity.tasks.video.report import picture_name
 from samfast.sam2.tracker import SAM2Tracking
 from tests.planted import drop_oldest_memory, failed_gates, swap_first_two_clicks, zero_object_pointers
 
@@ -81,9 +84,11 @@ def test_fp32_against_its_own_golden_passes_exactly(golden, tmp_path, tf32_check
     s = result.summary
     assert s["jf_mean"] == s["jf_worst"] == 1.0 and s["objects_lost"] == 0
     assert s["logits_rel_l2"] == 0.0 and s["object_score_max_rel_err"] == 0.0
+    assert s["j_by_frame"] == [1.0] * SPEC.frames  # J against the frame index, plotted: no drift
     payload = json.loads(paths["report.json"].read_text())
     assert payload["task"] == "video" and payload["verdict"] == "PASS"
     assert "J&F mean" in paths["report.md"].read_text()
+    assert not list(tmp_path.glob("worst-*.png"))  # pictures only of failed or near-failing stages
 
 
 def test_bf16_tracks_within_its_limits_with_the_memory_in_bf16(golden, tmp_path, monkeypatch):
@@ -121,9 +126,17 @@ def test_zeroed_object_pointers_fail(golden, tmp_path, monkeypatch):
 
 def test_prompts_given_to_another_object_fail(golden, tmp_path, monkeypatch):
     swap_first_two_clicks(monkeypatch)
-    result, _ = check_against(golden, tmp_path)
+    result, paths = check_against(golden, tmp_path)
     assert "logits_rel_l2" in failed_gates(result)
     assert result.summary["jf_worst"] < 1.0  # reported: seeded weights' masks hardly follow the click
+    # the worst object-frame as a picture beside the report, linked from it, and gone when the next check starts
+    picture = tmp_path / picture_name("fp32", result.worst[0])
+    assert f"]({picture.name})" in paths["report.md"].read_text() and picture.read_bytes().startswith(b"\x89PNG")
+    with Image.open(picture) as shown:
+        assert shown.width == 4 * PANEL + 3 * 4 and shown.getextrema() != ((250, 250),) * 3
+    monkeypatch.undo()
+    check_against(golden, tmp_path)
+    assert not picture.exists()
 
 
 def test_golden_of_other_weights_or_model_is_refused(golden, tmp_path, capsys):

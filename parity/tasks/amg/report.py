@@ -10,7 +10,6 @@ import json
 from pathlib import Path
 
 from parity.compare.gates import StageResult
-from parity.report import verdicts
 from parity.report.verdicts import (
     VERDICT_COLORS,
     all_gates_lines,
@@ -31,13 +30,6 @@ COLUMNS = ("union IoU mean", "matched IoU mean", "matched p5", "golden / stage m
 
 def picture_name(stage: str, image_id: int) -> str:
     return f"worst-{stage.replace('+', '-')}-image{image_id}.png"
-
-
-def remove_reports(folder: Path) -> None:
-    """The point report's files and every picture of an earlier run: none may outlive a failed or crashed check."""
-    verdicts.remove_reports(folder)
-    for picture in folder.glob("worst-*.png"):
-        picture.unlink()
 
 
 def _row(r: StageResult) -> str:

@@ -16,11 +16,12 @@ from parity.compare.gates import StageResult, load_thresholds, thresholds_for
 from parity.golden import manifest as golden_io
 from parity.golden.data import Dataset
 from parity.golden.rle import decode_rle
+from parity.report.verdicts import remove_reports
 from parity.tasks.amg import golden as amg_golden
 from parity.tasks.amg.compare import compare
 from parity.tasks.amg.generate import IGNORED_SWITCHES, AmgParams, Generated, generate, make_generator
 from parity.tasks.amg.pictures import amg_comparison_png
-from parity.tasks.amg.report import remove_reports, write_reports
+from parity.tasks.amg.report import write_reports
 from parity.tasks.source import ModelSource, default_device, release_gpu_cache
 from samfast.stages import canonical_name, parse_stages
 

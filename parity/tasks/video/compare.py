@@ -3,8 +3,10 @@
 Per object and frame: J (region IoU, parity.compare.metrics.mask_iou) and F (DAVIS boundary F,
 parity.compare.boundary) against the golden's mask, and the same against the ground truth (information:
 seeded weights do not segment). Summaries: J&F = (J + F) / 2, mean and worst; per object its mean;
-drift = mean J of the last frames minus mean J of the first (tracking that decays shows here first);
-objects lost = object-frames where the golden has the object and the stage's J is below 0.5.
+drift = mean J of the last frames minus mean J of the first (tracking that decays shows here first), and
+J against the frame index (the mean over clips and objects: the report plots it);
+objects lost = object-frames where the golden has the object and the stage's J is below 0.5. The worst
+object-frame's two masks go with the result, for its picture (parity/tasks/video/runner.py).
 Gated, per [video.<precision>] in parity/budgets.toml: J&F vs golden (mean, worst) and objects lost when
 the weights segment (as the point task gates masks); the logits of the kept frames and the object
 score logits always: with seeded weights they are what moves (masks of seeded weights are mostly
@@ -80,15 +82,17 @@ def compare(stage: str, outputs: list[ClipOutputs], golden: list[ClipOutputs], c
     jf = np.array([r["jf"] for r in rows])
     present = [r for r in rows if r["golden_present"]]
     lost = int(sum(r["j"] < LOST_J for r in present))
-    per_object = {}
+    per_object, per_frame = {}, {}
     for r in rows:
         per_object.setdefault(f"{r['video_id']}/{r['object_id']}", []).append(r["jf"])
+        per_frame.setdefault(r["frame"], []).append(r["j"])
     summary = {
         "object_frames": len(rows),
         "jf_mean": float(jf.mean()), "jf_worst": float(jf.min()),
         "j_mean": float(np.mean([r["j"] for r in rows])), "f_mean": float(np.mean([r["f"] for r in rows])),
         "jf_per_object": {key: float(np.mean(v)) for key, v in per_object.items()},
-        "drift_j_worst": min(drifts), "objects_lost": lost, "golden_present": len(present),
+        "drift_j_worst": min(drifts), "j_by_frame": [float(np.mean(per_frame[t])) for t in sorted(per_frame)],
+        "objects_lost": lost, "golden_present": len(present),
         "jf_gt_mean": float(np.mean([r["jf_gt"] for r in rows])),
         "jf_gt_mean_golden": float(np.mean([r["golden_jf_gt"] for r in rows])),
         "logits_rel_l2": logits["rel_l2"], "logits_max_abs": logits["max_abs"],
@@ -103,4 +107,10 @@ def compare(stage: str, outputs: list[ClipOutputs], golden: list[ClipOutputs], c
         Gate("objects_lost", lost, limits["max_objects_lost"], "max", masks_meaningful),
     ]
     worst = sorted(rows, key=lambda r: (r["jf"], r["j"]))[:WORST_SHOWN]
-    return StageResult(stage, gates, summary, worst)
+    golden_by_id = {g.video_id: g for g in golden}
+    worst_masks = {}
+    if worst:
+        w = worst[0]
+        o, t = w["object_id"] - 1, w["frame"]
+        worst_masks[0] = (golden_by_id[w["video_id"]].masks[o, t], by_id[w["video_id"]].masks[o, t])
+    return StageResult(stage, gates, summary, worst, worst_masks=worst_masks)

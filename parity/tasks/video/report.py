@@ -1,5 +1,8 @@
 """The video check's report: markdown, JSON, JUnit XML and a plot, as the AMG report writes them (the
-HTML page, parity/report/html.py, is the point task's layout and is not written here)."""
+HTML page, parity/report/html.py, is the point task's layout and is not written here). The plot: J&F and
+the logits' error per stage, and J against the frame index (drift shows as a falling line). A failed or
+near-failing stage's worst object-frame is a picture beside report.md, linked from it
+(worst-<stage>-clip<c>-object<o>-frame<t>.png)."""
 
 from __future__ import annotations
 
@@ -7,7 +10,6 @@ import json
 from pathlib import Path
 
 from parity.compare.gates import StageResult
-from parity.report import verdicts
 from parity.report.verdicts import (
     VERDICT_COLORS,
     all_gates_lines,
@@ -25,8 +27,8 @@ COLUMNS = ("J&F mean", "J&F worst", "J mean", "F mean", "worst drift (J)", "obje
            "object score err (rel)", "J&F vs GT (golden)", "s")
 
 
-def remove_reports(folder: Path) -> None:
-    verdicts.remove_reports(folder)
+def picture_name(stage: str, worst: dict) -> str:
+    return f"worst-{stage.replace('+', '-')}-clip{worst['video_id']}-object{worst['object_id']}-frame{worst['frame']}.png"
 
 
 def _row(r: StageResult) -> str:
@@ -65,6 +67,7 @@ def render_markdown(header: dict, results: list[StageResult]) -> str:
         lines += ["", "Worst object-frames:", "", "| clip | object | frame | J | F | J&F vs GT |", "|---|---|---|---|---|---|"]
         lines += [f"| {w['video_id']} | {w['object_id']} | {w['frame']} | {w['j']:.4f} | {w['f']:.4f} | {w['jf_gt']:.4f} |"
                   for w in r.worst]
+        lines += ["", *(f"![the worst object-frame]({picture_name(r.stage, r.worst[i])})" for i in r.pictures)]
     lines += ["", "J&F vs golden per object (clip/object: mean over frames):", ""]
     for r in results:
         if not r.error:
@@ -81,7 +84,7 @@ def plot(results: list[StageResult], path: Path) -> None:
 
     ok = [r for r in results if not r.error]
     names, colors = [r.stage for r in ok], [VERDICT_COLORS[r.verdict] for r in ok]
-    fig, (ax_jf, ax_l) = plt.subplots(1, 2, figsize=(10, 3.5))
+    fig, (ax_jf, ax_l, ax_drift) = plt.subplots(1, 3, figsize=(15, 3.5))
     ax_jf.bar(names, [r.summary["jf_mean"] for r in ok], color=colors)
     ax_jf.set_title("J&F mean vs golden")
     ax_jf.set_ylim(0, 1.02)
@@ -90,6 +93,12 @@ def plot(results: list[StageResult], path: Path) -> None:
     ax_l.set_title("logits rel. L2 error vs golden")
     for ax in (ax_jf, ax_l):
         ax.tick_params(axis="x", rotation=30)
+    for r in ok:
+        ax_drift.plot(r.summary["j_by_frame"], label=r.stage, linewidth=1.2)
+    ax_drift.set_title("J vs golden by frame (mean over objects)")
+    ax_drift.set_xlabel("frame")
+    if ok:
+        ax_drift.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -102,4 +111,7 @@ def write_reports(folder: Path, header: dict, results: list[StageResult]) -> dic
     paths["report.json"].write_text(json.dumps({"task": "video", **report_payload(header, results)}, indent=2, default=str) + "\n")
     paths["junit.xml"].write_text(render_junit(results))
     plot(results, paths["report.png"])
+    for r in results:
+        for i, png in r.pictures.items():
+            (folder / picture_name(r.stage, r.worst[i])).write_bytes(png)
     return paths

@@ -22,11 +22,13 @@ from parity.compare.gates import StageResult, load_thresholds, thresholds_for
 from parity.golden import manifest as golden_io
 from parity.golden.davis import DAVIS_NAME, DAVIS_READER, davis_folder, read_davis
 from parity.golden.settings import DATA_ENV
+from parity.report.pictures import mask_comparison_png
+from parity.report.verdicts import remove_reports
 from parity.golden.videos import VIDEOS_VERSION, Clip, clip_fingerprint, generate_clips
 from parity.tasks.source import ModelSource, default_device, release_gpu_cache
 from parity.tasks.video import golden as video_golden
 from parity.tasks.video.compare import compare
-from parity.tasks.video.report import remove_reports, write_reports
+from parity.tasks.video.report import write_reports
 from parity.tasks.video.track import PROMPT_POLICY, at_input_size, track_all
 from samfast import InputError, StageError
 from samfast.stages import SWITCHES, canonical_name, parse_stages
@@ -138,6 +140,19 @@ def make_golden(source: ModelSource, spec: VideoSpec, *, device=None, root: Path
     return video_golden.publish(golden_folder(source, sha, spec, root), outputs, manifest)
 
 
+def worst_frame_picture(result: StageResult, clips: list[Clip]) -> dict[int, bytes]:
+    """{0: PNG} of the stage's worst object-frame: the frame, the golden's mask and the stage's over it, and
+    where they differ (parity.report.pictures); {} when the stage tracked nothing."""
+    if not result.worst_masks:
+        return {}
+    w = result.worst[0]
+    frame = next(c for c in clips if c.video_id == w["video_id"]).frames[w["frame"]]
+    golden_mask, stage_mask = result.worst_masks[0]
+    title = (f"{result.stage}: clip {w['video_id']}, object {w['object_id']}, frame {w['frame']}: J {w['j']:.3f}, "
+             f"F {w['f']:.3f} vs golden (J&F vs ground truth {w['jf_gt']:.3f}, the golden's {w['golden_jf_gt']:.3f})")
+    return {0: mask_comparison_png(frame, golden_mask, stage_mask, title=title, image_label=f"frame {w['frame']}")}
+
+
 def run_check(
     source: ModelSource,
     spec: VideoSpec,
@@ -187,6 +202,9 @@ def run_check(
             continue
         result = compare(name, outputs, golden_outputs, clips, thresholds_for(stage, thresholds), source.masks_meaningful)
         used.record(result, require_gpu)
+        if result.failures or result.near_failing:
+            result.pictures = worst_frame_picture(result, clips)
+        result.worst_masks = {}  # the picture is made: nothing else needs the masks
         results.append(result)
     header = {
         "model_type": source.model_type,
