@@ -25,6 +25,10 @@ in-use.json, which only `seal` removes (after the new stamp), so a run that dies
 
 One run owns a folder at a time (an flock on <key>.lock beside it, held until the process ends):
 a second run that starts meanwhile uses the folder the owner validated, without moving or sealing it.
+Every run also holds <key>.users shared while it uses the folder, and an owner validates only when it
+can take that lock alone: a run that started under an earlier owner and outlives it keeps its folder
+(a validation then would drop the entries it is still writing; seen in session 41, 989 of them), and a
+run that starts while an owner validates waits for it.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ import re
 import shutil
 import struct
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from parity.gate.devices import gpu_names
@@ -328,29 +332,33 @@ def write_atomic(path: Path, text: str) -> None:
 @dataclass(frozen=True)
 class CacheFolder:
     path: Path
-    owned: bool  # this process holds the lock: it validated the folder and seals it
+    owned: bool  # this process holds the lock: it seals the folder (and validated it, unless others used it)
     started_empty: bool  # a cold run: nothing compiled to reuse
     resumed: bool = False  # trusted entry by entry: a killed (or damaged) run's folder, not a sealed one
+    locks: tuple = field(default=(), compare=False, repr=False)  # its open lock files, held until release()
 
 
-_held_locks: dict[Path, object] = {}  # folder -> its open lock file: held until release() or the process ends
+_open_locks: list = []  # every lock file this process holds open (what a killed process lets go of)
 
 
-def _try_lock(folder: Path) -> bool:
-    handle = open(folder.with_name(folder.name + ".lock"), "a")
+def _flock(folder: Path, suffix: str, operation: int):
+    """The folder's lock file <key><suffix>, opened and locked by flock(operation): its handle, or None where
+    a non-blocking operation found the lock taken."""
+    handle = open(folder.with_name(folder.name + suffix), "a")
     try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(handle, operation)
     except OSError:
         handle.close()
-        return False
-    _held_locks[folder] = handle
-    return True
+        return None
+    _open_locks.append(handle)
+    return handle
 
 
 def release(cache: CacheFolder) -> None:
-    """Let another run own the folder (seal() does this; without seal the folder keeps its in-use marker)."""
-    handle = _held_locks.pop(cache.path, None)
-    if handle is not None:
+    """Let another run own and validate the folder (seal() does this; without seal the folder keeps its in-use marker)."""
+    for handle in cache.locks:
+        if handle in _open_locks:
+            _open_locks.remove(handle)
         handle.close()  # closing the file drops the flock
 
 
@@ -359,16 +367,23 @@ def activate(root: Path | None = None, key: dict[str, str] | None = None, env: o
     key = key or current_key(env)
     folder = (root or cache_root(env)) / key_folder_name(key)
     folder.parent.mkdir(parents=True, exist_ok=True)
-    owned, resumed = _try_lock(folder), False
-    if owned:
+    owner = _flock(folder, ".lock", fcntl.LOCK_EX | fcntl.LOCK_NB)
+    alone = _flock(folder, ".users", fcntl.LOCK_EX | fcntl.LOCK_NB) if owner else None  # no run uses the folder
+    resumed = False
+    if alone:
         resumed, what = settle(folder, key)
         print(f"compile cache {folder}: {what}", flush=True)
-        folder.mkdir(exist_ok=True)
-        write_atomic(folder / IN_USE, json.dumps({"pid": os.getpid()}) + "\n")  # before anything compiles
-        write_atomic(folder / KEY_FILE, json.dumps(key, indent=1, sort_keys=True) + "\n")
+        fcntl.flock(alone, fcntl.LOCK_SH)  # validated: other runs may use it now
+    elif owner:
+        print(f"compile cache {folder}: still used by a run that started under an earlier owner; this run owns it "
+              "(and seals it) without validating it")
     else:
         print(f"compile cache {folder}: in use by another run; sharing it without validating or sealing")
-        folder.mkdir(exist_ok=True)
+    users = alone or _flock(folder, ".users", fcntl.LOCK_SH)  # waits while an owner validates
+    folder.mkdir(exist_ok=True)
+    if owner:
+        write_atomic(folder / IN_USE, json.dumps({"pid": os.getpid()}) + "\n")  # before anything compiles
+        write_atomic(folder / KEY_FILE, json.dumps(key, indent=1, sort_keys=True) + "\n")
     # what was compiled lives in inductor/ and triton/ (the gate also keeps its test times here)
     started_empty = not any(p.is_file() for sub in ("inductor", "triton") for p in (folder / sub).rglob("*"))
     keep_bytecode_in(folder, env)
@@ -379,7 +394,8 @@ def activate(root: Path | None = None, key: dict[str, str] | None = None, env: o
         "TORCHINDUCTOR_FX_GRAPH_CACHE": "1",
         "TORCHINDUCTOR_AUTOGRAD_CACHE": "1",
     })
-    return CacheFolder(folder, owned, started_empty, resumed and not started_empty)
+    locks = tuple(handle for handle in (owner, users) if handle)
+    return CacheFolder(folder, owner is not None, started_empty, resumed and not started_empty, locks)
 
 
 def keep_bytecode_in(folder: Path, env: os._Environ | dict) -> None:

@@ -122,6 +122,28 @@ def test_a_cache_in_use_by_another_run_is_shared_not_moved(tmp_path):
     compile_cache.seal(owner)
     assert compile_cache.why_untrusted(owner.path, KEY) is not None  # its temporary is not vouched for
     assert ".1.2.tmp" not in json.dumps(compile_cache.read_stamp(owner.path))
+    compile_cache.release(second)
+
+
+def test_a_run_that_outlives_its_owner_keeps_the_entries_it_is_writing(tmp_path, capsys):
+    """Two runs at once, the owner ending first: a third run that starts meanwhile owns the folder (and seals
+    it) but does not validate it, since the second still writes there (a validation then dropped 989 entries
+    of a CI run beside a developer's test run, session 41); once the second has ended, the next owner does."""
+    first = compile_cache.activate(tmp_path, KEY, {})
+    second = compile_cache.activate(tmp_path, KEY, {})
+    compile_cache.seal(first)  # the first run ends
+    writing = killed_run_leftovers()["failing"]  # what a compile in flight looks like: entries not whole yet
+    write(second.path, writing)
+    capsys.readouterr()
+    third = compile_cache.activate(tmp_path, KEY, {})
+    assert third.owned and "without validating it" in capsys.readouterr().out
+    assert set(writing) <= set(on_disk(third.path))
+    compile_cache.release(third)
+    compile_cache.release(second)  # the second run ends
+    fourth = compile_cache.activate(tmp_path, KEY, {})  # alone: validates, and what never became whole goes
+    assert fourth.owned and not set(writing) & set(on_disk(fourth.path))
+    assert f"dropped {len(writing)}" in capsys.readouterr().out
+    compile_cache.release(fourth)
 
 
 # --- entries: what a killed run leaves, what corruption does ---------------------------------------
@@ -311,9 +333,9 @@ class KillAfter:
 
 def die() -> None:
     """What the kernel does for a killed process: its flock goes."""
-    for handle in compile_cache._held_locks.values():
+    for handle in compile_cache._open_locks:
         handle.close()
-    compile_cache._held_locks.clear()
+    compile_cache._open_locks.clear()
 
 
 @pytest.mark.parametrize("start", ["after a killed run", "sealed"])
