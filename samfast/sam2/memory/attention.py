@@ -119,7 +119,8 @@ def attention_by_memory_frame(q: torch.Tensor, k: torch.Tensor, pointer_keys: to
         # the copies took 0.95 of a tracked frame's 17.0 GPU ms; docs/sam2.md#video-bench)
         parts = [_attention_and_lse(q, k[:, :, f * lq:(f + 1) * lq], v[:, :, f * lq:(f + 1) * lq]) for f in range(frames)]
     in_memory = key_mask[:, :frame_keys:lq].reshape(b, frames, 1, 1)
-    lse = torch.cat([lse.reshape(b, -1, h, lq) for _, lse in parts], dim=1).to(merge).masked_fill(~in_memory, float("-inf"))
+    lse = torch.cat([part_lse.reshape(b, -1, h, lq) for _, part_lse in parts], dim=1)
+    lse = lse.to(merge).masked_fill(~in_memory, float("-inf"))
     outs = [out.reshape(b, -1, h, lq, v.shape[-1]) for out, _ in parts]
     if num_ptr_tokens:
         bias = _pointer_bias(key_mask[:, frame_keys:], h, lq, q.dtype)
