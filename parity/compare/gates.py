@@ -56,7 +56,7 @@ class Gate:
 
     def describe(self) -> str:
         sign = ">=" if self.kind == "min" else "<="
-        verdict = "ok" if self.passed else ("FAIL" if self.gated else "below (not gated)")
+        verdict = "ok" if self.passed else ("FAIL" if self.gated else "past the limit (not gated)")
         return f"{self.metric} {self.value:.6g} (needs {sign} {self.limit:g}): {verdict}"
 
 

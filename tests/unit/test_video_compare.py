@@ -1,6 +1,6 @@
 """The video check's figures from masks made to order (parity.tasks.video.compare): drift over the frames
-issue 37 names (the last 10 against the first 10; a short clip's quarters), J by frame index, and the worst
-object-frame's masks kept for its picture."""
+issue 37 names (the last 10 against the first 10; a short clip's quarters) and its gate, J by frame index,
+and the worst object-frame's masks kept for its picture."""
 
 from __future__ import annotations
 
@@ -27,14 +27,27 @@ def outputs(masks: np.ndarray) -> ClipOutputs:
                        logits={0: np.zeros((objects, SIDE, SIDE), np.float32)})
 
 
-def run(frames: int, shifted_from: int):
-    """Two objects; the stage's second object slides one pixel right from frame `shifted_from` on (J 9/11)."""
+def shrunk() -> np.ndarray:
+    """The square less its bottom row: J 0.9, its boundary within the F tolerance of the square's."""
+    mask = square()
+    mask[14] = False
+    return mask
+
+
+def run(frames: int, shifted_from: int, stage_mask: np.ndarray | None = None, stage: str = "fp32",
+        masks_meaningful: bool = True, until: int | None = None):
+    """Two objects; from frame `shifted_from` on (to `until`) the stage's second object is `stage_mask`, by
+    default the square slid one pixel right (J 9/11)."""
     golden = np.stack([np.stack([square()] * frames)] * 2)
     ours = golden.copy()
-    ours[1, shifted_from:] = square(1)
+    ours[1, shifted_from:until] = square(1) if stage_mask is None else stage_mask
     clip = Clip(1, np.zeros((frames, SIDE, SIDE, 3), np.uint8), golden)
-    limits = thresholds_for("fp32", load_thresholds(table="video"))
-    return compare("fp32", [outputs(ours)], [outputs(golden)], [clip], limits, masks_meaningful=True)
+    limits = thresholds_for(stage, load_thresholds(table="video"))
+    return compare(stage, [outputs(ours)], [outputs(golden)], [clip], limits, masks_meaningful=masks_meaningful)
+
+
+def gate(result, metric: str):
+    return next(g for g in result.gates if g.metric == metric)
 
 
 OFF = 2 / 11  # J lost on a frame where the square is one pixel over: 1 - 90 / 110
@@ -48,6 +61,32 @@ OFF = 2 / 11  # J lost on a frame where the square is one pixel over: 1 - 90 / 1
 ])
 def test_drift_compares_the_last_10_frames_with_the_first_10(frames, shifted_from, drift):
     assert run(frames, shifted_from).summary["drift_j_worst"] == pytest.approx(drift)
+
+
+def test_a_track_that_decays_over_its_last_frames_fails_on_drift_alone():
+    """Planted defect: in bf16 the second object loses a row over the last 10 of 100 frames. Every
+    object-frame stays well above the J&F floors (mean 0.99, worst 0.95); the drift gate catches it."""
+    result = run(100, 90, shrunk(), stage="bf16")
+    failed = {g.metric for g in result.gates if g.gated and not g.passed}
+    assert failed == {"drift_j_fall"}
+    assert gate(result, "drift_j_fall").value == pytest.approx(0.1)
+    assert result.summary["jf_mean"] > 0.98 and result.summary["jf_worst"] > 0.8
+
+
+def test_drift_passes_a_steady_track_and_a_track_that_recovers():
+    assert gate(run(100, 100), "drift_j_fall").passed  # no defect: 0
+    recovering = run(100, 0, until=10)  # off over the first 10 frames only: J rises, it does not fall
+    assert recovering.summary["j_by_frame"][0] < recovering.summary["j_by_frame"][-1] == 1.0
+    recovering_gate = gate(recovering, "drift_j_fall")
+    assert recovering_gate.gated and recovering_gate.passed and recovering_gate.value == 0.0
+
+
+@pytest.mark.parametrize(("frames", "masks_meaningful"), [(39, True), (100, False)])
+def test_drift_is_reported_not_gated_on_a_clip_under_40_frames_or_on_weights_that_do_not_segment(
+        frames, masks_meaningful):
+    result = run(frames, frames - 3, shrunk(), stage="bf16", masks_meaningful=masks_meaningful)
+    drift = gate(result, "drift_j_fall")
+    assert not drift.gated and not drift.passed and drift.describe().endswith("(not gated)")
 
 
 def test_j_by_frame_is_the_mean_over_objects():

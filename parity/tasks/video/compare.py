@@ -8,7 +8,8 @@ J against the frame index (the mean over clips and objects: the report plots it)
 objects lost = object-frames where the golden has the object and the stage's J is below 0.5. The worst
 object-frame's two masks go with the result, for its picture (parity/tasks/video/runner.py).
 Gated, per [video.<precision>] in parity/budgets.toml: J&F vs golden (mean, worst) and objects lost when
-the weights segment (as the point task gates masks); the logits of the kept frames and the object
+the weights segment (as the point task gates masks), and the drift too when every clip holds the issue's
+two 10-frame windows apart (40 frames: a short clip's quarters of a few frames are reported only); the logits of the kept frames and the object
 score logits always: with seeded weights they are what moves (masks of seeded weights are mostly
 "absent" after the prompted frame, so mask gates alone would pass a broken memory).
 """
@@ -38,6 +39,11 @@ def object_score_error(ours: np.ndarray, golden: np.ndarray) -> float:
 
 
 DRIFT_FRAMES = 10  # issue 37's "no drift": the mean J of the last 10 frames within 0.01 of the first 10's
+
+
+def drift_gated(num_frames: int) -> bool:
+    """A clip long enough for the drift's two ends to be DRIFT_FRAMES each, a quarter of it at most."""
+    return num_frames >= 4 * DRIFT_FRAMES
 
 
 def _edge_frames(num_frames: int) -> int:
@@ -109,6 +115,9 @@ def compare(stage: str, outputs: list[ClipOutputs], golden: list[ClipOutputs], c
         Gate("jf_mean", summary["jf_mean"], limits["min_jf_mean"], "min", masks_meaningful),
         Gate("jf_worst", summary["jf_worst"], limits["min_jf_worst"], "min", masks_meaningful),
         Gate("objects_lost", lost, limits["max_objects_lost"], "max", masks_meaningful),
+        # the worst object's fall of mean J from its first frames to its last (a rise is no drift to fail)
+        Gate("drift_j_fall", max(0.0, -summary["drift_j_worst"]), limits["max_drift_j_fall"], "max",
+             masks_meaningful and all(drift_gated(g.masks.shape[1]) for g in golden)),
     ]
     worst = sorted(rows, key=lambda r: (r["jf"], r["j"]))[:WORST_SHOWN]
     golden_by_id = {g.video_id: g for g in golden}
