@@ -233,13 +233,13 @@ class Sam2ReferenceRunner:
     """sam2 1.1.0 with the same seeded weights: fp32 as shipped, or bf16 its best image path (sam2's
     compile_image_encoder, everything under torch.autocast(cuda, bf16), as sam2's notebooks run it)."""
 
-    def __init__(self, model_type: str, precision: str, device: torch.device) -> None:
+    def __init__(self, model_type: str, precision: str, device: torch.device, mode: str | None = None) -> None:
         from sam2.sam2_image_predictor import SAM2ImagePredictor
 
         self.bf16 = precision == "bf16"
         if self.bf16 and device.type != "cuda":
             raise NotRun("sam2's compiled bf16 path (torch.autocast on CUDA) runs on a GPU only")
-        self.compile_mode = compile_mode(device) if self.bf16 else None
+        self.compile_mode = (mode or compile_mode(device)) if self.bf16 else None
         self.sam = reference_model(model_type, device, compile_mode=self.compile_mode)
         self.predictor = SAM2ImagePredictor(self.sam)
         self.dtype = torch.float32  # autocast casts
@@ -271,14 +271,15 @@ class Sam2ReferenceRunner:
         return outputs
 
 
-def make_runner(row: Row, device: torch.device):
-    """The row's implementation for its model's family."""
+def make_runner(row: Row, device: torch.device, reference_compile_mode: str | None = None):
+    """The row's implementation for its model's family; sam2's compiled row in `reference_compile_mode`
+    (default: samfast's mode)."""
     sam2 = is_sam2_type(row.model)
     if row.impl != REFERENCE:
         return (Sam2SamfastRunner if sam2 else SamfastRunner)(row.model, row.stage, row.batch, device)
     precision = next(p for p, stage in REFERENCE_STAGES[sam2].items() if stage == row.stage)
     if sam2:
-        return Sam2ReferenceRunner(row.model, precision, device)
+        return Sam2ReferenceRunner(row.model, precision, device, reference_compile_mode)
     return ReferenceRunner(row.model, torch.bfloat16 if precision == "bf16" else torch.float32, device)
 
 
@@ -288,7 +289,7 @@ def run_config(row: Row, args, device: torch.device, deadline: float, profile: b
     free(device)
     reset_peak(device)
     t0 = time.perf_counter()
-    runner = make_runner(row, device)
+    runner = make_runner(row, device, args.reference_compile_mode)
     row.build_s = time.perf_counter() - t0
     row.notes["device"] = device_name(device)
     row.notes.update(runner.notes())
@@ -467,7 +468,7 @@ SAM2_ROWS = (
     "included: samfast SamPredictor.predict_batch, sam2 SAM2ImagePredictor.set_image_batch + its predict_batch's "
     "per-image steps (outputs left on the device, as samfast's); reference = sam2 with the same state dict "
     "(load_state_dict strict): fp32 as shipped, bf16+compile = torch.autocast(cuda, bf16) + sam2's "
-    "compile_image_encoder (in the compile mode above; sam2 ships max-autotune)"
+    "compile_image_encoder (in the compile mode above unless its row's dtype note names another; sam2 ships max-autotune)"
 )
 
 
@@ -599,6 +600,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--budget-s", type=float, default=float("inf"),
                    help="skip the configurations left once this many seconds are spent (default: no limit)")
     p.add_argument("--compile-mode", default=None, help="sets SAMFAST_COMPILE_MODE (default: max-autotune on the GPU)")
+    p.add_argument("--reference-compile-mode", default=None,
+                   help="the mode of sam2's compiled bf16 row (default: --compile-mode's; sam2 ships max-autotune)")
     p.add_argument("--profile", nargs="?", const="auto", default=None, metavar="MODEL:BATCH:STAGE",
                    help="top-10 CUDA kernels of one configuration's e2e run, in bench.md (default: first model, largest batch, nt)")
     p.add_argument("--warmup", type=int, default=None)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from bench import ladder
 from tests.reference import sam2_reference_config
@@ -69,3 +70,21 @@ def test_sam2_reference_config_names_sam2s_config_and_overrides():
     assert {"++model.image_encoder.trunk.embed_dim=32", "++model.image_encoder.trunk.stages=[1,1,2,1]",
             "++model.image_encoder.trunk.global_att_blocks=[3]",
             "++model.image_encoder.neck.backbone_channel_list=[256,128,64,32]"} <= set(overrides)
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    ([], "default"),  # sam2 compiles in samfast's mode unless told
+    (["--reference-compile-mode", "max-autotune"], "max-autotune"),  # as sam2 ships it
+])
+def test_sam2s_compiled_row_compiles_in_the_mode_asked_for(monkeypatch, argv, expected):
+    """Planning and building only, nothing run: the mode reaches sam2's model (its compile_image_encoder)."""
+    import sam2.sam2_image_predictor
+
+    modes = []
+    monkeypatch.setenv("SAMFAST_COMPILE_MODE", "default")
+    monkeypatch.setattr(ladder, "reference_model", lambda model_type, device, compile_mode: modes.append(compile_mode))
+    monkeypatch.setattr(sam2.sam2_image_predictor, "SAM2ImagePredictor", lambda sam: None)
+    args = ladder.parse_args(["--models", "sam2.1_hiera_l", "--batches", "8", "--stages", "sdpa", *argv])
+    row = next(r for r in ladder.plan(args) if r.stage == "reference bf16+compile")
+    runner = ladder.make_runner(row, torch.device("cuda"), args.reference_compile_mode)
+    assert modes == [expected] and expected in runner.notes()["dtype"]
