@@ -56,7 +56,8 @@ class Gate:
 
     def describe(self) -> str:
         sign = ">=" if self.kind == "min" else "<="
-        verdict = "ok" if self.passed else ("FAIL" if self.gated else "past the limit (not gated)")
+        verdict = ("ok" if self.passed else "FAIL") if self.gated else (
+            "within the limit (not gated)" if self.passed else "past the limit (not gated)")
         return f"{self.metric} {self.value:.6g} (needs {sign} {self.limit:g}): {verdict}"
 
 
