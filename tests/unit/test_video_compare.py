@@ -41,7 +41,12 @@ def run(frames: int, shifted_from: int, stage_mask: np.ndarray | None = None, st
     golden = np.stack([np.stack([square()] * frames)] * 2)
     ours = golden.copy()
     ours[1, shifted_from:until] = square(1) if stage_mask is None else stage_mask
-    clip = Clip(1, np.zeros((frames, SIDE, SIDE, 3), np.uint8), golden)
+    return check(golden, ours, stage, masks_meaningful)
+
+
+def check(golden: np.ndarray, ours: np.ndarray, stage: str = "bf16", masks_meaningful: bool = True):
+    """One clip's (objects, frames, H, W) golden and stage masks compared under the stage's video limits."""
+    clip = Clip(1, np.zeros((golden.shape[1], SIDE, SIDE, 3), np.uint8), golden)
     limits = thresholds_for(stage, load_thresholds(table="video"))
     return compare(stage, [outputs(ours)], [outputs(golden)], [clip], limits, masks_meaningful=masks_meaningful)
 
@@ -88,6 +93,31 @@ def test_drift_is_reported_not_gated_on_a_clip_under_40_frames_or_on_weights_tha
     drift = gate(result, "drift_j_fall")
     assert not drift.gated and not drift.passed and drift.describe().endswith("past the limit (not gated)")
     assert not result.failures  # reported, not failed
+
+
+def test_drift_reads_only_the_frames_where_the_golden_has_the_object():
+    """An object that enters halfway, one row short on every frame it is in: a steady J of 0.9, no drift.
+    Counting the frames before it (empty on both sides, J 1) would read a fall of 0.1 and fail a healthy
+    stage."""
+    golden = np.stack([np.stack([square()] * 100)] * 2)
+    golden[1, :50] = False
+    ours = golden.copy()
+    ours[1, 50:] = shrunk()
+    drift = gate(check(golden, ours), "drift_j_fall")
+    assert drift.gated and drift.passed and drift.value == pytest.approx(0.0)
+
+
+def test_an_object_on_fewer_than_40_frames_is_reported_beside_the_gated_ones():
+    """The second object is in the last 20 frames only and decays there: its quarters are reported as the
+    worst drift; the gate reads the first object, present on all 100 frames and steady."""
+    golden = np.stack([np.stack([square()] * 100)] * 2)
+    golden[1, :80] = False
+    ours = golden.copy()
+    ours[1, 95:] = shrunk()
+    result = check(golden, ours)
+    assert result.summary["drift_j_worst"] == pytest.approx(-0.1)  # the last 5 of its 20 frames at J 0.9
+    drift = gate(result, "drift_j_fall")
+    assert drift.gated and drift.passed and drift.value == 0.0
 
 
 def test_j_by_frame_is_the_mean_over_objects():

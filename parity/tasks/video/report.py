@@ -53,8 +53,9 @@ def render_markdown(header: dict, results: list[StageResult]) -> str:
         f"- masks gated: {'yes' if header['masks_meaningful'] else 'no (seeded synthetic weights: J&F is reported, logits and object scores gate)'}",
         *([f"- not built for video tracking, not run: {', '.join(header['not_built'])}"] if header.get("not_built") else []),
         ("- J: region IoU; F: DAVIS boundary F (tolerance 0.008 of the diagonal); per object and frame vs the "
-         "golden's mask; drift: mean J of the last 10 frames minus the first 10 (worst object; gated as drift_j_fall, its fall, on clips of 40 frames "
-         "and more; a shorter clip's last quarter and first, reported only); "
+         "golden's mask; drift: mean J of the last 10 frames minus the first 10 where the golden has the object (worst object; gated as "
+         "drift_j_fall, its fall, over objects on 40 such frames and more; a shorter track's last quarter and first, reported "
+         "only); "
          "lost: J < 0.5 where the golden has the object"),
         "",
         "| stage | verdict | " + " | ".join(COLUMNS) + " |",
