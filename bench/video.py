@@ -194,11 +194,16 @@ def open_session(predictor, clip: BenchClip, objects: int, device: torch.device)
     state = predictor.init_state(str(clip.folder))
     sync(device)
     opened = time.perf_counter()
+    click_objects(predictor, state, clip, objects)
+    sync(device)
+    return state, opened - start, time.perf_counter() - opened
+
+
+def click_objects(predictor, state, clip: BenchClip, objects: int) -> None:
+    """The frame-0 prompts: one click at each of the first `objects` clicks of the clip, object ids from 1."""
     for obj_id, (x, y) in enumerate(clip.clicks[:objects], start=1):
         predictor.add_new_points_or_box(state, 0, obj_id, points=np.array([[x, y]], dtype=np.float32),
                                         labels=np.array([1], dtype=np.int32))
-    sync(device)
-    return state, opened - start, time.perf_counter() - opened
 
 
 class FrameClock:

@@ -160,9 +160,26 @@ def test_profile_parts_are_ranged_while_profiling_and_restored_after():
 
     predictor = Steps()
     predictor.model = Steps()
-    with part_ranges(predictor), profile(activities=[ProfilerActivity.CPU]) as prof:
+    with part_ranges(predictor, PARTS), profile(activities=[ProfilerActivity.CPU]) as prof:
         results = [getattr(getattr(predictor, owner) if owner else predictor, method)(torch.ones(1))
                    for _, owner, method in PARTS]
     assert all(torch.equal(r, torch.full((1,), 2.0)) for r in results)
     assert {part for part, _, _ in PARTS} <= {event.key for event in prof.key_averages()}
     assert not vars(predictor.model) and set(vars(predictor)) == {"model"}  # the wrappers are gone
+
+
+@pytest.mark.parametrize("clicks", [False, True])
+def test_the_profile_tables_name_every_part_on_the_cpu(tmp_path, clicks):
+    """bench.video_profile end to end at the smallest size: the tracked frames, or the frame-0 clicks."""
+    from bench import video_profile
+    from bench.video_profile import CLICK_PARTS, PARTS
+
+    argv = ["--model", "sam2.1_hiera_nano", "--stage", "fp32", "--objects", "1", "2", "--frames", "2",
+            "--warmup-frames", "1", "--frames-per-encode", "1", "--input-size", "256", "--out", str(tmp_path)]
+    assert video_profile.main(argv + (["--clicks"] if clicks else [])) == 0
+    text = (tmp_path / "video-profile.md").read_text()
+    unit = "click" if clicks else "frame"
+    assert f"| what | 1 obj us/{unit} | 2 obj us/{unit} | 2 / 1 |" in text
+    for part, _, _ in CLICK_PARTS if clicks else PARTS:
+        row = next(line for line in text.splitlines() if line.startswith(f"| {part} |"))
+        assert float(row.split("|")[2]) > 0  # the part ran and was timed at one object
