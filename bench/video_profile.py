@@ -75,6 +75,7 @@ def part_ranges(predictor, parts):
 
 
 def profiled():
+    """torch.profiler over the host and the GPU."""
     from torch.profiler import ProfilerActivity, profile
 
     return profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
