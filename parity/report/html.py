@@ -1,8 +1,10 @@
-"""reports/report.html: the gate's verdict as one self-contained page a reviewer reads in ten seconds.
+"""reports/<task>/report.html: the gate's verdict as one self-contained page a reviewer reads in ten seconds.
 
 No network, no script: styles inline, the plot and the mask pictures as base64 PNG. A verdict
-banner, the stage table (each gate's value, limit and share of the limit used), the plot with the
-limits drawn, and for every failed or near-failing stage its worst annotations as pictures.
+banner, the stage table (each gate's value, limit and share of the limit used), the plot, and for
+every failed or near-failing stage its worst items (annotations, images, object-frames) as pictures.
+Every task writes one: what differs between them (the gate columns, the facts under the banner, the
+pictures' captions) is the task's PageLayout, made by its report module.
 
 Render a report to PNG with headless Chromium (what the docs screenshot is made with):
 
@@ -18,6 +20,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from parity.compare.gates import NEAR_FAILING, StageResult
@@ -25,13 +29,6 @@ from parity.report.verdicts import fmt, not_applicable_lines, overall_verdict, s
 
 CHROMIUM_INSTALL = "apt-get install -y chromium"
 WINDOW = (1280, 2000)
-GATE_LABELS = {
-    "logits_rel_l2": "logits rel L2",
-    "score_max_abs_err": "score err",
-    "mask_iou_mean": "mask IoU mean",
-    "mask_iou_p5": "mask IoU p5",
-    "miou_gt_drop": "mIoU vs GT drop",
-}
 BANNER_CLASS = {"PASS": "pass", "FAIL": "fail", "NOT EXERCISED": "notex"}
 
 STYLE = """
@@ -54,6 +51,30 @@ img.plot { max-width: 100%; } img.worst { display: block; border: 1px solid #ccc
 """
 
 
+@dataclass(frozen=True)
+class Figure:
+    """One worst item's picture on the page, with its caption (plain text)."""
+
+    png: bytes
+    caption: str
+    near_tie: bool = False  # marked: the stage was compared with the golden's mask of the same index
+
+
+@dataclass(frozen=True)
+class PageLayout:
+    """What a task's page shows inside the shared frame (banner, stage table, notes, plot, a section per
+    failed or near-failing stage)."""
+
+    kind: str  # the page's name: "parity report", "AMG parity report", ...
+    facts: list[str]  # HTML lines under the banner (the note on limits is added after them)
+    gate_labels: dict[str, str]  # the stage table's gate columns: metric -> label
+    plot_alt: str
+    plot_caption: str
+    picture_note: str  # HTML above a stage's pictures
+    figures: Callable[[StageResult], list[Figure]]  # a stage's pictures, worst first
+    extra_column: tuple[str, Callable[[StageResult], str]] | None = None  # (label, the cell's text)
+
+
 def _png(data: bytes, css_class: str, alt: str) -> str:
     src = "data:image/png;base64," + base64.b64encode(data).decode("ascii")
     return f'<img class="{css_class}" alt="{html.escape(alt)}" src="{src}">'
@@ -69,35 +90,30 @@ def _gate_cell(gate) -> str:
             f"<small>{sign} {gate.limit:g} · {gate.ratio:.2f}×{note}</small></td>")
 
 
-def _stage_row(result: StageResult) -> str:
+def _stage_row(result: StageResult, layout: PageLayout) -> str:
     verdict_class = {"pass": "v-pass", "fail": "v-fail", "error": "v-error", "not exercised": "v-notex"}[result.verdict]
     gates = {g.metric: g for g in result.gates}
-    cells = "".join(_gate_cell(gates.get(metric)) for metric in GATE_LABELS)
-    speed = fmt((result.summary or {}).get("steady_img_s"), 2)
+    cells = "".join(_gate_cell(gates.get(metric)) for metric in layout.gate_labels)
+    if layout.extra_column is not None:
+        cells += f"<td>{html.escape(layout.extra_column[1](result))}</td>"
     return (f"<tr><td>{html.escape(result.stage)}</td><td class=\"verdict {verdict_class}\">"
-            f"{html.escape(stage_verdict(result))}</td>{cells}<td>{speed}</td></tr>")
+            f"{html.escape(stage_verdict(result))}</td>{cells}</tr>")
 
 
-def _stage_section(result: StageResult) -> str:
-    """What went wrong (or nearly) in one stage, with its worst annotations as pictures."""
+def _stage_section(result: StageResult, layout: PageLayout) -> str:
+    """What went wrong (or nearly) in one stage, with its worst items as pictures."""
     failing = bool(result.failures)
     parts = [f"<h2>{html.escape(result.stage)}: {'what failed' if failing else 'near the limit'}</h2>", "<ul>"]
     for gate in result.failures + result.near_failing:
         parts.append(f"<li>{html.escape(gate.describe())} ({gate.ratio:.2f} of the limit)</li>")
     parts.append("</ul>")
-    if result.pictures:
-        parts.append("<p>Worst annotations: the image crop with the prompt (yellow), the golden mask (blue), the "
-                     "stage's mask (orange) and their difference (green: golden only, red: stage only). After a "
-                     '<span class="tie">near tie</span> of the golden\'s scores the stage is compared with the '
-                     "golden's mask of the same index.</p>")
-    for w in result.worst:
-        picture = result.pictures.get(w["ann_id"])
-        if picture is None:
-            continue
-        tie = ' <span class="tie">near tie</span>' if w["near_tie"] else ""
-        caption = (f"annotation {w['ann_id']} (image {w['image_id']}): IoU vs golden {w['iou_vs_golden']:.4f}, "
-                   f"mask {w['best']} / golden {w['golden_best']}, score error {w['score_abs_err']:.4f}")
-        parts.append(f"<figure>{_png(picture, 'worst', caption)}<figcaption>{html.escape(caption)}{tie}</figcaption></figure>")
+    figures = layout.figures(result) if not result.error else []
+    if figures:
+        parts.append(f"<p>{layout.picture_note}</p>")
+    for figure in figures:
+        tie = ' <span class="tie">near tie</span>' if figure.near_tie else ""
+        parts.append(f"<figure>{_png(figure.png, 'worst', figure.caption)}"
+                     f"<figcaption>{html.escape(figure.caption)}{tie}</figcaption></figure>")
     return "\n".join(parts)
 
 
@@ -107,7 +123,7 @@ def _proofs(results: list[StageResult]) -> str:
     return f"<details><summary>switch proofs</summary><ul>{''.join(items)}</ul></details>" if items else ""
 
 
-def render_html(header: dict, results: list[StageResult], plot_png: bytes) -> str:
+def render_html(header: dict, results: list[StageResult], plot_png: bytes, layout: PageLayout) -> str:
     verdict = overall_verdict(results)
     passed = sum(r.passed for r in results)
     counts = {v: [r.stage for r in results if r.verdict == v] for v in ("fail", "error", "not exercised")}
@@ -118,16 +134,14 @@ def render_html(header: dict, results: list[StageResult], plot_png: bytes) -> st
     facts = [
         f"golden: <code>{html.escape(str(header['golden']))}</code> (made on {html.escape(str(header['golden_device']))}, "
         f"torch {html.escape(str(header['golden_torch']))})",
-        f"this run: {html.escape(str(header['device']))}, torch {html.escape(str(header['torch']))}; "
-        f"{header['annotations']} annotations, {html.escape(str(header['prompt']))} prompts",
-        "masks gated: " + ("yes" if header["masks_meaningful"] else
-                           "no (seeded synthetic weights: mask IoU is reported, logits gate)"),
+        *layout.facts,
         "under each value: its limit and the share of the limit it uses (×): value / limit for an error bound, "
         f"IoU lost / IoU loss allowed for an IoU floor; above 1× fails, {NEAR_FAILING:.1f}× and up is "
         "<b>near-failing</b> and shown with pictures like a failure",
     ]
-    rows = "\n".join(_stage_row(r) for r in results)
-    heads = "".join(f"<th>{label}</th>" for label in GATE_LABELS.values())
+    rows = "\n".join(_stage_row(r, layout) for r in results)
+    labels = [*layout.gate_labels.values(), *([layout.extra_column[0]] if layout.extra_column else [])]
+    heads = "".join(f"<th>{html.escape(label)}</th>" for label in labels)
     notes = [f"<li><b>{html.escape(r.stage)}</b> not exercised: {html.escape(reason)}</li>"
              for r in results for reason in r.not_exercised]
     notes += [f"<li><b>{html.escape(r.stage)}</b> {html.escape(line)}</li>" for r in results for line in not_applicable_lines(r)]
@@ -136,17 +150,16 @@ def render_html(header: dict, results: list[StageResult], plot_png: bytes) -> st
     shown = [r for r in stages_to_show(results) if r.failures or r.near_failing]
     body = [
         f'<div class="banner {BANNER_CLASS[verdict]}"><h1>{verdict}</h1><p>{html.escape(summary)}</p></div>',
-        f"<p><b>parity report</b>: {html.escape(title)}</p>",
+        f"<p><b>{html.escape(layout.kind)}</b>: {html.escape(title)}</p>",
         '<ul class="facts">' + "".join(f"<li>{f}</li>" for f in facts) + "</ul>",
-        f"<table><tr><th>stage</th><th class='verdict'>verdict</th>{heads}<th>img/s</th></tr>\n{rows}\n</table>",
+        f"<table><tr><th>stage</th><th class='verdict'>verdict</th>{heads}</tr>\n{rows}\n</table>",
         ("<ul>" + "".join(notes) + "</ul>") if notes else "",
         _proofs(results),
-        f"<figure>{_png(plot_png, 'plot', 'logits error and mask IoU per stage with limits')}"
-        "<figcaption>Black lines: each stage's limit (dashed: reported, not gated).</figcaption></figure>",
-        *(_stage_section(r) for r in shown),
+        f"<figure>{_png(plot_png, 'plot', layout.plot_alt)}<figcaption>{layout.plot_caption}</figcaption></figure>",
+        *(_stage_section(r, layout) for r in shown),
     ]
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<title>parity {verdict}: {html.escape(title)}</title><style>{STYLE}</style></head>\n<body>\n"
+            f"<title>{html.escape(layout.kind)} {verdict}: {html.escape(title)}</title><style>{STYLE}</style></head>\n<body>\n"
             + "\n".join(part for part in body if part) + "\n</body></html>\n")
 
 

@@ -106,6 +106,11 @@ def test_perturbed_decoder_fails(golden, trained, scene, tmp_path):
     assert f"]({picture.name})" in report and picture.read_bytes().startswith(b"\x89PNG")
     with Image.open(picture) as shown:
         assert shown.width == 4 * PANEL + 3 * 4 and shown.getextrema() != ((250, 250),) * 3
+    # and on the HTML page, under the stage that failed, with its gates as columns
+    page = paths["report.html"].read_text()
+    assert '<div class="banner fail">' in page and "<h2>fp32: what failed</h2>" in page
+    assert page.count('<img class="worst"') == len(result.pictures) > 0 and "<th>union IoU mean</th>" in page
+    assert f"image {result.worst[0]['image_id']}: union IoU mean {result.worst[0]['union_iou_mean']:.4f}" in page
     amg_runner.run_check(trained, scene, ["fp32"], PARAMS, data_args=DATA_ARGS, device="cpu", golden=golden,
                          report_dir=tmp_path)
     assert not picture.exists()

@@ -134,6 +134,12 @@ def test_prompts_given_to_another_object_fail(golden, tmp_path, monkeypatch):
     assert f"]({picture.name})" in paths["report.md"].read_text() and picture.read_bytes().startswith(b"\x89PNG")
     with Image.open(picture) as shown:
         assert shown.width == 4 * PANEL + 3 * 4 and shown.getextrema() != ((250, 250),) * 3
+    # and on the HTML page, under the stage that failed, with its gates as columns
+    page = paths["report.html"].read_text()
+    assert '<div class="banner fail">' in page and "<h2>fp32: what failed</h2>" in page
+    assert page.count('<img class="worst"') == len(result.pictures) == 1 and "<th>drift (J fall)</th>" in page
+    worst = result.worst[0]
+    assert f"clip {worst['video_id']}, object {worst['object_id']}, frame {worst['frame']}: J {worst['j']:.4f}" in page
     monkeypatch.undo()
     check_against(golden, tmp_path)
     assert not picture.exists()

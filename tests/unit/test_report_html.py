@@ -14,7 +14,7 @@ from parity.golden.data import load_dataset
 from parity.report.html import CHROMIUM_INSTALL, dump_dom, find_chromium, render_html, screenshot
 from parity.report.pictures import mask_comparison_png
 from parity.report.verdicts import stages_to_show
-from parity.tasks.point.report import _draw_limits, render_markdown
+from parity.tasks.point.report import _draw_limits, html_layout, render_markdown
 from parity.tasks.point.runner import make_golden, run_check
 from parity.tasks.source import ModelSource
 from samfast.checkpoint import NAMED_CHECKPOINTS
@@ -30,6 +30,10 @@ def _picture() -> bytes:
     golden, stage = np.zeros((40, 60), bool), np.zeros((40, 60), bool)
     golden[10:30, 10:40], stage[12:32, 20:50] = True, True
     return mask_comparison_png(np.full((40, 60, 3), 128, np.uint8), golden, stage, point=(25, 20), title="test")
+
+
+def _page(results: list[StageResult]) -> str:
+    return render_html(HEADER, results, _picture(), html_layout(HEADER))
 
 
 def _stage(name: str, iou: float, pictures: bool = True) -> StageResult:
@@ -51,7 +55,7 @@ def test_gate_ratio_is_the_share_of_the_limit_used():
 def test_page_is_self_contained_with_one_picture_per_worst_annotation():
     results = [_stage("fp32", 0.999), _stage("bf16", 0.9), _stage("nt", 0.9905)]  # pass, fail, near-failing
     results.append(StageResult("fp32+triton", [Gate("logits_rel_l2", 0.0, 1e-3, "max", True)], {}, not_exercised=["fell back"]))
-    page = render_html(HEADER, results, _picture())
+    page = _page(results)
     assert '<div class="banner fail"><h1>FAIL</h1>' in page
     assert "<h2>bf16: what failed</h2>" in page and "<h2>nt: near the limit</h2>" in page and "<h2>fp32:" not in page
     assert page.count('<img class="worst"') == 4  # two per shown stage
@@ -71,7 +75,7 @@ def test_every_report_details_the_failing_stages_then_the_near_failing_ones():
     assert [r.stage for r in stages_to_show(results)] == ["bf16", "nt"]
     assert re.findall(r"^## (\S+): (.+)$", render_markdown(HEADER, results), re.M) == [
         ("bf16", "what failed"), ("nt", "near the limit")]
-    assert re.findall(r"<h2>(\S+):", render_html(HEADER, results, _picture())) == ["bf16", "nt"]
+    assert re.findall(r"<h2>(\S+):", _page(results)) == ["bf16", "nt"]
 
 
 @pytest.mark.parametrize(("stages", "banner"), [(["fp32"], "pass"), (["fp32", "fp32+triton"], "notex")])
@@ -79,7 +83,7 @@ def test_banner_says_pass_or_not_exercised(stages, banner):
     results = [_stage(s, 0.999) for s in stages]
     for result in results[1:]:
         result.not_exercised.append("fell back")
-    assert f'<div class="banner {banner}">' in render_html(HEADER, results, _picture())
+    assert f'<div class="banner {banner}">' in _page(results)
 
 
 def test_plot_draws_each_stage_limit():

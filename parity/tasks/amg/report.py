@@ -1,16 +1,21 @@
-"""The AMG check's report: the same four files as the point gate (markdown, JSON, JUnit XML, plot).
+"""The AMG check's report: the same files as the point gate (markdown, JSON, JUnit XML, plot, and the HTML
+page of parity/report/html.py with this task's PageLayout).
 
 Every figure is over all images; the worst images of a failed or near-failing stage are listed with
-their counts and shown as pictures (worst-<stage>-image<id>.png beside report.md, linked from it).
+their counts and shown as pictures (worst-<stage>-image<id>.png beside report.md, linked from it, and on
+the page).
 """
 
 from __future__ import annotations
 
+import html
 import json
 from pathlib import Path
 
 from parity.compare.gates import StageResult
+from parity.report.html import Figure, PageLayout, render_html
 from parity.report.verdicts import (
+    REPORT_FILES,
     VERDICT_COLORS,
     all_gates_lines,
     failure_lines,
@@ -45,8 +50,23 @@ def _row(r: StageResult) -> str:
     return f"| {r.stage} | {stage_verdict(r)} | " + " | ".join(str(c) for c in cells) + " |"
 
 
-def render_markdown(header: dict, results: list[StageResult]) -> str:
+def facts(header: dict) -> list[str]:
+    """The run's facts under the verdict, after the golden's (plain text; markdown and the page show them)."""
     params = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in header["amg_params"].items())
+    return [
+        f"this run: {header['device']}, torch {header['torch']}; points_per_batch {header['points_per_batch']}",
+        f"generator: {params}",
+        f"masks matched one to one per image by mask IoU (pairs at IoU <= {MATCH_IOU:g} unmatched); "
+        "the union mean counts every lost and new mask as IoU 0 but those near a decision (on the side that kept "
+        "them, a score within the stage's score tolerance above pred_iou_thresh or stability_score_thresh, or a "
+        "box IoU with a mask scored as high within its box tolerance below box_nms_thresh: counted, not failed); "
+        "a golden mask fitted better by a mask the stage's NMS dropped at a near tie is paired with that one "
+        "(swapped at NMS) and the stage's mask kept in its place counted near a decision; "
+        "no image is left out of any figure",
+    ]
+
+
+def render_markdown(header: dict, results: list[StageResult]) -> str:
     lines = [
         f"# AMG parity report: {header['model_type']} ({header['checkpoint']}) on {header['dataset']}",
         "",
@@ -54,15 +74,7 @@ def render_markdown(header: dict, results: list[StageResult]) -> str:
         "",
         f"- golden: `{header['golden']}`, {header['golden_masks']} masks (made on {header['golden_device']}, "
         f"torch {header['golden_torch']})",
-        f"- this run: {header['device']}, torch {header['torch']}; points_per_batch {header['points_per_batch']}",
-        f"- generator: {params}",
-        f"- masks matched one to one per image by mask IoU (pairs at IoU <= {MATCH_IOU:g} unmatched); "
-        "the union mean counts every lost and new mask as IoU 0 but those near a decision (on the side that kept "
-        "them, a score within the stage's score tolerance above pred_iou_thresh or stability_score_thresh, or a "
-        "box IoU with a mask scored as high within its box tolerance below box_nms_thresh: counted, not failed); "
-        "a golden mask fitted better by a mask the stage's NMS dropped at a near tie is paired with that one "
-        "(swapped at NMS) and the stage's mask kept in its place counted near a decision; "
-        "no image is left out of any figure",
+        *(f"- {fact}" for fact in facts(header)),
         "",
         "| stage | verdict | " + " | ".join(COLUMNS) + " |",
         "|---|---|" + "---|" * len(COLUMNS),
@@ -112,14 +124,39 @@ def plot(results: list[StageResult], path: Path) -> None:
     plt.close(fig)
 
 
+def _figures(result: StageResult) -> list[Figure]:
+    return [Figure(result.pictures[w["image_id"]],
+                   f"image {w['image_id']}: union IoU mean {w['union_iou_mean']:.4f}, {w['golden_masks']} golden / "
+                   f"{w['stage_masks']} stage masks, {w['lost']} lost ({w['lost_near_decision']} near a decision), "
+                   f"{w['new']} new ({w['new_near_decision']} near a decision)")
+            for w in result.worst if w["image_id"] in result.pictures]
+
+
+def html_layout(header: dict) -> PageLayout:
+    """The AMG task's page (parity/report/html.py): its gates, its worst images."""
+    return PageLayout(
+        kind="AMG parity report",
+        facts=[f"golden masks: {header['golden_masks']}", *(html.escape(fact) for fact in facts(header))],
+        gate_labels={"union_iou_mean": "union IoU mean", "matched_iou_mean": "matched IoU mean",
+                     "matched_iou_p5": "matched IoU p5", "score_max_abs_err": "score err"},
+        plot_alt="union mean mask IoU and unmatched masks per stage",
+        plot_caption="Union mean mask IoU vs golden (lost and new masks count 0); masks lost and new per stage.",
+        picture_note=("Worst images: the image, the golden's masks, the stage's (a matched pair shares a colour, a "
+                      "mask with no match is red) and the difference of their unions."),
+        figures=_figures,
+        extra_column=("ms/img", lambda r: fmt((r.summary or {}).get("ms_per_image"), 1)),
+    )
+
+
 def write_reports(folder: Path, header: dict, results: list[StageResult]) -> dict[str, Path]:
     folder.mkdir(parents=True, exist_ok=True)
-    paths = {name: folder / name for name in ("report.md", "report.json", "junit.xml", "report.png")}
+    paths = {name: folder / name for name in REPORT_FILES}
     paths["report.md"].write_text(render_markdown(header, results))
     payload = {"task": "amg", **report_payload(header, results)}
     paths["report.json"].write_text(json.dumps(payload, indent=2, default=str) + "\n")
     paths["junit.xml"].write_text(render_junit(results))
     plot(results, paths["report.png"])
+    paths["report.html"].write_text(render_html(header, results, paths["report.png"].read_bytes(), html_layout(header)))
     for r in results:
         for image_id, png in r.pictures.items():
             (folder / picture_name(r.stage, image_id)).write_bytes(png)

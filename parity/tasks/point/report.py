@@ -3,11 +3,12 @@ and the self-contained HTML page (parity/report/html.py)."""
 
 from __future__ import annotations
 
+import html
 import json
 from pathlib import Path
 
 from parity.compare.gates import StageResult
-from parity.report.html import render_html
+from parity.report.html import Figure, PageLayout, render_html
 from parity.report.verdicts import (
     REPORT_FILES,
     VERDICT_COLORS,
@@ -101,6 +102,34 @@ def plot(results: list[StageResult], path: Path) -> None:
     plt.close(fig)
 
 
+def _figures(result: StageResult) -> list[Figure]:
+    return [Figure(result.pictures[w["ann_id"]],
+                   f"annotation {w['ann_id']} (image {w['image_id']}): IoU vs golden {w['iou_vs_golden']:.4f}, "
+                   f"mask {w['best']} / golden {w['golden_best']}, score error {w['score_abs_err']:.4f}", w["near_tie"])
+            for w in result.worst if w["ann_id"] in result.pictures]
+
+
+def html_layout(header: dict) -> PageLayout:
+    """The point task's page (parity/report/html.py): its gates, its worst annotations."""
+    return PageLayout(
+        kind="parity report",
+        facts=[f"this run: {html.escape(str(header['device']))}, torch {html.escape(str(header['torch']))}; "
+               f"{header['annotations']} annotations, {html.escape(str(header['prompt']))} prompts",
+               "masks gated: " + ("yes" if header["masks_meaningful"] else
+                                  "no (seeded synthetic weights: mask IoU is reported, logits gate)")],
+        gate_labels={"logits_rel_l2": "logits rel L2", "score_max_abs_err": "score err", "mask_iou_mean": "mask IoU mean",
+                     "mask_iou_p5": "mask IoU p5", "miou_gt_drop": "mIoU vs GT drop"},
+        plot_alt="logits error and mask IoU per stage with limits",
+        plot_caption="Black lines: each stage's limit (dashed: reported, not gated).",
+        picture_note=("Worst annotations: the image crop with the prompt (yellow), the golden mask (blue), the stage's "
+                      "mask (orange) and their difference (green: golden only, red: stage only). After a "
+                      '<span class="tie">near tie</span> of the golden\'s scores the stage is compared with the '
+                      "golden's mask of the same index."),
+        figures=_figures,
+        extra_column=("img/s", lambda r: fmt((r.summary or {}).get("steady_img_s"), 2)),
+    )
+
+
 def write_reports(folder: Path, header: dict, results: list[StageResult]) -> dict[str, Path]:
     folder.mkdir(parents=True, exist_ok=True)
     paths = {name: folder / name for name in REPORT_FILES}
@@ -108,5 +137,5 @@ def write_reports(folder: Path, header: dict, results: list[StageResult]) -> dic
     paths["report.json"].write_text(json.dumps(report_payload(header, results), indent=2, default=str) + "\n")
     paths["junit.xml"].write_text(render_junit(results))
     plot(results, paths["report.png"])
-    paths["report.html"].write_text(render_html(header, results, paths["report.png"].read_bytes()))
+    paths["report.html"].write_text(render_html(header, results, paths["report.png"].read_bytes(), html_layout(header)))
     return paths

@@ -1,16 +1,19 @@
-"""The video check's report: markdown, JSON, JUnit XML and a plot, as the AMG report writes them (the
-HTML page, parity/report/html.py, is the point task's layout and is not written here). The plot: J&F and
-the logits' error per stage, and J against the frame index (drift shows as a falling line). A failed or
-near-failing stage's worst object-frame is a picture beside report.md, linked from it
-(worst-<stage>-clip<c>-object<o>-frame<t>.png)."""
+"""The video check's report: markdown, JSON, JUnit XML, a plot and the HTML page (parity/report/html.py,
+this task's PageLayout), as the point and AMG reports write them. The plot: J&F and the logits' error per
+stage, and J against the frame index (drift shows as a falling line). A failed or near-failing stage's
+worst object-frame is a picture beside report.md, linked from it
+(worst-<stage>-clip<c>-object<o>-frame<t>.png), and on the page."""
 
 from __future__ import annotations
 
+import html
 import json
 from pathlib import Path
 
 from parity.compare.gates import StageResult
+from parity.report.html import Figure, PageLayout, render_html
 from parity.report.verdicts import (
+    REPORT_FILES,
     VERDICT_COLORS,
     all_gates_lines,
     failure_lines,
@@ -22,7 +25,6 @@ from parity.report.verdicts import (
     verdict_line,
 )
 
-REPORT_FILES = ("report.md", "report.json", "junit.xml", "report.png")
 COLUMNS = ("J&F mean", "J&F worst", "J mean", "F mean", "worst drift (J)", "objects lost", "logits rel L2",
            "object score err (rel)", "J&F vs GT (golden)", "s")
 
@@ -41,6 +43,20 @@ def _row(r: StageResult) -> str:
     return f"| {r.stage} | {stage_verdict(r)} | " + " | ".join(str(c) for c in cells) + " |"
 
 
+def facts(header: dict) -> list[str]:
+    """The run's facts under the verdict, after the golden's (plain text; markdown and the page show them)."""
+    return [
+        (f"this run: {header['device']}, torch {header['torch']}; input size {header['input_size']}; "
+         f"prompts: {header['prompt_policy']}"),
+        f"masks gated: {'yes' if header['masks_meaningful'] else 'no (seeded synthetic weights: J&F is reported, logits and object scores gate)'}",
+        *([f"not built for video tracking, not run: {', '.join(header['not_built'])}"] if header.get("not_built") else []),
+        ("J: region IoU; F: DAVIS boundary F (tolerance 0.008 of the diagonal); per object and frame vs the "
+         "golden's mask; drift: mean J of the last 10 frames minus the first 10 where the golden has the object (worst object; gated as "
+         "drift_j_fall, its fall, over objects on 40 such frames and more; a shorter track's last quarter and first, reported "
+         "only); lost: J < 0.5 where the golden has the object"),
+    ]
+
+
 def render_markdown(header: dict, results: list[StageResult]) -> str:
     lines = [
         f"# video parity report: {header['model_type']} ({header['checkpoint']}) on {header['dataset']}",
@@ -48,15 +64,7 @@ def render_markdown(header: dict, results: list[StageResult]) -> str:
         verdict_line(results),
         "",
         f"- golden: `{header['golden']}` (made on {header['golden_device']}, torch {header['golden_torch']})",
-        (f"- this run: {header['device']}, torch {header['torch']}; input size {header['input_size']}; "
-         f"prompts: {header['prompt_policy']}"),
-        f"- masks gated: {'yes' if header['masks_meaningful'] else 'no (seeded synthetic weights: J&F is reported, logits and object scores gate)'}",
-        *([f"- not built for video tracking, not run: {', '.join(header['not_built'])}"] if header.get("not_built") else []),
-        ("- J: region IoU; F: DAVIS boundary F (tolerance 0.008 of the diagonal); per object and frame vs the "
-         "golden's mask; drift: mean J of the last 10 frames minus the first 10 where the golden has the object (worst object; gated as "
-         "drift_j_fall, its fall, over objects on 40 such frames and more; a shorter track's last quarter and first, reported "
-         "only); "
-         "lost: J < 0.5 where the golden has the object"),
+        *(f"- {fact}" for fact in facts(header)),
         "",
         "| stage | verdict | " + " | ".join(COLUMNS) + " |",
         "|---|---|" + "---|" * len(COLUMNS),
@@ -106,6 +114,33 @@ def plot(results: list[StageResult], path: Path) -> None:
     plt.close(fig)
 
 
+def _figures(result: StageResult) -> list[Figure]:
+    figures = []
+    for i, png in sorted(result.pictures.items()):
+        w = result.worst[i]
+        figures.append(Figure(png, f"clip {w['video_id']}, object {w['object_id']}, frame {w['frame']}: J {w['j']:.4f}, "
+                                   f"F {w['f']:.4f} vs golden; J&F vs ground truth {w['jf_gt']:.4f} "
+                                   f"(the golden's {w['golden_jf_gt']:.4f})"))
+    return figures
+
+
+def html_layout(header: dict) -> PageLayout:
+    """The video task's page (parity/report/html.py): its gates, its worst object-frame."""
+    return PageLayout(
+        kind="video parity report",
+        facts=[html.escape(fact) for fact in facts(header)],
+        gate_labels={"jf_mean": "J&F mean", "jf_worst": "J&F worst", "objects_lost": "objects lost",
+                     "drift_j_fall": "drift (J fall)", "logits_rel_l2": "logits rel L2",
+                     "object_score_max_rel_err": "object score err"},
+        plot_alt="J&F and the logits' error per stage, and J against the frame index",
+        plot_caption="J&F vs golden and the logits' error per stage; J vs golden by frame (drift shows as a falling line).",
+        picture_note=("The worst object-frame: the frame, the golden's mask, the stage's, and where they differ (green: "
+                      "golden only, red: stage only)."),
+        figures=_figures,
+        extra_column=("s", lambda r: fmt((r.summary or {}).get("seconds"), 1)),
+    )
+
+
 def write_reports(folder: Path, header: dict, results: list[StageResult]) -> dict[str, Path]:
     folder.mkdir(parents=True, exist_ok=True)
     paths = {name: folder / name for name in REPORT_FILES}
@@ -113,6 +148,7 @@ def write_reports(folder: Path, header: dict, results: list[StageResult]) -> dic
     paths["report.json"].write_text(json.dumps({"task": "video", **report_payload(header, results)}, indent=2, default=str) + "\n")
     paths["junit.xml"].write_text(render_junit(results))
     plot(results, paths["report.png"])
+    paths["report.html"].write_text(render_html(header, results, paths["report.png"].read_bytes(), html_layout(header)))
     for r in results:
         for i, png in r.pictures.items():
             (folder / picture_name(r.stage, r.worst[i])).write_bytes(png)
