@@ -59,6 +59,7 @@ import torch
 
 import samfast
 from bench.families import MODEL_TYPES, built_stages, not_built, reference_model, reference_name
+from bench.kernel_kinds import by_kind
 from bench.timing import counting_compiles, device_name, fmt, free, peak_gib, reset_peak, sync, time_call, timed_compile_note
 from samfast.predictor import Prompts
 from samfast.sam2.config import is_sam2_type
@@ -315,12 +316,15 @@ def run_config(row: Row, args, device: torch.device, deadline: float, profile: b
         row.e2e_img_s = row.batch / time_call(lambda: runner.e2e(*e2e_inputs), device, **timing)
     row.peak_gib = peak_gib(device)
     if profile:
-        row.notes["profile"] = {"encoder": profile_top_kernels(lambda: runner.encode(images), device),
-                                "e2e": profile_top_kernels(lambda: runner.e2e(*e2e_inputs), device)}
+        parts = {"encoder": lambda: runner.encode(images), "e2e": lambda: runner.e2e(*e2e_inputs)}
+        profiles = {part: profile_kernels(fn, device) for part, fn in parts.items()}
+        row.notes["profile"] = {part: top for part, (top, _) in profiles.items()}
+        row.notes["profile_kinds"] = {part: kinds for part, (_, kinds) in profiles.items() if kinds}
 
 
-def profile_top_kernels(fn, device: torch.device, top: int = 10) -> list[dict]:
-    """The `top` CUDA kernels (on the CPU: operators) by self time over two calls of `fn`."""
+def profile_kernels(fn, device: torch.device, top: int = 10) -> tuple[list[dict], dict[str, float]]:
+    """The `top` CUDA kernels (on the CPU: operators) by self time over two calls of `fn`, and on a GPU
+    every kernel's time per call summed by kind (bench.kernel_kinds; {} on a CPU)."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -344,7 +348,9 @@ def profile_top_kernels(fn, device: torch.device, top: int = 10) -> list[dict]:
         timed = [(float(e.self_cpu_time_total), e) for e in events]
     total = sum(t for t, _ in timed) or 1.0
     timed.sort(key=lambda te: te[0], reverse=True)
-    return [{"name": e.key, "self_us_per_call": t / 2, "calls": e.count // 2, "share": t / total} for t, e in timed[:top]]
+    kinds = by_kind({e.key: t / 2 for t, e in timed}) if device.type == "cuda" else {}
+    return [{"name": e.key, "self_us_per_call": t / 2, "calls": e.count // 2, "share": t / total}
+            for t, e in timed[:top]], kinds
 
 
 # --- the run -------------------------------------------------------------------------------------
@@ -519,6 +525,12 @@ def markdown(env: dict, rows: list[Row]) -> str:
             for k in top:
                 name = k["name"].replace("|", "/")
                 lines.append(f"| `{name[:110]}` | {k['self_us_per_call']:.0f} | {k['calls']} | {100 * k['share']:.1f}% |")
+            kinds = r.notes.get("profile_kinds", {}).get(part)
+            if kinds:
+                total = sum(kinds.values()) or 1.0
+                lines += ["", f"Every kernel of the {part} call by kind (bench.kernel_kinds):", "",
+                          f"| kind | us per {part} call | share |", "|---|---:|---:|"]
+                lines += [f"| {kind} | {us:.0f} | {100 * us / total:.1f}% |" for kind, us in kinds.items()]
     return "\n".join(lines) + "\n"
 
 

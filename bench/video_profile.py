@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 
 import samfast
+from bench.kernel_kinds import by_kind
 from bench.timing import device_name, sync
 from bench.video import WARMUP_FRAMES, click_objects, make_clip, open_session, propagate_each, samfast_predictor
 
@@ -170,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
                 host[n], kernels[n], wall[n] = profile_session(predictor, clip, n, args.frames, device)
             print(f"{n} object(s): {wall[n]:.2f} ms per {unit} under the profiler", file=sys.stderr, flush=True)
     longest = {name: us for name, us in kernels[counts[-1]].items() if name != ALL_KERNELS}
+    kinds = {n: by_kind({name: us for name, us in kernels[n].items() if name != ALL_KERNELS}) for n in counts}
     top = sorted(longest, key=longest.get, reverse=True)[:KERNEL_ROWS]
     profiled_what = (f"the frame-0 clicks (one per object) after a warm-up session of {args.warmup_frames} tracked frames"
                      if args.clicks else
@@ -185,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         "",
         *table(f"GPU kernels (all, then the {KERNEL_ROWS} longest at {counts[-1]} objects)", kernels, [ALL_KERNELS, *top],
                counts, unit),
+        *table("GPU time by kind of kernel (bench.kernel_kinds)", kinds, list(kinds[counts[-1]]), counts, unit),
         *table(f"parts on the host (us per {unit} of each part's calls, their launches included)", host,
                [part for part, _, _ in (CLICK_PARTS if args.clicks else PARTS)], counts, unit),
     ]

@@ -88,3 +88,15 @@ def test_sam2s_compiled_row_compiles_in_the_mode_asked_for(monkeypatch, argv, ex
     row = next(r for r in ladder.plan(args) if r.stage == "reference bf16+compile")
     runner = ladder.make_runner(row, torch.device("cuda"), args.reference_compile_mode)
     assert modes == [expected] and expected in runner.notes()["dtype"]
+
+
+def test_a_gpu_profile_is_summed_by_kind_below_its_longest_kernels():
+    """What a GPU run's profiled row prints (bench.kernel_kinds): its every kernel's time per kind, with shares."""
+    args = ladder.parse_args(["--cpu", "--models", "vit_tiny", "--batches", "1"])
+    env = {**ladder.environment(torch.device("cpu"), args), "capability": "9.0"}  # as a GPU's environment names it
+    top = [{"name": "nvjet_sm90_tst_192x192", "self_us_per_call": 30.0, "calls": 1, "share": 0.75}]
+    kinds = {"GEMM (cuBLAS / CUTLASS)": 30.0, "inductor fused (triton_*)": 10.0}
+    row = ladder.Row("vit_tiny", 1, "nt", "samfast", notes={"profile": {"encoder": top}, "profile_kinds": {"encoder": kinds}})
+    text = ladder.markdown(env, [row])
+    assert "| `nvjet_sm90_tst_192x192` | 30 | 1 | 75.0% |" in text
+    assert "| GEMM (cuBLAS / CUTLASS) | 30 | 75.0% |" in text and "| inductor fused (triton_*) | 10 | 25.0% |" in text
