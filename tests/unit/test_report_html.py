@@ -132,3 +132,26 @@ def test_chromium_renders_the_failing_report(failing_report, tmp_path):
     screenshot(blank, tmp_path / "blank.png")
     assert _pixel_std(tmp_path / "blank.png") < 1  # the check's planted defect: an empty page is blank to it
     assert _pixel_std(tmp_path / "report.png") > 20
+
+
+@needs_chromium
+def test_chromium_renders_a_failing_video_report(tmp_path):
+    """The video task's page through the same frame (its PageLayout): masks made to order, one object
+    decaying over the last 10 of 100 frames (tests/unit/test_video_compare.py), fails on drift."""
+    from parity.golden.videos import Clip
+    from parity.tasks.video.report import write_reports
+    from parity.tasks.video.runner import worst_frame_picture
+    from tests.unit.test_video_compare import run, shrunk, square
+
+    failing = run(100, 90, shrunk(), stage="bf16")
+    failing.pictures = worst_frame_picture(failing, [Clip(1, np.full((100, 20, 20, 3), 90, np.uint8),
+                                                          np.stack([np.stack([square()] * 100)] * 2))])
+    header = {"model_type": "sam2.1_hiera_nano", "checkpoint": "test", "dataset": "made to order", "golden": "golden/x",
+              "golden_device": "cpu", "golden_torch": "2", "device": "cpu", "torch": "2", "input_size": 256,
+              "prompt_policy": "test", "masks_meaningful": True}
+    page = write_reports(tmp_path, header, [run(100, 100), failing])["report.html"]
+    dom = dump_dom(page)
+    assert "<h1>FAIL</h1>" in dom and "<h2>bf16: what failed</h2>" in dom and dom.count('<img class="worst"') == 1
+    assert "drift_j_fall 0.1 (needs &lt;= 0.01): FAIL" in dom
+    screenshot(page, tmp_path / "shot.png")
+    assert _pixel_std(tmp_path / "shot.png") > 20
