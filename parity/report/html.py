@@ -66,13 +66,13 @@ class PageLayout:
     failed or near-failing stage)."""
 
     kind: str  # the page's name: "parity report", "AMG parity report", ...
-    facts: list[str]  # HTML lines under the banner (the note on limits is added after them)
+    facts: list[str]  # plain-text lines under the banner, escaped here (the note on limits is added after them)
     gate_labels: dict[str, str]  # the stage table's gate columns: metric -> label
     plot_alt: str
     plot_caption: str
     picture_note: str  # HTML above a stage's pictures
     figures: Callable[[StageResult], list[Figure]]  # a stage's pictures, worst first
-    extra_column: tuple[str, Callable[[StageResult], str]] | None = None  # (label, the cell's text)
+    extra_column: tuple[str, str, int] | None = None  # (label, the summary key it shows, digits)
 
 
 def _png(data: bytes, css_class: str, alt: str) -> str:
@@ -95,7 +95,8 @@ def _stage_row(result: StageResult, layout: PageLayout) -> str:
     gates = {g.metric: g for g in result.gates}
     cells = "".join(_gate_cell(gates.get(metric)) for metric in layout.gate_labels)
     if layout.extra_column is not None:
-        cells += f"<td>{html.escape(layout.extra_column[1](result))}</td>"
+        _, key, digits = layout.extra_column
+        cells += f"<td>{fmt((result.summary or {}).get(key), digits)}</td>"
     return (f"<tr><td>{html.escape(result.stage)}</td><td class=\"verdict {verdict_class}\">"
             f"{html.escape(stage_verdict(result))}</td>{cells}</tr>")
 
@@ -134,7 +135,7 @@ def render_html(header: dict, results: list[StageResult], plot_png: bytes, layou
     facts = [
         f"golden: <code>{html.escape(str(header['golden']))}</code> (made on {html.escape(str(header['golden_device']))}, "
         f"torch {html.escape(str(header['golden_torch']))})",
-        *layout.facts,
+        *(html.escape(fact) for fact in layout.facts),
         "under each value: its limit and the share of the limit it uses (×): value / limit for an error bound, "
         f"IoU lost / IoU loss allowed for an IoU floor; above 1× fails, {NEAR_FAILING:.1f}× and up is "
         "<b>near-failing</b> and shown with pictures like a failure",

@@ -3,7 +3,6 @@ and the self-contained HTML page (parity/report/html.py)."""
 
 from __future__ import annotations
 
-import html
 import json
 from pathlib import Path
 
@@ -113,8 +112,8 @@ def html_layout(header: dict) -> PageLayout:
     """The point task's page (parity/report/html.py): its gates, its worst annotations."""
     return PageLayout(
         kind="parity report",
-        facts=[f"this run: {html.escape(str(header['device']))}, torch {html.escape(str(header['torch']))}; "
-               f"{header['annotations']} annotations, {html.escape(str(header['prompt']))} prompts",
+        facts=[f"this run: {header['device']}, torch {header['torch']}; {header['annotations']} annotations, "
+               f"{header['prompt']} prompts",
                "masks gated: " + ("yes" if header["masks_meaningful"] else
                                   "no (seeded synthetic weights: mask IoU is reported, logits gate)")],
         gate_labels={"logits_rel_l2": "logits rel L2", "score_max_abs_err": "score err", "mask_iou_mean": "mask IoU mean",
@@ -126,7 +125,7 @@ def html_layout(header: dict) -> PageLayout:
                       '<span class="tie">near tie</span> of the golden\'s scores the stage is compared with the '
                       "golden's mask of the same index."),
         figures=_figures,
-        extra_column=("img/s", lambda r: fmt((r.summary or {}).get("steady_img_s"), 2)),
+        extra_column=("img/s", "steady_img_s", 2),
     )
 
 

@@ -6,7 +6,6 @@ worst object-frame is a picture beside report.md, linked from it
 
 from __future__ import annotations
 
-import html
 import json
 from pathlib import Path
 
@@ -128,7 +127,7 @@ def html_layout(header: dict) -> PageLayout:
     """The video task's page (parity/report/html.py): its gates, its worst object-frame."""
     return PageLayout(
         kind="video parity report",
-        facts=[html.escape(fact) for fact in facts(header)],
+        facts=facts(header),
         gate_labels={"jf_mean": "J&F mean", "jf_worst": "J&F worst", "objects_lost": "objects lost",
                      "drift_j_fall": "drift (J fall)", "logits_rel_l2": "logits rel L2",
                      "object_score_max_rel_err": "object score err"},
@@ -137,7 +136,7 @@ def html_layout(header: dict) -> PageLayout:
         picture_note=("The worst object-frame: the frame, the golden's mask, the stage's, and where they differ (green: "
                       "golden only, red: stage only)."),
         figures=_figures,
-        extra_column=("s", lambda r: fmt((r.summary or {}).get("seconds"), 1)),
+        extra_column=("s", "seconds", 1),
     )
 
 
