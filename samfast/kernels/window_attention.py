@@ -9,8 +9,8 @@ went from 152.9 to 166.4 img/s. At 64 queries a window cuDNN is as fast or faste
 routes only attentions whose windows fit MAX_QUERIES and MAX_KEYS here (:func:`fits`;
 samfast.sam2.sam2_base). Measured: docs/measurements/window-attention-h100-2026-11-26.md.
 
-A program loads its window's queries, keys and values once (heads padded to a power of 2 in registers,
-never in memory), takes softmax(q k^T * scale) v with no running maximum to carry (every key is in
+A program loads its window's queries, keys and values once (a head's channels as two power-of-2 tiles
+in registers, 72 = 64 + 16 with 8 masked: :func:`split_channels`; never padded in memory), takes softmax(q k^T * scale) v with no running maximum to carry (every key is in
 one tile), and writes its rows. q, k and v are read through their strides, so Hiera's views of its qkv
 projection need no copy; the output is allocated (B, L, H, D) and returned as its (B, H, L, D) view,
 the layout Hiera's output projection reads.
@@ -38,7 +38,7 @@ __all__ = ["MAX_KEYS", "MAX_QUERIES", "fits", "window_attention", "window_attent
 
 MAX_QUERIES = 16  # queries a window may have here: at 64, cuDNN's kernel is as fast (above)
 MAX_KEYS = 64  # keys a window may have: one (queries, keys) fp32 tile of scores in registers
-MAX_HEAD_DIM = 128  # a head's channels, padded to a power of 2 in registers
+MAX_HEAD_DIM = 128  # a head's channels: at most two register tiles of 64 (split_channels)
 LOG2E = 1.4426950408889634
 
 
@@ -64,9 +64,10 @@ def _window_attention_fwd(
     D: tl.constexpr,
     QK_SCALE: tl.constexpr,  # scale * log2(e): a constexpr, as inductor hands float arguments over as fp64
     PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr,  # LQ, LK and D padded to powers of 2, at least 16 (tl.dot's least)
+    BLOCK_M: tl.constexpr,  # LQ and LK padded to powers of 2, at least 16 (tl.dot's least)
     BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr,
+    D_HEAD: tl.constexpr,  # a head's channels as two power-of-2 parts (split_channels): 72 = 64 + 16 (8 masked)
+    D_TAIL: tl.constexpr,  # 0: none
 ):
     # Builtins only (tl.reduce with the standard combine, not tl.max / tl.sum), as in relpos_attention.py:
     # the library helpers would tie the kernel to the TRITON_INTERPRET of import time.
@@ -75,22 +76,34 @@ def _window_attention_fwd(
     h = (pid % H).to(tl.int64)
     rows = tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
-    channels = tl.arange(0, BLOCK_D)
-    in_d = channels[None, :] < D
-    q = tl.load(Q + b * stride_qb + h * stride_qh + rows[:, None] * stride_ql + channels[None, :] * stride_qd,
-                mask=(rows[:, None] < LQ) & in_d, other=0.0)
-    kv_mask = (cols[:, None] < LK) & in_d
-    k = tl.load(K + b * stride_kb + h * stride_kh + cols[:, None] * stride_kl + channels[None, :] * stride_kd,
-                mask=kv_mask, other=0.0)
-    v = tl.load(V + b * stride_vb + h * stride_vh + cols[:, None] * stride_vl + channels[None, :] * stride_vd,
-                mask=kv_mask, other=0.0)
-    scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * QK_SCALE
-    scores = tl.where(cols[None, :] < LK, scores, float("-inf"))
+    in_rows = rows[:, None] < LQ
+    in_cols = cols[:, None] < LK
+    q_rows = Q + b * stride_qb + h * stride_qh + rows[:, None] * stride_ql
+    k_rows = K + b * stride_kb + h * stride_kh + cols[:, None] * stride_kl
+    v_rows = V + b * stride_vb + h * stride_vh + cols[:, None] * stride_vl
+    o_rows = Out + b * stride_ob + h * stride_oh + rows[:, None] * stride_ol
+    head = tl.arange(0, D_HEAD)[None, :]
+    in_head = head < D
+    k = tl.load(k_rows + head * stride_kd, mask=in_cols & in_head, other=0.0)
+    scores = tl.dot(tl.load(q_rows + head * stride_qd, mask=in_rows & in_head, other=0.0), tl.trans(k),
+                    input_precision=PRECISION)
+    if D_TAIL > 0:
+        tail = D_HEAD + tl.arange(0, D_TAIL)[None, :]
+        in_tail = tail < D
+        k = tl.load(k_rows + tail * stride_kd, mask=in_cols & in_tail, other=0.0)
+        scores = tl.dot(tl.load(q_rows + tail * stride_qd, mask=in_rows & in_tail, other=0.0), tl.trans(k), scores,
+                        input_precision=PRECISION)
+    scores = tl.where(cols[None, :] < LK, scores * QK_SCALE, float("-inf"))
     p = tl.math.exp2(scores - tl.reduce(scores, 1, tl.standard._elementwise_max)[:, None])
-    total = tl.reduce(p, 1, tl.standard._sum_combine)
-    out = tl.dot(p.to(v.dtype), v, input_precision=PRECISION) / total[:, None]
-    tl.store(Out + b * stride_ob + h * stride_oh + rows[:, None] * stride_ol + channels[None, :] * stride_od,
-             out.to(Out.dtype.element_ty), mask=(rows[:, None] < LQ) & in_d)
+    total = tl.reduce(p, 1, tl.standard._sum_combine)[:, None]
+    p = p.to(V.dtype.element_ty)
+    v = tl.load(v_rows + head * stride_vd, mask=in_cols & in_head, other=0.0)
+    out = tl.dot(p, v, input_precision=PRECISION) / total
+    tl.store(o_rows + head * stride_od, out.to(Out.dtype.element_ty), mask=in_rows & in_head)
+    if D_TAIL > 0:
+        v = tl.load(v_rows + tail * stride_vd, mask=in_cols & in_tail, other=0.0)
+        out = tl.dot(p, v, input_precision=PRECISION) / total
+        tl.store(o_rows + tail * stride_od, out.to(Out.dtype.element_ty), mask=in_rows & in_tail)
 
 
 # one program per (window, head): only the warps to choose (the interpreter takes the first)
@@ -106,6 +119,15 @@ def _new_output(q: torch.Tensor) -> torch.Tensor:
 
 def _block(n: int) -> int:
     return max(16, triton.next_power_of_2(n))
+
+
+def split_channels(d: int) -> tuple[int, int]:
+    """A head's d channels as (head, tail) tiles of powers of 2, each at least 16 (tail 0 when head holds
+    them all): 72 -> (64, 16), 96 -> (64, 32), 64 -> (64, 0), 8 -> (16, 0). Padding 72 to one tile of 128
+    made the products 1.8x the work: on the second stage's 4 x 4 windows (H200, batch 8 hiera_l) the split
+    took 116 us a block where one tile took 208 (docs/measurements/window-attention-head-split-h200-2026-11-28.md)."""
+    head = max(16, 1 << (d.bit_length() - 1))
+    return (head, 0) if head >= d else (head, _block(d - head))
 
 
 def _window_attention_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
@@ -124,7 +146,7 @@ def _window_attention_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
         PRECISION=dot_precision(q.dtype),
         BLOCK_M=_block(lq),
         BLOCK_N=_block(lk),
-        BLOCK_D=_block(d),
+        **dict(zip(("D_HEAD", "D_TAIL"), split_channels(d))),
         **meta,
     )
     return out

@@ -40,8 +40,9 @@ SHAPES = [
     (3, 2, 16, 16, 96, False),  # Hiera-T's heads
     (3, 4, 16, 64, 56, True),  # Hiera-B+'s
     (5, 2, 9, 40, 32, False),  # no power of 2: padded queries and keys
+    (3, 2, 16, 16, 8, False),  # heads narrower than tl.dot's least: one masked tile of 16
 ]
-SHAPE_IDS = ["l-stage2", "l-pooled-8x8", "l-pooled-4x4", "t-heads-96", "b+-heads-56", "odd-counts"]
+SHAPE_IDS = ["l-stage2", "l-pooled-8x8", "l-pooled-4x4", "t-heads-96", "b+-heads-56", "odd-counts", "heads-8"]
 
 
 def hiera_inputs(seed: int, shape, dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -99,6 +100,19 @@ def test_planted_defects_exceed_the_tolerance(request, monkeypatch, dtype, plant
 
 
 @torch.no_grad()
+@torch.no_grad()
+def test_a_head_without_its_tail_tile_exceeds_the_tolerance(request, monkeypatch):
+    """Planted: the channels past the first power of 2 (72 = 64 + 8) never computed; NaN counts as failing."""
+    monkeypatch.setattr(wa, "split_channels", lambda d: (1 << (d.bit_length() - 1), 0))
+    assert not error(request, torch.float32, SHAPES[0]) <= PLANTED_FACTOR * RELATIVE_TOLERANCE[torch.float32]
+
+
+def test_split_channels_covers_each_head_in_two_tiles():
+    assert wa.split_channels(72) == (64, 16) and wa.split_channels(96) == (64, 32)
+    assert wa.split_channels(56) == (32, 32) and wa.split_channels(64) == (64, 0)
+    assert wa.split_channels(128) == (128, 0) and wa.split_channels(8) == (16, 0)
+
+
 def test_windows_too_large_take_sdpa_and_count_it():
     q = torch.randn(2, 2, MAX_QUERIES * 4, 32)
     out = window_attention(q, q, q, 0.2)
