@@ -97,6 +97,8 @@ def test_a_gpu_profile_is_summed_by_kind_below_its_longest_kernels():
     top = [{"name": "nvjet_sm90_tst_192x192", "self_us_per_call": 30.0, "calls": 1, "share": 0.75}]
     kinds = {"GEMM (cuBLAS / CUTLASS)": 30.0, "inductor fused (triton_*)": 10.0}
     row = ladder.Row("vit_tiny", 1, "nt", "samfast", notes={"profile": {"encoder": top}, "profile_kinds": {"encoder": kinds}})
+    row.encoder_img_s = 1 / 50e-6  # a timed call of 50 us: 40 of kernels, 10 idle
     text = ladder.markdown(env, [row])
     assert "| `nvjet_sm90_tst_192x192` | 30 | 1 | 75.0% |" in text
     assert "| GEMM (cuBLAS / CUTLASS) | 30 | 75.0% |" in text and "| inductor fused (triton_*) | 10 | 25.0% |" in text
+    assert "Kernels 0.04 ms of a timed encoder call of 0.05 ms" in text and "idles 0.01 ms (20.0%)" in text
