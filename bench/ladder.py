@@ -49,6 +49,7 @@ import os
 import platform
 import shlex
 import sys
+import tempfile
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
@@ -59,6 +60,8 @@ import torch
 
 import samfast
 from bench.families import MODEL_TYPES, built_stages, not_built, reference_model, reference_name
+from bench.kernel_gaps import gaps
+from bench.kernel_gaps import summary as gap_summary
 from bench.kernel_kinds import by_kind
 from bench.timing import counting_compiles, device_name, fmt, free, peak_gib, reset_peak, sync, time_call, timed_compile_note
 from samfast.predictor import Prompts
@@ -318,13 +321,15 @@ def run_config(row: Row, args, device: torch.device, deadline: float, profile: b
     if profile:
         parts = {"encoder": lambda: runner.encode(images), "e2e": lambda: runner.e2e(*e2e_inputs)}
         profiles = {part: profile_kernels(fn, device) for part, fn in parts.items()}
-        row.notes["profile"] = {part: top for part, (top, _) in profiles.items()}
-        row.notes["profile_kinds"] = {part: kinds for part, (_, kinds) in profiles.items() if kinds}
+        row.notes["profile"] = {part: top for part, (top, _, _) in profiles.items()}
+        row.notes["profile_kinds"] = {part: kinds for part, (_, kinds, _) in profiles.items() if kinds}
+        row.notes["profile_gaps"] = {part: found for part, (_, _, found) in profiles.items() if found}
 
 
-def profile_kernels(fn, device: torch.device, top: int = 10) -> tuple[list[dict], dict[str, float]]:
+def profile_kernels(fn, device: torch.device, top: int = 10) -> tuple[list[dict], dict[str, float], dict]:
     """The `top` CUDA kernels (on the CPU: operators) by self time over two calls of `fn`, and on a GPU
-    every kernel's time per call summed by kind (bench.kernel_kinds; {} on a CPU)."""
+    every kernel's time per call summed by kind (bench.kernel_kinds) and the GPU's idle time between
+    them (bench.kernel_gaps); {} and {} on a CPU."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -350,7 +355,16 @@ def profile_kernels(fn, device: torch.device, top: int = 10) -> tuple[list[dict]
     timed.sort(key=lambda te: te[0], reverse=True)
     kinds = by_kind({e.key: t / 2 for t, e in timed}) if device.type == "cuda" else {}
     return [{"name": e.key, "self_us_per_call": t / 2, "calls": e.count // 2, "share": t / total}
-            for t, e in timed[:top]], kinds
+            for t, e in timed[:top]], kinds, trace_gaps(prof, calls=2) if device.type == "cuda" else {}
+
+
+def trace_gaps(prof, calls: int) -> dict:
+    """bench.kernel_gaps' summary of a finished profile, read back from its Chrome trace."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        events = json.loads(path.read_text())["traceEvents"]
+    return gap_summary(gaps(events), calls)
 
 
 # --- the run -------------------------------------------------------------------------------------
@@ -533,7 +547,20 @@ def markdown(env: dict, rows: list[Row]) -> str:
                 lines += [f"| {kind} | {us:.0f} | {100 * us / total:.1f}% |" for kind, us in kinds.items()]
                 img_s = getattr(r, f"{part}_img_s")
                 lines += ["", idle_line(total, r.batch / img_s, part) if img_s else f"(no timed {part} call to hold them against)"]
+            found = r.notes.get("profile_gaps", {}).get(part)
+            if found:
+                said = (f"In the profiled {part} calls the GPU idled {found['idle_us_per_call']:.0f} us a call in "
+                        f"{found['gaps_per_call']:.0f} gaps; {found['host_bound_us_per_call']:.0f} us of it host-bound (the next "
+                        "operation launched after the GPU ran dry: bench.kernel_gaps). The longest:")
+                lines += ["", said, "", "| idle us | after | before | launched late us | host op |", "|---:|---|---|---:|---|"]
+                lines += [f"| {g['idle_us']:.0f} | `{cell(g['after'])}` | `{cell(g['before'])}` | {g['launched_late_us']:.0f} | "
+                          f"{cell(g['host_op']) or '-'} |" for g in found["longest"]]
     return "\n".join(lines) + "\n"
+
+
+def cell(name: str, width: int = 60) -> str:
+    """A kernel or operator name cut to fit a markdown table cell."""
+    return name[:width].replace("|", "/")
 
 
 def idle_line(kernel_us: float, call_s: float, part: str) -> str:

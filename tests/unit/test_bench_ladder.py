@@ -102,3 +102,16 @@ def test_a_gpu_profile_is_summed_by_kind_below_its_longest_kernels():
     assert "| `nvjet_sm90_tst_192x192` | 30 | 1 | 75.0% |" in text
     assert "| GEMM (cuBLAS / CUTLASS) | 30 | 75.0% |" in text and "| inductor fused (triton_*) | 10 | 25.0% |" in text
     assert "Kernels 0.04 ms of a timed encoder call of 0.05 ms" in text and "idles 0.01 ms (20.0%)" in text
+
+
+def test_a_gpu_profile_names_its_longest_idle_gaps():
+    """bench.kernel_gaps' summary as the row prints it: idle per call, the host-bound part, the longest gaps."""
+    args = ladder.parse_args(["--cpu", "--models", "vit_tiny", "--batches", "1"])
+    env = {**ladder.environment(torch.device("cpu"), args), "capability": "9.0"}
+    found = {"idle_us_per_call": 2900.0, "host_bound_us_per_call": 2100.0, "gaps_per_call": 640.0,
+             "longest": [{"idle_us": 812.0, "after": "nvjet|x", "before": "triton_per_fused_0", "launched_late_us": 790.0,
+                          "host_op": "aten::_scaled_dot_product_cudnn_attention"}]}
+    row = ladder.Row("vit_tiny", 1, "nt", "samfast", notes={"profile": {"encoder": []}, "profile_gaps": {"encoder": found}})
+    text = ladder.markdown(env, [row])
+    assert "the GPU idled 2900 us a call in 640 gaps; 2100 us of it host-bound" in text
+    assert "| 812 | `nvjet/x` | `triton_per_fused_0` | 790 | aten::_scaled_dot_product_cudnn_attention |" in text
