@@ -720,11 +720,12 @@ class VideoPredictor:
             frames = self._frames_to_encode(inference_state, frame_idx)
             images = inference_state.images[frames].to(inference_state.device).float()
             batch_out = self.model.forward_image(images)
-            # every frame's features in one layout, whatever the batch of frames: a compiled bf16 encoder
-            # returns its position encoding with the batch innermost (a frame of 8 read with strides 8x those
-            # of a frame of 1), and the compiled tracker guards on strides, so a batch of another size (the
-            # video's last, or a frame encoded alone) recompiled its memory attention mid-video.
-            # channels_last: the layout the compiled encoder gives its features (no copy for those)
+            # every frame's features in one layout, whatever the batch of frames: the compiled tracker guards
+            # on strides, so a frame laid out otherwise (the video's last batch, or a frame encoded alone)
+            # recompiled its memory attention mid-video (the encoder's outputs once copied its position
+            # encodings batch-innermost, a frame of 8 read with strides 8x those of a frame of 1).
+            # channels_last: the layout the compiled encoder gives its features, and its position encodings
+            # are views of one cached channels_last tensor (in_static_batches): no copy for either
             inference_state.cached_features = {
                 t: {key: [level[i : i + 1].contiguous(memory_format=torch.channels_last) for level in batch_out[key]]
                     for key in FRAME_FEATURE_KEYS}
