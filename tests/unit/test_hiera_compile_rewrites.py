@@ -5,7 +5,9 @@
 - HieraMLP.add_to on the "epilogue" path: the residual accumulated inside lin2's GEMM (addmm);
 - the neck's positional encodings filled before compiling, so the graph holds no sine or cosine;
 - Hiera's residual stream kept in window order from block to block (Hiera.forward_windowed), both
-  residuals accumulated inside GEMMs and the biases deferred, against the map-order forward in fp64.
+  residuals accumulated inside GEMMs and the biases deferred, against the map-order forward in fp64;
+- the decoder's conv_s0 / conv_s1 folded into the neck's 1x1 convs (FpnNeck.project_high_res), and the
+  model's forward_image with them there, against the convs applied after the encoder in fp64.
 
 Each comparison has a planted defect beside it that the same assertion catches.
 """
@@ -18,7 +20,9 @@ import torch.nn.functional as F
 
 from samfast.modeling.common import linear_gelu_tanh
 from samfast.sam2.backbones import hiera as hiera_module
+from samfast.sam2.backbones import neck as neck_module
 from samfast.sam2.backbones.hiera import Hiera, MultiScaleBlock, PatchEmbed
+from samfast.sam2.backbones.neck import FpnNeck
 from samfast.sam2.build import build_sam2_model
 from samfast.sam2.config import sam2_config
 from samfast.sam2.mlp import HieraMLP
@@ -216,3 +220,73 @@ def test_the_window_order_stream_compiles_to_what_it_computes_eagerly():
     torch._dynamo.reset()
     for ours, ref in zip(compiled, eager, strict=True):
         torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4)
+
+
+def fp64_neck_and_heads() -> tuple[FpnNeck, tuple[torch.nn.Conv2d, ...], list[torch.Tensor]]:
+    """A 4-level neck of width 16 (top-down sums on levels 2 and 3, as every config), heads 16 -> 2 and 16 -> 4
+    (conv_s0 / conv_s1 are 256 -> 32 / 64), trunk maps of widths 6 to 48, all with non-zero biases."""
+    torch.manual_seed(0)
+    neck = FpnNeck(16, [48, 24, 12, 6]).double()
+    heads = (torch.nn.Conv2d(16, 2, 1).double(), torch.nn.Conv2d(16, 4, 1).double())
+    for module in (neck, *heads):
+        for p in module.parameters():
+            torch.nn.init.normal_(p, std=0.5)
+    maps = [torch.randn(2, width, size, size, dtype=torch.float64) for width, size in ((6, 16), (12, 8), (24, 4), (48, 2))]
+    return neck, heads, maps
+
+
+def heads_after_the_neck(neck, heads, maps) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    out, pos = neck(maps)
+    return [head(level) for head, level in zip(heads, out)] + out[len(heads):], pos
+
+
+def test_high_res_heads_folded_into_the_neck_equal_them_applied_after_it_in_fp64():
+    neck, heads, maps = fp64_neck_and_heads()
+    want_out, want_pos = heads_after_the_neck(neck, heads, maps)
+    neck.project_high_res(heads)
+    got_out, got_pos = neck(maps)
+    for got, want in zip(got_out + got_pos, want_out + want_pos):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+
+
+def test_high_res_heads_folded_without_the_necks_bias_are_caught(monkeypatch):
+    """The planted defect: the fold drops W2 b1 (the neck conv's bias seen through the head)."""
+    neck, heads, maps = fp64_neck_and_heads()
+    want_out, _ = heads_after_the_neck(neck, heads, maps)
+
+    def fold_without_first_bias(x, first, second):
+        return F.conv2d(x, (second.weight.flatten(1) @ first.weight.flatten(1))[..., None, None], second.bias)
+
+    monkeypatch.setattr(neck_module, "folded_1x1", fold_without_first_bias)
+    neck.project_high_res(heads)
+    with pytest.raises(AssertionError):
+        torch.testing.assert_close(neck(maps)[0][0], want_out[0], rtol=0, atol=1e-12)
+
+
+def test_a_head_on_a_level_of_the_top_down_sum_is_refused():
+    neck, heads, _ = fp64_neck_and_heads()
+    with pytest.raises(ValueError, match="top-down sum"):
+        neck.project_high_res((*heads, heads[0]))  # level 2 takes the top-down sum
+
+
+def test_forward_image_with_the_heads_in_the_encoder_equals_sam2s_order(monkeypatch):
+    """The model's forward_image as the compile switch leaves it (the heads in the neck, conv_s0 / conv_s1
+    not applied again) against the fp32 stage's, on the trained nano in fp64."""
+    model = build_sam2_model("sam2.1_hiera_nano", "trained", device="cpu", stages="fp32").double()
+    images = torch.randn(1, 3, 1024, 1024, dtype=torch.float64)
+    with torch.no_grad():
+        want = model.forward_image(images)
+        model.project_high_res_in_encoder()
+        got = model.forward_image(images)
+    for key in ("backbone_fpn", "vision_pos_enc"):
+        for g, w in zip(got[key], want[key]):
+            torch.testing.assert_close(g, w, rtol=0, atol=1e-9)
+    assert [f.shape[1] for f in got["backbone_fpn"]] == [32, 64, 256]  # conv_s0 / conv_s1's widths
+
+
+@pytest.mark.parametrize("stages, folded", [("fp32", False), ("bf16+sdpa", False), ("bf16+compile+sdpa", True)])
+def test_the_compile_switch_folds_the_heads_into_the_encoder(stages, folded):
+    model = build_sam2_model("sam2.1_hiera_nano", "trained", device="cpu", stages=stages)
+    decoder = model.sam_mask_decoder
+    assert model.image_encoder.neck.high_res_heads == ((decoder.conv_s0, decoder.conv_s1) if folded else ())
+    assert "high_res_heads" not in str(list(model.state_dict()))  # the decoder's parameters, under their own keys
