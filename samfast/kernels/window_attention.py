@@ -11,9 +11,10 @@ samfast.sam2.sam2_base). Measured: docs/measurements/window-attention-h100-2026-
 
 A program loads its window's queries, keys and values once (a head's channels as two power-of-2 tiles
 in registers, 72 = 64 + 16 with 8 masked: :func:`split_channels`; never padded in memory), takes
-softmax(q k^T * scale) v with no running maximum to carry (every key is in one tile), and writes its rows. q, k and v are read through their strides, so Hiera's views of its qkv
-projection need no copy; the output is allocated (B, L, H, D) and returned as its (B, H, L, D) view,
-the layout Hiera's output projection reads.
+softmax(q k^T * scale) v with no running maximum to carry (every key is in one tile), and writes its
+rows. q, k and v are read through their strides, so Hiera's views of its qkv projection need no copy;
+the output is allocated (B, L, H, D) and returned as its (B, H, L, D) view, the layout Hiera's output
+projection reads.
 
 Arithmetic: fp32 scores and softmax; the probabilities rounded to the input dtype before their
 product with v, as flash attention rounds them.
