@@ -537,8 +537,7 @@ def markdown(env: dict, rows: list[Row]) -> str:
             lines += ["", f"## Top {len(top)} {what} by self time: {r.model} bs{r.batch} {r.stage}, {part}", "",
                       f"| kernel | us per {part} call | calls | share |", "|---|---:|---:|---:|"]
             for k in top:
-                name = k["name"].replace("|", "/")
-                lines.append(f"| `{name[:110]}` | {k['self_us_per_call']:.0f} | {k['calls']} | {100 * k['share']:.1f}% |")
+                lines.append(f"| `{cell(k['name'], 110)}` | {k['self_us_per_call']:.0f} | {k['calls']} | {100 * k['share']:.1f}% |")
             kinds = r.notes.get("profile_kinds", {}).get(part)
             if kinds:
                 total = sum(kinds.values()) or 1.0
