@@ -269,7 +269,7 @@ def test_a_head_on_a_level_of_the_top_down_sum_is_refused():
         neck.project_high_res((*heads, heads[0]))  # level 2 takes the top-down sum
 
 
-def test_forward_image_with_the_heads_in_the_encoder_equals_sam2s_order(monkeypatch):
+def test_forward_image_with_the_heads_in_the_encoder_equals_sam2s_order():
     """The model's forward_image as the compile switch leaves it (the heads in the neck, conv_s0 / conv_s1
     not applied again) against the fp32 stage's, on the trained nano in fp64."""
     model = build_sam2_model("sam2.1_hiera_nano", "trained", device="cpu", stages="fp32").double()
