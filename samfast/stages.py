@@ -95,7 +95,7 @@ def apply_stages(model, switches: frozenset[str]) -> None:
             mlp.gelu_impl = "quantized_kernel"
     if "compile" in switches:
         model.patch_embedding().as_gemm = True  # see PatchEmbed (each family's): cuDNN's conv for it is slow
-        model.project_high_res_in_encoder()  # SAM 2: straight to the decoder's widths (FpnNeck.project_high_res)
+        model.rewrite_encoder_for_compile()  # SAM 2's: the high-resolution levels, the positional table
         # likewise the decoder's transposed convs (kernels.upscaled_masks_reference; SAM 2's adds its
         # high-resolution levels between the two)
         if "triton" not in switches:

@@ -53,8 +53,8 @@ class Sam(nn.Module):
         """The mask downsamplers the triton switch fuses: SAM 1 has no memory encoder."""
         return {}
 
-    def project_high_res_in_encoder(self) -> None:
-        """SAM 2 folds its decoder's high-resolution convs into the encoder here; SAM 1's decoder reads none."""
+    def rewrite_encoder_for_compile(self) -> None:
+        """SAM 2 rewrites parts of its encoder here as the compile switch compiles it; SAM 1's has none."""
 
     def triton_attention_modules(self) -> dict[str, nn.Module]:
         """The encoder attentions the triton switch puts on a kernel: every one (their decomposed rel-pos

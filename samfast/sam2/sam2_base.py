@@ -131,16 +131,18 @@ class SAM2Base(SAM2Tracking, nn.Module):
         """The image encoder's outputs, with the two high-resolution levels already projected by
         the decoder's conv_s0 / conv_s1 (once per image instead of once per prompt)."""
         backbone_out = in_static_batches(self.image_encoder, img_batch.to(self.dtype), self.static_batch)
-        if not self.image_encoder.neck.high_res_heads:  # else the neck applied them (project_high_res_in_encoder)
+        if not self.image_encoder.neck.high_res_heads:  # else the neck applied them (rewrite_encoder_for_compile)
             fpn = backbone_out["backbone_fpn"]
             fpn[0] = self.sam_mask_decoder.conv_s0(fpn[0])
             fpn[1] = self.sam_mask_decoder.conv_s1(fpn[1])
         return backbone_out
 
-    def project_high_res_in_encoder(self) -> None:
-        """The decoder's conv_s0 / conv_s1 folded into the neck's own 1x1 convs of those levels, inside the
-        image encoder (FpnNeck.project_high_res): the compile switch's, as it compiles the encoder."""
+    def rewrite_encoder_for_compile(self) -> None:
+        """The compile switch's rewrites of SAM 2's image encoder, made as it compiles it: the decoder's
+        conv_s0 / conv_s1 folded into the neck's own 1x1 convs of those levels (FpnNeck.project_high_res),
+        and Hiera's positional table stored once per call (hiera.stored_pos_embed)."""
         self.image_encoder.neck.project_high_res((self.sam_mask_decoder.conv_s0, self.sam_mask_decoder.conv_s1))
+        self.image_encoder.trunk.pos_embed_stored = True
 
     def _prepare_backbone_features(self, backbone_out: dict) -> tuple[dict, list, list, list]:
         """sam2's flattened view of the last num_feature_levels levels: (HW, B, C) features and

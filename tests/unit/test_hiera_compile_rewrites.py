@@ -7,7 +7,9 @@
 - Hiera's residual stream kept in window order from block to block (Hiera.forward_windowed), both
   residuals accumulated inside GEMMs and the biases deferred, against the map-order forward in fp64;
 - the decoder's conv_s0 / conv_s1 folded into the neck's 1x1 convs (FpnNeck.project_high_res), and the
-  model's forward_image with them there, against the convs applied after the encoder in fp64.
+  model's forward_image with them there, against the convs applied after the encoder in fp64;
+- Hiera's positional table stored channels last by one opaque op (hiera.stored_pos_embed), against the
+  resized view, and compiled: a change to the tables after compiling is seen.
 
 Each comparison has a planted defect beside it that the same assertion catches.
 """
@@ -222,6 +224,34 @@ def test_the_window_order_stream_compiles_to_what_it_computes_eagerly():
         torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4)
 
 
+def test_the_stored_positional_table_equals_the_resized_one_and_swapped_sides_are_caught():
+    torch.manual_seed(0)
+    table, window = torch.randn(1, 6, 7, 7, dtype=torch.float64), torch.randn(1, 6, 4, 4, dtype=torch.float64)
+    want = hiera_module.resized_pos_embed(table, window, (12, 8))
+    stored = hiera_module.stored_pos_embed(table, window, 12, 8)
+    assert stored.is_contiguous() and stored.shape == (1, 12, 8, 6)
+    torch.testing.assert_close(stored, want, rtol=0, atol=0)
+    swapped = hiera_module.stored_pos_embed(table, window, 8, 12).transpose(1, 2)  # the planted defect
+    with pytest.raises(AssertionError):
+        torch.testing.assert_close(swapped, want, rtol=0, atol=1e-6)
+
+
+def test_the_compiled_trunk_with_the_stored_table_sees_the_tables_change():
+    """The op recomputes the table on every call: changed after compiling (as a planted defect or a
+    second load_state_dict changes it), the compiled trunk follows, with no recompile to notice it."""
+    trunk = small_hiera().float()
+    trunk.pos_embed_stored = True
+    x = torch.randn(2, 3, 128, 128)
+    torch._dynamo.reset()
+    compiled = torch.compile(trunk, fullgraph=True, dynamic=False)
+    with torch.no_grad():
+        for _ in range(2):
+            for ours, ref in zip(compiled(x), trunk(x), strict=True):
+                torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4)
+            trunk.pos_embed.add_(1.0)
+    torch._dynamo.reset()
+
+
 def fp64_neck_and_heads() -> tuple[FpnNeck, tuple[torch.nn.Conv2d, ...], list[torch.Tensor]]:
     """A 4-level neck of width 16 (top-down sums on levels 2 and 3, as every config), heads 16 -> 2 and 16 -> 4
     (conv_s0 / conv_s1 are 256 -> 32 / 64), trunk maps of widths 6 to 48, all with non-zero biases."""
@@ -276,7 +306,7 @@ def test_forward_image_with_the_heads_in_the_encoder_equals_sam2s_order():
     images = torch.randn(1, 3, 1024, 1024, dtype=torch.float64)
     with torch.no_grad():
         want = model.forward_image(images)
-        model.project_high_res_in_encoder()
+        model.rewrite_encoder_for_compile()
         got = model.forward_image(images)
     for key in ("backbone_fpn", "vision_pos_enc"):
         for g, w in zip(got[key], want[key]):
@@ -285,8 +315,9 @@ def test_forward_image_with_the_heads_in_the_encoder_equals_sam2s_order():
 
 
 @pytest.mark.parametrize("stages, folded", [("fp32", False), ("bf16+sdpa", False), ("bf16+compile+sdpa", True)])
-def test_the_compile_switch_folds_the_heads_into_the_encoder(stages, folded):
+def test_the_compile_switch_rewrites_the_encoder(stages, folded):
     model = build_sam2_model("sam2.1_hiera_nano", "trained", device="cpu", stages=stages)
     decoder = model.sam_mask_decoder
     assert model.image_encoder.neck.high_res_heads == ((decoder.conv_s0, decoder.conv_s1) if folded else ())
+    assert model.image_encoder.trunk.pos_embed_stored is folded
     assert "high_res_heads" not in str(list(model.state_dict()))  # the decoder's parameters, under their own keys
