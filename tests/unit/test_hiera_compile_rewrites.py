@@ -314,10 +314,10 @@ def test_forward_image_with_the_heads_in_the_encoder_equals_sam2s_order():
     assert [f.shape[1] for f in got["backbone_fpn"]] == [32, 64, 256]  # conv_s0 / conv_s1's widths
 
 
-@pytest.mark.parametrize("stages, folded", [("fp32", False), ("bf16+sdpa", False), ("bf16+compile+sdpa", True)])
-def test_the_compile_switch_rewrites_the_encoder(stages, folded):
+@pytest.mark.parametrize("stages, rewritten", [("fp32", False), ("bf16+sdpa", False), ("bf16+compile+sdpa", True)])
+def test_the_compile_switch_rewrites_the_encoder(stages, rewritten):
     model = build_sam2_model("sam2.1_hiera_nano", "trained", device="cpu", stages=stages)
     decoder = model.sam_mask_decoder
-    assert model.image_encoder.neck.high_res_heads == ((decoder.conv_s0, decoder.conv_s1) if folded else ())
-    assert model.image_encoder.trunk.pos_embed_stored is folded
+    assert model.image_encoder.neck.high_res_heads == ((decoder.conv_s0, decoder.conv_s1) if rewritten else ())
+    assert model.image_encoder.trunk.pos_embed_stored is rewritten
     assert "high_res_heads" not in str(list(model.state_dict()))  # the decoder's parameters, under their own keys
