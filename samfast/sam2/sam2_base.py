@@ -140,9 +140,9 @@ class SAM2Base(SAM2Tracking, nn.Module):
     def rewrite_encoder_for_compile(self) -> None:
         """The compile switch's rewrites of SAM 2's image encoder, made as it compiles it: the decoder's
         conv_s0 / conv_s1 folded into the neck's own 1x1 convs of those levels (FpnNeck.project_high_res),
-        and Hiera's positional table stored once per call (hiera.stored_pos_embed)."""
+        and Hiera's positional table resized by matrix products (hiera.resized_pos_embed_by_matmul)."""
         self.image_encoder.neck.project_high_res((self.sam_mask_decoder.conv_s0, self.sam_mask_decoder.conv_s1))
-        self.image_encoder.trunk.pos_embed_stored = True
+        self.image_encoder.trunk.pos_embed_by_matmul = True
 
     def _prepare_backbone_features(self, backbone_out: dict) -> tuple[dict, list, list, list]:
         """sam2's flattened view of the last num_feature_levels levels: (HW, B, C) features and

@@ -8,8 +8,9 @@
   residuals accumulated inside GEMMs and the biases deferred, against the map-order forward in fp64;
 - the decoder's conv_s0 / conv_s1 folded into the neck's 1x1 convs (FpnNeck.project_high_res), and the
   model's forward_image with them there, against the convs applied after the encoder in fp64;
-- Hiera's positional table stored channels last by one opaque op (hiera.stored_pos_embed), against the
-  resized view, and compiled: a change to the tables after compiling is seen.
+- Hiera's positional table resized by matrix products, channels last (hiera.resized_pos_embed_by_matmul),
+  against F.interpolate's bicubic in fp64 and in bf16, and compiled: a change to the tables after
+  compiling is seen.
 
 Each comparison has a planted defect beside it that the same assertion catches.
 """
@@ -224,23 +225,42 @@ def test_the_window_order_stream_compiles_to_what_it_computes_eagerly():
         torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4)
 
 
-def test_the_stored_positional_table_equals_the_resized_one_and_swapped_sides_are_caught():
+@pytest.mark.parametrize("table_hw, window_hw, hw", [((7, 7), (4, 4), (12, 8)), ((7, 6), (1, 1), (5, 3)),
+                                                     ((14, 14), (8, 4), (16, 24))])
+def test_the_positional_table_by_matmul_equals_the_bicubic_resize_in_fp64(table_hw, window_hw, hw):
+    """Up and down, square and not; the planted defect (the two sides swapped) is caught."""
     torch.manual_seed(0)
-    table, window = torch.randn(1, 6, 7, 7, dtype=torch.float64), torch.randn(1, 6, 4, 4, dtype=torch.float64)
-    want = hiera_module.resized_pos_embed(table, window, (12, 8))
-    stored = hiera_module.stored_pos_embed(table, window, 12, 8)
-    assert stored.is_contiguous() and stored.shape == (1, 12, 8, 6)
-    torch.testing.assert_close(stored, want, rtol=0, atol=0)
-    swapped = hiera_module.stored_pos_embed(table, window, 8, 12).transpose(1, 2)  # the planted defect
+    table, window = torch.randn(1, 6, *table_hw, dtype=torch.float64), torch.randn(1, 6, *window_hw, dtype=torch.float64)
+    want = hiera_module.resized_pos_embed(table, window, hw)
+    got = hiera_module.resized_pos_embed_by_matmul(table, window, hw)
+    assert got.is_contiguous() and got.shape == (1, *hw, 6)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    swapped = hiera_module.resized_pos_embed_by_matmul(table, window, hw[::-1]).transpose(1, 2)
     with pytest.raises(AssertionError):
         torch.testing.assert_close(swapped, want, rtol=0, atol=1e-6)
 
 
-def test_the_compiled_trunk_with_the_stored_table_sees_the_tables_change():
-    """The op recomputes the table on every call: changed after compiling (as a planted defect or a
+def test_the_positional_table_by_matmul_in_bf16_is_within_its_two_roundings():
+    """hiera_l's shapes (144 channels, 7 x 7 table, 8 x 8 window, 256 x 256 map) in bf16: the resize
+    rounded once to bf16, then the window's sum, as F.interpolate's output and the sum are."""
+    torch.manual_seed(0)
+    table, window = torch.randn(1, 144, 7, 7).bfloat16(), torch.randn(1, 144, 8, 8).bfloat16()
+    want = hiera_module.resized_pos_embed(table.double(), window.double(), (256, 256))
+    resized = hiera_module.resized_pos_embed(table.double(), torch.zeros(1, 144, 1, 1, dtype=torch.float64), (256, 256))
+    got = hiera_module.resized_pos_embed_by_matmul(table, window, (256, 256))
+    assert got.dtype == torch.bfloat16
+    # each rounding is off by at most bf16's unit roundoff 2^-8 of what it rounds (slack for fp32's own)
+    bound = 2**-8 * (resized.abs() + want.abs()) * 1.01 + 1e-6
+    assert ((got.double() - want).abs() <= bound).all()
+    swapped = hiera_module.resized_pos_embed_by_matmul(table, window.transpose(2, 3), (256, 256))  # planted defect
+    assert not ((swapped.double() - want).abs() <= bound).all()
+
+
+def test_the_compiled_trunk_with_the_table_by_matmul_sees_the_tables_change():
+    """The table is recomputed on every call: changed after compiling (as a planted defect or a
     second load_state_dict changes it), the compiled trunk follows, with no recompile to notice it."""
     trunk = small_hiera().float()
-    trunk.pos_embed_stored = True
+    trunk.pos_embed_by_matmul = True
     x = torch.randn(2, 3, 128, 128)
     torch._dynamo.reset()
     compiled = torch.compile(trunk, fullgraph=True, dynamic=False)
@@ -319,5 +339,5 @@ def test_the_compile_switch_rewrites_the_encoder(stages, rewritten):
     model = build_sam2_model("sam2.1_hiera_nano", "trained", device="cpu", stages=stages)
     decoder = model.sam_mask_decoder
     assert model.image_encoder.neck.high_res_heads == ((decoder.conv_s0, decoder.conv_s1) if rewritten else ())
-    assert model.image_encoder.trunk.pos_embed_stored is rewritten
+    assert model.image_encoder.trunk.pos_embed_by_matmul is rewritten
     assert "high_res_heads" not in str(list(model.state_dict()))  # the decoder's parameters, under their own keys

@@ -34,21 +34,42 @@ def resized_pos_embed(table: torch.Tensor, window: torch.Tensor, hw: tuple[int, 
     return pos_embed.permute(0, 2, 3, 1)
 
 
-@torch.library.custom_op("samfast::stored_pos_embed", mutates_args=())
-def stored_pos_embed(table: torch.Tensor, window: torch.Tensor, h: int, w: int) -> torch.Tensor:
-    """resized_pos_embed stored once per call, channels last (contiguous), as an op inductor keeps whole.
-
-    Inlined, inductor computed the (1, C, H, W) table inside the first block's layer norm for every
-    image of the batch and read it channel-major across the norm's channel reduction (compiled
-    Hiera-L at batch 8 on an H200: that one kernel took 718 us of the encoder's 38 ms). Recomputed on
-    every call rather than cached, so that a change to the two tables is always seen.
-    """
-    return resized_pos_embed(table, window, (h, w)).contiguous()
+def bicubic_matrix(n_in: int, n_out: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """(n_out, n_in): F.interpolate's bicubic resize of an axis of n_in to n_out as a matrix (its
+    weights and its clamping at the borders), made by F.interpolate itself from the identity; the
+    other axis keeps its size 1, which bicubic leaves as it is."""
+    eye = torch.eye(n_in, device=device, dtype=dtype).view(1, n_in, n_in, 1)
+    return F.interpolate(eye, size=(n_out, 1), mode="bicubic")[0, :, :, 0].T
 
 
-@stored_pos_embed.register_fake
-def _(table: torch.Tensor, window: torch.Tensor, h: int, w: int) -> torch.Tensor:
-    return table.new_empty(1, h, w, table.shape[1])
+def tiling_matrix(n_in: int, n_out: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """(n_out, n_in) of zeros and ones: an axis of n_in tiled to n_out (row i picks i % n_in)."""
+    return (torch.arange(n_out, device=device)[:, None] % n_in == torch.arange(n_in, device=device)).to(dtype)
+
+
+def resized_pos_embed_by_matmul(table: torch.Tensor, window: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
+    """resized_pos_embed as two small matrix products (fp32 at least), written channels last (1, H, W, C).
+
+    Both parts are linear and separable in the two axes: the table resized is rows @ table @ cols^T
+    (bicubic_matrix) and the window tiled is tile_rows @ window @ tile_cols^T (tiling_matrix), so their
+    sum is [rows | tile_rows] @ [[table, 0], [0, window]] @ [cols | tile_cols]^T for each channel.
+    Inlined, inductor computed the bicubic taps inside the first block's layer norm for every image
+    of the batch and read the (1, C, H, W) tables channel-major across the norm's channel reduction
+    (compiled Hiera-L at batch 8 on an H200: that one kernel took 718 us of the encoder's 38 ms, and
+    570 us with only the window's sum left inlined); in ATen's bicubic kernel each thread loops over
+    the channels (95 us for hiera_l's 144 x 256 x 256). A product's output is no expression inductor
+    inlines, and this one comes out channels last, so the norm reads the table along its channels.
+    One rounding to the table's dtype where F.interpolate and the sum make two. Computed on every
+    call, so that a change to the two tables is always seen."""
+    exact = torch.promote_types(table.dtype, torch.float32)
+    (h, w), (wh, ww), c = table.shape[-2:], window.shape[-2:], table.shape[1]
+    left, right = (
+        torch.cat([bicubic_matrix(n, size, table.device, exact), tiling_matrix(n_window, size, table.device, exact)], 1)
+        for n, n_window, size in ((h, wh, hw[0]), (w, ww, hw[1]))
+    )
+    both = F.pad(table[0], (0, ww, 0, wh)) + F.pad(window[0], (w, 0, h, 0))  # (C, h + wh, w + ww), block-diagonal
+    by_rows = left @ both.permute(1, 2, 0).to(exact).reshape(h + wh, -1)  # (H, (w + ww) * C)
+    return (right @ by_rows.view(hw[0], w + ww, c)).to(table.dtype).unsqueeze(0)
 
 
 class PatchEmbed(nn.Module):
@@ -211,7 +232,7 @@ class Hiera(nn.Module):
         self.patch_embed = PatchEmbed(embed_dim)
         self.pos_embed = nn.Parameter(torch.zeros(1, embed_dim, *window_pos_embed_bkg_spatial_size))
         self.pos_embed_window = nn.Parameter(torch.zeros(1, embed_dim, window_spec[0], window_spec[0]))
-        self.pos_embed_stored = False  # set by the compile switch: see stored_pos_embed
+        self.pos_embed_by_matmul = False  # set by the compile switch: see resized_pos_embed_by_matmul
 
         self.blocks = nn.ModuleList()
         stage = 0
@@ -235,8 +256,8 @@ class Hiera(nn.Module):
         self.channel_list = [self.blocks[i].dim_out for i in self.stage_ends[::-1]]
 
     def _get_pos_embed(self, hw: tuple[int, int]) -> torch.Tensor:
-        if self.pos_embed_stored:
-            return stored_pos_embed(self.pos_embed, self.pos_embed_window, *hw)
+        if self.pos_embed_by_matmul:
+            return resized_pos_embed_by_matmul(self.pos_embed, self.pos_embed_window, hw)
         return resized_pos_embed(self.pos_embed, self.pos_embed_window, hw)
 
     def output_sizes(self, hw: tuple[int, int]) -> list[tuple[int, int]]:
