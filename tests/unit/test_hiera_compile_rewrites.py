@@ -241,8 +241,9 @@ def test_the_positional_table_by_matmul_equals_the_bicubic_resize_in_fp64(table_
 
 
 def test_the_positional_table_by_matmul_in_bf16_is_within_its_two_roundings():
-    """hiera_l's shapes (144 channels, 7 x 7 table, 8 x 8 window, 256 x 256 map) in bf16: the resize
-    rounded once to bf16, then the window's sum, as F.interpolate's output and the sum are."""
+    """hiera_l's shapes (144 channels, 7 x 7 table, 8 x 8 window, 256 x 256 map) in bf16: within the
+    error bound of F.interpolate's path, which rounds twice (the resize, then the window's sum); the
+    products round once. The planted defect (the window table transposed) is caught."""
     torch.manual_seed(0)
     table, window = torch.randn(1, 144, 7, 7).bfloat16(), torch.randn(1, 144, 8, 8).bfloat16()
     want = hiera_module.resized_pos_embed(table.double(), window.double(), (256, 256))
