@@ -47,6 +47,12 @@ def tiling_matrix(n_in: int, n_out: int, device: torch.device, dtype: torch.dtyp
     return (torch.arange(n_out, device=device)[:, None] % n_in == torch.arange(n_in, device=device)).to(dtype)
 
 
+def resize_and_tile_matrix(n: int, n_window: int, n_out: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """(n_out, n + n_window): [bicubic_matrix | tiling_matrix] for one axis, the table's n entries
+    first and the window's n_window after them."""
+    return torch.cat([bicubic_matrix(n, n_out, device, dtype), tiling_matrix(n_window, n_out, device, dtype)], 1)
+
+
 def resized_pos_embed_by_matmul(table: torch.Tensor, window: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
     """resized_pos_embed as two small matrix products (fp32 at least), written channels last (1, H, W, C).
 
@@ -63,10 +69,8 @@ def resized_pos_embed_by_matmul(table: torch.Tensor, window: torch.Tensor, hw: t
     call, so that a change to the two tables is always seen."""
     exact = torch.promote_types(table.dtype, torch.float32)
     (h, w), (wh, ww), c = table.shape[-2:], window.shape[-2:], table.shape[1]
-    left, right = (
-        torch.cat([bicubic_matrix(n, size, table.device, exact), tiling_matrix(n_window, size, table.device, exact)], 1)
-        for n, n_window, size in ((h, wh, hw[0]), (w, ww, hw[1]))
-    )
+    left = resize_and_tile_matrix(h, wh, hw[0], table.device, exact)
+    right = resize_and_tile_matrix(w, ww, hw[1], table.device, exact)
     both = F.pad(table[0], (0, ww, 0, wh)) + F.pad(window[0], (w, 0, h, 0))  # (C, h + wh, w + ww), block-diagonal
     by_rows = left @ both.permute(1, 2, 0).to(exact).reshape(h + wh, -1)  # (H, (w + ww) * C)
     return (right @ by_rows.view(hw[0], w + ww, c)).to(table.dtype).unsqueeze(0)
