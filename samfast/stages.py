@@ -85,6 +85,8 @@ def apply_stages(model, switches: frozenset[str]) -> None:
             module.key_impl = "triton"  # the memory's keys projected and rotated at once: kernels.rotated_keys
         for module in model.mask_downsamplers().values():
             module.conv_impl = "triton"  # each mask conv with its norm and GELU: kernels.downsample_conv
+        for block in model.bias_channel_blocks().values():
+            block.bias_as_channel = True  # the norm writes a channel of ones for the biases: kernels.norm_with_bias_channel
     if switches & {"int8", "sparse", FP8}:
         quantize_linears(model.image_encoder, model.encoder_linears(), int8="int8" in switches,
                          sparse="sparse" in switches, fp8=FP8 in switches)

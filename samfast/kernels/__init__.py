@@ -1,8 +1,10 @@
 """Hand-written Triton kernels with their reference paths: the fused rel-pos attention of the
 encoder, Hiera's small-window attention, the quantized MLP's GELU + quantization, the decoder's folded
-cross attentions and its fused upscaling, SAM 2's memory keys projected and rotated at once and its mask
-downsampler's convs with their norms and GELUs; fallbacks of all are counted in dispatch."""
+cross attentions and its fused upscaling, SAM 2's memory keys projected and rotated at once, its mask
+downsampler's convs with their norms and GELUs and Hiera's first norms with a channel of ones for the
+biases; fallbacks of all are counted in dispatch."""
 
+from samfast.kernels.bias_channel_norm import norm_with_bias_channel, norm_with_bias_channel_reference
 from samfast.kernels.decoder_attention import (
     image_to_token_attention,
     image_to_token_attention_reference,
@@ -33,6 +35,8 @@ __all__ = [
     "gelu_quantize_reference",
     "image_to_token_attention",
     "image_to_token_attention_reference",
+    "norm_with_bias_channel",
+    "norm_with_bias_channel_reference",
     "quantized_linear",
     "rel_factors_from_tables",
     "relpos_attention",

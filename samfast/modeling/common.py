@@ -73,6 +73,22 @@ def linear_accumulate(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) 
     out.view(-1, out.shape[-1]).addmm_(x.reshape(-1, x.shape[-1]), weight.t())
 
 
+def linear_with_bias_channel(x: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
+    """linear(x) for x with the channel of ones after the linear's inputs (kernels.norm_with_bias_channel),
+    as one plain GEMM: the weight gains the bias as that channel's column, and zeros for the rest."""
+    extra = x.shape[-1] - linear.in_features
+    weight = torch.cat([linear.weight, linear.bias[:, None], linear.weight.new_zeros(linear.out_features, extra - 1)], dim=1)
+    return x @ weight.t()
+
+
+def bias_as_channel_pays(linear: nn.Linear) -> bool:
+    """Where linear_with_bias_channel beat cuBLASLt's bias epilogue on an H200 in bf16 at Hiera-L's batch-8
+    shapes: inputs of at most 288 channels into outputs of at most 864 (its first two stages); from 576
+    input channels, or into 1728 outputs, the epilogue was as fast or faster
+    (docs/measurements/bias-epilogue-h200-2026-11-29.md)."""
+    return linear.in_features <= 288 and linear.out_features <= 864
+
+
 class MLPBlock(nn.Module):
     """lin2(act(lin1(x))), in one of three ways (`gelu_impl`, set by the stage switches):
 

@@ -53,6 +53,11 @@ class Sam(nn.Module):
         """The mask downsamplers the triton switch fuses: SAM 1 has no memory encoder."""
         return {}
 
+    def bias_channel_blocks(self) -> dict[str, nn.Module]:
+        """The encoder blocks whose norm writes a channel of ones for the next GEMMs' biases: SAM 2's (its
+        Hiera's first stages); SAM 1's ViT is wide enough for cuBLASLt's bias epilogue."""
+        return {}
+
     def rewrite_encoder_for_compile(self) -> None:
         """SAM 2 rewrites parts of its encoder here as the compile switch compiles it; SAM 1's has none."""
 

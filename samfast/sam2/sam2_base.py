@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from samfast.kernels.window_attention import fits as fits_window_kernel
+from samfast.modeling.common import bias_as_channel_pays
 from samfast.sam2.backbones.hiera import Hiera, PatchEmbed
 from samfast.sam2.backbones.image_encoder import ImageEncoder
 from samfast.modeling.static_batch import in_static_batches
@@ -110,6 +111,14 @@ class SAM2Base(SAM2Tracking, nn.Module):
 
     def encoder_blocks(self) -> dict[str, nn.Module]:
         return {f"image_encoder.trunk.blocks.{i}": block for i, block in enumerate(self.image_encoder.trunk.blocks)}
+
+    def bias_channel_blocks(self) -> dict[str, nn.Module]:
+        """Hiera's blocks whose first norm the triton switch puts on kernels.norm_with_bias_channel, for
+        their qkv and proj to take the biases as a channel: where that pays (bias_as_channel_pays), except
+        the first block, whose norm inductor fuses with the making of the stream. Only the window-order
+        stream reads the flag (Hiera.forward_windowed, the bf16 compiled path)."""
+        return {name: block for i, (name, block) in enumerate(self.encoder_blocks().items())
+                if i > 0 and bias_as_channel_pays(block.attn.qkv)}
 
     def encoder_linears(self) -> dict[str, nn.Linear]:
         """The linears inside Hiera's blocks (attention, MLP, and the width-doubling residual projections)."""

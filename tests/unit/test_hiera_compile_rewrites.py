@@ -10,7 +10,10 @@
   model's forward_image with them there, against the convs applied after the encoder in fp64;
 - Hiera's positional table resized by matrix products, channels last (hiera.resized_pos_embed_by_matmul),
   against F.interpolate's bicubic in fp64 and in bf16, and compiled: a change to the tables after
-  compiling is seen.
+  compiling is seen;
+- the window-order stream with its first norms writing a channel of ones and qkv / proj taking their
+  biases from it (MultiScaleBlock.bias_as_channel, the triton switch's), on the reference path in fp64
+  and on the kernel under the interpreter in fp32, and compiled.
 
 Each comparison has a planted defect beside it that the same assertion catches.
 """
@@ -21,12 +24,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from samfast import kernels
 from samfast.modeling.common import linear_gelu_tanh
 from samfast.sam2.backbones import hiera as hiera_module
 from samfast.sam2.backbones import neck as neck_module
 from samfast.sam2.backbones.hiera import Hiera, MultiScaleBlock, PatchEmbed
 from samfast.sam2.backbones.neck import FpnNeck
 from samfast.sam2.build import build_sam2_model
+from samfast.sam2.sam2_base import build_sam2_modules
 from samfast.sam2.config import sam2_config
 from samfast.sam2.mlp import HieraMLP
 
@@ -188,6 +193,48 @@ def test_the_window_order_stream_with_a_planted_defect_is_caught(defect, monkeyp
     assert max((ours - ref).abs().max().item() for ours, ref in zip(broken, expected)) > 1e-3
 
 
+def with_biases_as_channels(trunk: Hiera) -> Hiera:
+    for block in trunk.blocks:
+        block.bias_as_channel = True
+    return trunk
+
+
+def test_the_stream_with_biases_as_channels_equals_the_map_order_forward_in_fp64(monkeypatch):
+    """Every block's first norm with the channel of ones (kernels.norm_with_bias_channel's reference path:
+    the kernel takes no fp64), qkv and the width-doubling proj reading it."""
+    x = torch.randn(2, 3, 128, 128, dtype=torch.float64)
+    trunk = small_hiera()
+    with torch.no_grad():
+        want = map_order_outputs(trunk, x, monkeypatch)
+        got = with_biases_as_channels(trunk)(x)
+    for ours, ref in zip(got, want, strict=True):
+        torch.testing.assert_close(ours, ref, rtol=0, atol=1e-12)
+
+
+@pytest.mark.usefixtures("triton_interpreted")
+def test_the_stream_with_biases_as_channels_on_the_kernel_equals_the_map_order_forward(monkeypatch):
+    """The same in fp32 with the norm on its Triton kernel (interpreted): it ran in every block, and the
+    outputs agree to fp32 rounding."""
+    pytest.importorskip("triton", reason="Triton is not installed")
+    x = torch.randn(1, 3, 128, 128)
+    trunk = small_hiera().float()
+    with torch.no_grad():
+        want = map_order_outputs(trunk, x, monkeypatch)
+        got = with_biases_as_channels(trunk)(x)
+    assert kernels.fallback_counts() == {}
+    for ours, ref in zip(got, want, strict=True):
+        torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_hiera_ls_blocks_with_biases_as_channels_are_its_first_two_stages_but_the_first_block():
+    """bias_as_channel_pays on Hiera-L: blocks 1-7 (144 and 288 channels, qkv into 432 and 864); block 0's
+    norm inductor fuses with the making of the stream; from block 8 (qkv 288 -> 1728) cuBLASLt's bias
+    epilogue is as fast."""
+    with torch.device("meta"):
+        model = build_sam2_modules(sam2_config("sam2.1_hiera_l"))
+    assert list(model.bias_channel_blocks()) == [f"image_encoder.trunk.blocks.{i}" for i in range(1, 8)]
+
+
 def test_the_stream_stays_in_map_order_where_windows_pad_or_mlps_are_not_on_gemms():
     trunk = small_hiera()
     assert trunk.keeps_window_order((32, 32))
@@ -211,10 +258,14 @@ def test_which_configs_keep_window_order_at_1024(model_type, windowed):
     assert trunk.keeps_window_order((256, 256)) is windowed
 
 
-def test_the_window_order_stream_compiles_to_what_it_computes_eagerly():
+@pytest.mark.parametrize("biases_as_channels", [False, True])
+def test_the_window_order_stream_compiles_to_what_it_computes_eagerly(biases_as_channels):
     """Inductor runs the in-place accumulations (samfast::linear_accumulate) on the stream's own
-    buffers; compiled and eager agree to fp32 rounding, through the re-cut and the global block."""
+    buffers; compiled and eager agree to fp32 rounding, through the re-cut and the global block, with
+    the biases as channels or not."""
     trunk = small_hiera().float()
+    if biases_as_channels:
+        with_biases_as_channels(trunk)
     x = torch.randn(2, 3, 128, 128)
     torch._dynamo.reset()
     with torch.no_grad():

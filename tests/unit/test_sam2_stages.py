@@ -140,6 +140,14 @@ def test_each_stage_picks_its_hiera_mlp_gelu_path(stage, gelu_impl):
     assert len(model.encoder_mlps()) == 12
 
 
+@pytest.mark.parametrize("stage", ["fp32", "compile", "bf16+sdpa+triton", "bf16+compile+sdpa+triton"])
+def test_the_triton_switch_puts_the_narrow_blocks_first_norms_on_the_bias_channel_kernel(stage):
+    """hiera_t: blocks 1 and 2 (qkv 96 -> 576 and 192 -> 576; bias_as_channel_pays); not block 0, whose norm
+    inductor fuses with the making of the stream, nor block 3 (qkv 192 -> 1152)."""
+    flags = [block.bias_as_channel for block in _build(stage).image_encoder.trunk.blocks]
+    assert flags == [False, True, True] + [False] * 9 if "triton" in stage else [False] * 12
+
+
 def test_fp8_on_the_cpu_is_refused_with_what_it_needs():
     with pytest.raises(StageError, match=r"fp8 needs a CUDA GPU with fp8 tensor cores; the model is on cpu: run the fp8 "
                                          r"stage on a CUDA GPU of compute capability >= 8.9"):

@@ -13,9 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from samfast.kernels import window_attention
+from samfast.kernels import norm_with_bias_channel, window_attention
 from samfast.modeling.attention import attention
-from samfast.modeling.common import linear_accumulate
+from samfast.modeling.common import linear_accumulate, linear_with_bias_channel
 from samfast.sam2.backbones.windows import from_windows, to_windows, window_partition, window_unpartition
 from samfast.sam2.mlp import HieraMLP
 
@@ -113,6 +113,12 @@ class PatchEmbed(nn.Module):
         return F.linear(patches, weight, self.proj.bias)
 
 
+def linear_maybe_with_bias_channel(x: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
+    """linear(x), where x is the linear's input or that input with the channel of ones after it
+    (kernels.norm_with_bias_channel; then the bias is that channel's weight column)."""
+    return linear(x) if x.shape[-1] == linear.in_features else linear_with_bias_channel(x, linear)
+
+
 class MultiScaleAttention(nn.Module):
     """Multi-head attention over the tokens of a window; with q_pool, the queries are pooled first,
     so the output has the pooled resolution."""
@@ -133,9 +139,10 @@ class MultiScaleAttention(nn.Module):
         return self.proj(self.attend(x))
 
     def attend(self, x: torch.Tensor) -> torch.Tensor:
-        """The attention's output before its projection, (B, h, w, dim_out) (h, w pooled with q_pool)."""
+        """The attention's output before its projection, (B, h, w, dim_out) (h, w pooled with q_pool); x
+        may carry the channel of ones for the biases (MultiScaleBlock.bias_as_channel)."""
         b, h, w, _ = x.shape
-        q, k, v = self.qkv(x).reshape(b, h * w, 3, self.num_heads, -1).unbind(2)
+        q, k, v = linear_maybe_with_bias_channel(x, self.qkv).reshape(b, h * w, 3, self.num_heads, -1).unbind(2)
         if self.q_pool is not None:
             q = pool_hw(q.reshape(b, h, w, -1), self.q_pool)
             h, w = q.shape[1:3]
@@ -166,6 +173,9 @@ class MultiScaleBlock(nn.Module):
         self.mlp = HieraMLP(dim_out, 4 * dim_out)
         if dim != dim_out:
             self.proj = nn.Linear(dim, dim_out)
+        # set by the triton switch where it pays (SAM2Base.bias_channel_blocks): forward_windowed's first
+        # norm then writes a channel of ones, and qkv and proj take their biases as its weight column
+        self.bias_as_channel = False
 
     def window_tokens(self) -> tuple[int, int] | None:
         """(queries, keys) of each window the attention sees; None for a global block (the whole map)."""
@@ -203,11 +213,15 @@ class MultiScaleBlock(nn.Module):
         accumulate inside their GEMMs (the attention's projection, lin2) and the biases of those
         GEMMs join `bias`, which the layer norms add as they read. Returns the new (stream, bias),
         the stream in windows of the pooled size after a q_pool block; stream is updated in place."""
-        b, nh, nw, w, _, c = stream.shape
-        x = self.norm1(stream + bias)
+        b, nh, nw, w, _, _ = stream.shape
+        if self.bias_as_channel:
+            x = norm_with_bias_channel(stream, bias, self.norm1.weight, self.norm1.bias, self.norm1.eps)
+        else:
+            x = self.norm1(stream + bias)
+        c = x.shape[-1]
         if self.dim != self.dim_out:
             # pooling 2 x 2 cells within windows of even size is pooling the map
-            stream = pool_hw(self.proj(x).view(-1, w, w, self.dim_out), self.pool)
+            stream = pool_hw(linear_maybe_with_bias_channel(x, self.proj).view(-1, w, w, self.dim_out), self.pool)
             stream = stream.view(b, nh, nw, *stream.shape[1:])
             bias = torch.zeros_like(self.proj.bias)
         # a global block attends over every token of its image, in whatever order they are stored
