@@ -4,7 +4,8 @@ The SAM 2 stage tests (tests/gpu/test_sam2_gpu.py) build hiera_t's windows, whic
 so keep the map-order forward; this is the path hiera_l takes at 1024. A trunk with hiera_l's windows
 (8, 4, 16, 8), one block per stage plus a global one and narrow widths, at 1024 x 1024 (2 images):
 compiled (inductor, cuBLAS's in-place accumulations, the deferred biases), its stage outputs must be
-as close to the fp32 map-order forward as the bf16 map-order forward is, within a factor of 2.
+as close to the fp32 map-order forward as the bf16 map-order forward is, within a factor of 2; with the
+first norms writing a channel of ones for the biases or not.
 """
 
 from __future__ import annotations
@@ -29,9 +30,14 @@ def trunk_with_hiera_l_windows() -> Hiera:
     return trunk.cuda().eval()
 
 
+@pytest.mark.parametrize("biases_as_channels", [False, True])
 @torch.no_grad()
-def test_compiled_window_order_stream_is_as_close_to_fp32_as_the_map_order(monkeypatch):
+def test_compiled_window_order_stream_is_as_close_to_fp32_as_the_map_order(monkeypatch, biases_as_channels):
+    """With biases_as_channels every block's first norm runs on kernels.norm_with_bias_channel (the triton
+    switch's, for Hiera-L's narrow blocks) and qkv / proj take their biases from its channel of ones."""
     trunk = trunk_with_hiera_l_windows()
+    for block in trunk.blocks:
+        block.bias_as_channel = biases_as_channels
     assert trunk.keeps_window_order((256, 256))
     x = torch.randn(2, 3, 1024, 1024, device="cuda")
     with monkeypatch.context() as m:
