@@ -95,8 +95,9 @@ def prove_sdpa(model, run: RunTrace, switches: frozenset) -> tuple[bool, str]:
 
 
 def prove_triton(model, run: RunTrace, switches: frozenset) -> tuple[bool, str]:
-    """The encoder attentions the switch takes (SAM 1's rel-pos ones, Hiera's small windows), the decoder and
-    SAM 2's memory keys and mask convs on their kernels, and no call sent to a reference path."""
+    """The encoder attentions the switch takes (SAM 1's rel-pos ones, Hiera's small windows), the decoder,
+    SAM 2's memory keys and mask convs and Hiera-L's narrow first norms on their kernels, and no call sent
+    to a reference path."""
     behind = [name for name, module in model.triton_attention_modules().items() if module.attn_impl != "triton"]
     decoder = model.prompt_decoder()
     if decoder.upscale_impl != "triton":
@@ -106,6 +107,8 @@ def prove_triton(model, run: RunTrace, switches: frozenset) -> tuple[bool, str]:
     memory = model.memory_cross_attentions()
     behind += [f"{name} (keys)" for name, module in memory.items() if module.key_impl != "triton"]
     behind += [f"{name} (convs)" for name, module in model.mask_downsamplers().items() if module.conv_impl != "triton"]
+    norms = model.bias_channel_blocks()
+    behind += [f"{name} (first norm)" for name, block in norms.items() if not block.bias_as_channel]
     if behind:
         return False, f"triton: {len(behind)} module(s) stayed off the Triton kernels: {names(behind)}"
     if run.kernel_fallbacks:
@@ -114,6 +117,7 @@ def prove_triton(model, run: RunTrace, switches: frozenset) -> tuple[bool, str]:
     return True, (f"triton: {len(model.triton_attention_modules())} encoder attentions, the decoder's upscaling "
                   "and cross attention" + (f", {len(memory)} memory cross-attentions' keys and the mask downsampler's "
                                            "convs" if memory else "")
+                  + (f", {len(norms)} blocks' first norms with the bias channel" if norms else "")
                   + " on the Triton kernels; no call fell back")
 
 

@@ -116,7 +116,11 @@ class SAM2Base(SAM2Tracking, nn.Module):
         """Hiera's blocks whose first norm the triton switch puts on kernels.norm_with_bias_channel, for
         their qkv and proj to take the biases as a channel: where that pays (bias_as_channel_pays), except
         the first block, whose norm inductor fuses with the making of the stream. Only the window-order
-        stream reads the flag (Hiera.forward_windowed, the bf16 compiled path)."""
+        stream reads the flag (Hiera.forward_windowed, the bf16 compiled path), so none where the windows
+        pad the model's maps (every config but hiera_l's)."""
+        trunk = self.image_encoder.trunk
+        if not trunk.windows_tile(trunk.patch_embed.output_size((self.image_size, self.image_size))):
+            return {}
         return {name: block for i, (name, block) in enumerate(self.encoder_blocks().items())
                 if i > 0 and bias_as_channel_pays(block.attn.qkv)}
 

@@ -33,7 +33,9 @@ from parity.checks.switch_proofs import PROOFS, RunTrace
 from samfast.errors import StageError
 from samfast.sam2 import build as sam2_build
 from samfast.sam2.sam.mask_decoder import Sam2MaskDecoder
-from samfast.stages import parse_stages
+from samfast.sam2.config import sam2_config
+from samfast.sam2.sam2_base import build_sam2_modules
+from samfast.stages import apply_stages, parse_stages
 
 MODEL_TYPE = "sam2.1_hiera_t"
 SIZE = 256
@@ -138,14 +140,6 @@ def test_each_stage_picks_its_hiera_mlp_gelu_path(stage, gelu_impl):
     model = _build(stage)
     assert {mlp.gelu_impl for mlp in model.encoder_mlps()} == {gelu_impl}
     assert len(model.encoder_mlps()) == 12
-
-
-@pytest.mark.parametrize("stage", ["fp32", "compile", "bf16+sdpa+triton", "bf16+compile+sdpa+triton"])
-def test_the_triton_switch_puts_the_narrow_blocks_first_norms_on_the_bias_channel_kernel(stage):
-    """hiera_t: blocks 1 and 2 (qkv 96 -> 576 and 192 -> 576; bias_as_channel_pays); not block 0, whose norm
-    inductor fuses with the making of the stream, nor block 3 (qkv 192 -> 1152)."""
-    flags = [block.bias_as_channel for block in _build(stage).image_encoder.trunk.blocks]
-    assert flags == [False, True, True] + [False] * 9 if "triton" in stage else [False] * 12
 
 
 def test_fp8_on_the_cpu_is_refused_with_what_it_needs():
@@ -313,6 +307,28 @@ def test_triton_puts_the_sam2_decoder_and_hieras_small_windows_on_their_kernels(
     assert impls == {f"image_encoder.trunk.blocks.{i}.attn": "triton" if i in (1, 2) else "math" for i in range(5)}
     assert {m.key_impl for m in model.memory_cross_attentions().values()} == {"triton"}
     assert model.memory_encoder.mask_downsampler.conv_impl == "triton"
+
+
+def test_triton_proof_on_hiera_l_names_a_first_norm_left_off_the_bias_channel_kernel():
+    """Hiera-L (its modules on the meta device: the switch sets flags, nothing runs): the triton switch puts
+    blocks 1-7's first norms on kernels.norm_with_bias_channel; planted: one left behind."""
+    with torch.device("meta"):
+        model = build_sam2_modules(sam2_config("sam2.1_hiera_l"))
+    switches = parse_stages("fp32+sdpa+triton")
+    apply_stages(model, switches)
+    assert [block.bias_as_channel for block in model.image_encoder.trunk.blocks] == [False] + [True] * 7 + [False] * 40
+    ran, sentence = PROOFS["triton"](model, RunTrace(), switches)
+    assert ran and sentence.endswith(", 7 blocks' first norms with the bias channel on the Triton kernels; no call fell back")
+    model.image_encoder.trunk.blocks[3].bias_as_channel = False
+    ran, sentence = PROOFS["triton"](model, RunTrace(), switches)
+    assert not ran and sentence == "triton: 1 module(s) stayed off the Triton kernels: image_encoder.trunk.blocks.3 (first norm)"
+
+
+def test_no_block_takes_the_bias_channel_where_windows_pad_the_maps():
+    """hiera_t's 14-windows pad its 64 map: its encoder keeps the map-order forward, which never reads the flag."""
+    model = _build("bf16+compile+sdpa+triton")
+    assert model.bias_channel_blocks() == {}
+    assert not any(block.bias_as_channel for block in model.image_encoder.trunk.blocks)
 
 
 def test_triton_proof_on_sam2_names_a_decoder_left_off_its_kernels():

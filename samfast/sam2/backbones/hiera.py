@@ -294,8 +294,13 @@ class Hiera(nn.Module):
         compile switch on bf16, where the residuals join GEMMs) when every window tiles its map
         without padding (hiera_l at 1024; sam2 zero-pads ragged windows after each layer norm, which
         a stream kept in windows would not)."""
-        if any(block.mlp.gelu_impl != "epilogue" for block in self.blocks) or not self.blocks[0].window_size:
-            return False  # the stream starts in the first block's windows
+        return all(block.mlp.gelu_impl == "epilogue" for block in self.blocks) and self.windows_tile(hw)
+
+    def windows_tile(self, hw: tuple[int, int]) -> bool:
+        """Whether every block's windows tile its map of a (H, W) patch map without padding, and the first
+        block is windowed (the window-order stream starts in its windows)."""
+        if not self.blocks[0].window_size:
+            return False
         for block in self.blocks:
             if block.window_size and any(n % block.window_size for n in hw):
                 return False
