@@ -1,7 +1,8 @@
 """Hiera's norm with a channel of ones (kernels.norm_with_bias_channel) on the GPU at Hiera-L's shapes at batch
 8 (the first stage's 524288 x 144 stream, the second's 131072 x 288), against float64 math, and the GEMM that
-takes the biases from it against F.linear. Compiled inside the encoder it is held by tests/gpu/test_sam2_gpu.py:
-the triton stages against fp32, with the switch's proof that no call fell back."""
+takes the biases from it against F.linear. Compiled inside the window-order stream it is held by
+tests/gpu/test_hiera_window_order_gpu.py (tests/gpu/test_sam2_gpu.py builds hiera_t, whose padded windows
+never take that path)."""
 
 from __future__ import annotations
 
