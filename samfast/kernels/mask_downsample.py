@@ -80,7 +80,8 @@ def _downsample_conv_fwd(
     mean = tl.reduce(acc, 1, tl.standard._sum_combine) / COUT
     centered = acc - mean[:, None]
     variance = tl.reduce(centered * centered, 1, tl.standard._sum_combine) / COUT
-    y = centered * tl.rsqrt(variance + eps)[:, None]
+    # eps cast to fp32: inside a compiled graph it arrives as fp64 (see bias_channel_norm.py)
+    y = centered * tl.rsqrt(variance + tl.cast(eps, tl.float32))[:, None]
     y = y * tl.load(NormW + offs_o).to(tl.float32)[None, :] + tl.load(NormB + offs_o).to(tl.float32)[None, :]
     y = 0.5 * y * (1.0 + tl.erf(y * 0.7071067811865476))
     tl.store(Out + b * (HO * WO * COUT) + pixel[:, None] * COUT + offs_o[None, :], y.to(Out.dtype.element_ty),
