@@ -29,6 +29,9 @@ synchronize); the median run is reported. Inputs are random but non-zero and see
 seeded synthetic ones in the official layout (samfast.synthetic_state_dict): the same FLOPs and
 memory as real checkpoints, meaningless masks. Inputs arrive preprocessed (resize and pixel
 normalization are data-loader work, not timed), as in the published benchmark.
+Rows are timed one after the other, so a ratio of two rows carries the machine's drift between them
+(1.515x and 1.480x for one command on two H200s, session 48): for a target stated as a ratio, time the
+two encoders alternating in one process with bench.encoder_ratio.
 
 Robust by design: a configuration that fails (an unsupported stage, out of memory) is recorded
 with its error and the run goes on; once --budget-s is spent the remaining configurations are
