@@ -2,9 +2,9 @@
 of their speeds with its spread, for a target stated as a ratio (issue 36: hiera_l at batch 8, >= 1.5x
 sam2's compiled bf16 encoder).
 
-The ladder times each configuration once, one after the other. On one H200 the same ladder command gave
-hiera_l's ratio as 1.515x and 1.480x minutes apart (session 48): the machine's speed moves, and a row
-timed later sees another machine than the row before it. Here both encoders are built and warmed first,
+The ladder times each configuration once, one after the other. The same ladder command gave hiera_l's
+ratio as 1.515x and 1.480x on two H200s within the hour (session 48): a GPU's speed moves, between
+machines and over minutes on one, and a row timed later sees another GPU than the row before it. Here both encoders are built and warmed first,
 then timed in pairs in the order samfast, reference, reference, samfast: a drift of the machine's speed
 that is linear over a pair cancels out of that pair's ratio (`alternating_ratios`). The result is the
 median of the pair ratios, with their least and greatest.
