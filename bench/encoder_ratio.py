@@ -126,6 +126,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", default="reports/ratio")
     p.add_argument("--cpu", action="store_true", help="run on the CPU even when CUDA is available")
     args = p.parse_args(argv)
+    if min(args.pairs, args.iters) < 1 or args.warmup < 0:
+        p.error("--pairs and --iters need at least 1, --warmup at least 0")
     args.stage = canonical_name(parse_stages(args.stage))  # a bad name fails now, not after a build
     return args
 

@@ -56,3 +56,10 @@ def test_quick_cpu_run_writes_table_json_and_chart(tmp_path):
 def test_a_bad_stage_name_fails_before_anything_is_built():
     with pytest.raises(ValueError):
         encoder_ratio.parse_args(["--stage", "bf16+warp"])
+
+
+@pytest.mark.parametrize("flag, value", [("--pairs", "0"), ("--iters", "0"), ("--warmup", "-1")])
+def test_counts_that_leave_nothing_to_time_are_refused_with_exit_code_2(flag, value, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        encoder_ratio.parse_args([flag, value])
+    assert exit_info.value.code == 2 and "--pairs and --iters need at least 1" in capsys.readouterr().err
