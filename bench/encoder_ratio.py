@@ -31,7 +31,7 @@ from typing import Callable
 import torch
 
 from bench.families import MODEL_TYPES
-from bench.ladder import REFERENCE, REFERENCE_STAGES, Row, environment, make_inputs, make_runner
+from bench.ladder import REFERENCE, REFERENCE_STAGES, NotRun, Row, environment, make_inputs, make_runner
 from bench.timing import sync, time_call
 from samfast.sam2.config import is_sam2_type
 from samfast.stages import canonical_name, parse_stages
@@ -51,9 +51,10 @@ def alternating_ratios(time_a: Callable[[], float], time_b: Callable[[], float],
 
 def build(model: str, stage: str, reference: str, batch: int, device: torch.device, reference_compile_mode):
     """(samfast's encode, reference's encode), each a no-argument call on its own seeded batch, both
-    called once (the compile, when the stage compiles)."""
+    called once (the compile, when the stage compiles). The reference first: a run this device cannot
+    make (NotRun) is known before samfast's compile."""
     runners = {}
-    for row in (Row(model, batch, stage, "samfast"), Row(model, batch, REFERENCE_STAGES[is_sam2_type(model)][reference], REFERENCE)):
+    for row in (Row(model, batch, REFERENCE_STAGES[is_sam2_type(model)][reference], REFERENCE), Row(model, batch, stage, "samfast")):
         runner = make_runner(row, device, reference_compile_mode)
         images, _ = make_inputs(batch, runner.dtype, device)
         t0 = time.perf_counter()
@@ -143,8 +144,13 @@ def main(argv: list[str] | None = None) -> int:
                      f"(samfast, reference, reference, samfast), "
                      + ("CUDA events" if device.type == "cuda" else "perf_counter"))
     with torch.no_grad():
-        samfast_call, reference_call = build(args.model, args.stage, args.reference, args.batch, device,
-                                             args.reference_compile_mode)
+        try:
+            samfast_call, reference_call = build(args.model, args.stage, args.reference, args.batch, device,
+                                                 args.reference_compile_mode)
+        except NotRun as why:
+            print(f"error: reference {args.reference} of {args.model}: {why}; on this device pass --reference fp32",
+                  file=sys.stderr)
+            return 2
         for call in (samfast_call, reference_call):
             for _ in range(args.warmup):
                 call()

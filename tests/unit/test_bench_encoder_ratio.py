@@ -63,3 +63,14 @@ def test_counts_that_leave_nothing_to_time_are_refused_with_exit_code_2(flag, va
     with pytest.raises(SystemExit) as exit_info:
         encoder_ratio.parse_args([flag, value])
     assert exit_info.value.code == 2 and "--pairs and --iters need at least 1" in capsys.readouterr().err
+
+
+def test_a_reference_this_device_cannot_run_is_an_input_error_naming_the_fix(tmp_path, capsys):
+    """sam2's compiled bf16 encoder runs under CUDA autocast only: on a CPU the run stops before samfast's
+    model is built, with exit code 2 and the flag that works here."""
+    pytest.importorskip("sam2", reason="the SAM 2 reference package sam2==1.1.0 is not installed")
+    assert encoder_ratio.main(["--cpu", "--model", "sam2.1_hiera_nano", "--batch", "1", "--stage", "fp32",
+                               "--reference", "bf16", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "GPU only" in err and "--reference fp32" in err and "built, first call" not in err
+    assert not (tmp_path / "ratio.json").exists()
