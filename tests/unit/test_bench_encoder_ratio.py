@@ -74,3 +74,9 @@ def test_a_reference_this_device_cannot_run_is_an_input_error_naming_the_fix(tmp
     err = capsys.readouterr().err
     assert "GPU only" in err and "--reference fp32" in err and "built, first call" not in err
     assert not (tmp_path / "ratio.json").exists()
+
+
+@pytest.mark.parametrize("ratios, said", [([1.52, 1.55, 1.6], "met by every pair"), ([1.48, 1.52, 1.55], "met by the median"),
+                                          ([1.46, 1.47, 1.52], "NOT met")])
+def test_the_target_is_said_met_by_every_pair_by_the_median_or_not(ratios, said):
+    assert encoder_ratio.verdict(ratios, 1.5) == said
