@@ -144,11 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
     if args.compile_mode:
         os.environ["SAMFAST_COMPILE_MODE"] = args.compile_mode
-    env = environment(device, argparse.Namespace(warmup=args.warmup, repeats=1, iters=args.iters))
-    env["command"] = "python -m bench.encoder_ratio " + " ".join(shlex.quote(a) for a in argv)
-    env["timing"] = (f"{args.warmup} warm-up calls each, then {args.pairs} pairs of blocks of {args.iters} calls "
-                     f"(samfast, reference, reference, samfast), "
-                     + ("CUDA events" if device.type == "cuda" else "perf_counter"))
+    timing = (f"{args.warmup} warm-up calls each, then {args.pairs} pairs of blocks of {args.iters} calls "
+              "(samfast, reference, reference, samfast), " + ("CUDA events" if device.type == "cuda" else "perf_counter"))
+    env = environment(device, "python -m bench.encoder_ratio " + " ".join(shlex.quote(a) for a in argv), timing)
     with torch.no_grad():
         try:
             samfast_call, reference_call = build(args.model, args.stage, args.reference, args.batch, device,

@@ -399,19 +399,18 @@ def profile_target(args, rows: list[Row]) -> tuple[str, int, str] | None:
     return args.models[0], max(args.batches), stage
 
 
-def environment(device: torch.device, args) -> dict:
+def environment(device: torch.device, command: str, timing: str) -> dict:
+    """What a bench of image encoders ran on and how, for its report: the device, the versions, the
+    command as given, the weights and the timing as the caller describes it."""
     env = {
         "device": device_name(device),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "python": platform.python_version(),
-        "command": "python -m bench.ladder " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+        "command": command,
         "weights": "seeded synthetic (samfast.synthetic_state_dict, seed 0), official layout; the reference loads the same state dict",
         "compile_mode": os.environ.get("SAMFAST_COMPILE_MODE") or ("max-autotune" if device.type == "cuda" else "default"),
-        "timing": f"{args.warmup} warm-up calls, median of {args.repeats} runs x {args.iters} calls, "
-                  + ("CUDA events" if device.type == "cuda" else "perf_counter"),
-        "prompts": f"{PROMPTS_PER_IMAGE[0]}..{PROMPTS_PER_IMAGE[1]} single-point prompts per image, 3 masks each, "
-                   f"original size {ORIGINAL_SIZE[1]}x{ORIGINAL_SIZE[0]}",
+        "timing": timing,
         "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
         "tf32_cudnn": torch.backends.cudnn.allow_tf32,
     }
@@ -427,6 +426,16 @@ def environment(device: torch.device, args) -> dict:
             env[dist] = None
     if device.type == "cuda":
         env["capability"] = ".".join(map(str, torch.cuda.get_device_capability(device)))
+    return env
+
+
+def ladder_environment(device: torch.device, args: argparse.Namespace, argv: list[str]) -> dict:
+    """environment() for this ladder's run: its command, its timing and the end-to-end prompts."""
+    timing = (f"{args.warmup} warm-up calls, median of {args.repeats} runs x {args.iters} calls, "
+              + ("CUDA events" if device.type == "cuda" else "perf_counter"))
+    env = environment(device, "python -m bench.ladder " + " ".join(shlex.quote(a) for a in argv), timing)
+    env["prompts"] = (f"{PROMPTS_PER_IMAGE[0]}..{PROMPTS_PER_IMAGE[1]} single-point prompts per image, 3 masks each, "
+                      f"original size {ORIGINAL_SIZE[1]}x{ORIGINAL_SIZE[0]}")
     return env
 
 
@@ -446,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
     target = profile_target(args, rows)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    env = environment(device, args)
+    env = ladder_environment(device, args, argv)
     earlier = load_earlier(out, rows, env) if args.append else []
     start = time.monotonic()
     deadline = start + args.budget_s

@@ -50,6 +50,8 @@ def test_quick_cpu_run_writes_table_json_and_chart(tmp_path):
     table = (tmp_path / "ratio.md").read_text()
     assert "vit_tiny, batch 1: fp32+nt is" in table and "target 1000x: NOT met" in table
     assert "seeded synthetic" in table and table.count("\n| ") == 3  # the header and one row a pair
+    assert "- command: `python -m bench.encoder_ratio --cpu --model vit_tiny --batch 1 --stage fp32+nt" in table
+    assert "2 pairs of blocks of 1 calls" in result["environment"]["timing"]
     assert (tmp_path / "ratio.png").stat().st_size > 0
 
 

@@ -24,6 +24,8 @@ def test_quick_cpu_run_writes_markdown_json_and_chart(tmp_path):
         assert r["notes"]["compiled_while_timed"] == 0, r  # counted around both timed calls (bench.timing)
     table = (tmp_path / "bench.md").read_text()
     assert "| vit_tiny | 1 | fp32+nt |" in table and (tmp_path / "bench.png").stat().st_size > 0
+    # the command is the one main was given (not pytest's argv), so the report can be rerun as written
+    assert "- command: `python -m bench.ladder --quick --cpu --models vit_tiny --batches 1 --stages fp32+nt" in table
     # the profiled row names where the time goes, for the encoder alone and for the whole pipeline
     profiled = results[-1]["notes"]["profile"]
     assert set(profiled) == {"encoder", "e2e"} and all(profiled[part] for part in profiled)
@@ -93,7 +95,7 @@ def test_sam2s_compiled_row_compiles_in_the_mode_asked_for(monkeypatch, argv, ex
 def test_a_gpu_profile_is_summed_by_kind_below_its_longest_kernels():
     """What a GPU run's profiled row prints (bench.kernel_kinds): its every kernel's time per kind, with shares."""
     args = ladder.parse_args(["--cpu", "--models", "vit_tiny", "--batches", "1"])
-    env = {**ladder.environment(torch.device("cpu"), args), "capability": "9.0"}  # as a GPU's environment names it
+    env = {**ladder.ladder_environment(torch.device("cpu"), args, []), "capability": "9.0"}  # as a GPU's environment names it
     top = [{"name": "nvjet_sm90_tst_192x192", "self_us_per_call": 30.0, "calls": 1, "share": 0.75}]
     kinds = {"GEMM (cuBLAS / CUTLASS)": 30.0, "inductor fused (triton_*)": 10.0}
     row = ladder.Row("vit_tiny", 1, "nt", "samfast", notes={"profile": {"encoder": top}, "profile_kinds": {"encoder": kinds}})
@@ -107,7 +109,7 @@ def test_a_gpu_profile_is_summed_by_kind_below_its_longest_kernels():
 def test_a_gpu_profile_names_its_longest_idle_gaps():
     """bench.kernel_gaps' summary as the row prints it: idle per call, the host-bound part, the longest gaps."""
     args = ladder.parse_args(["--cpu", "--models", "vit_tiny", "--batches", "1"])
-    env = {**ladder.environment(torch.device("cpu"), args), "capability": "9.0"}
+    env = {**ladder.ladder_environment(torch.device("cpu"), args, []), "capability": "9.0"}
     found = {"idle_us_per_call": 2900.0, "host_bound_us_per_call": 2100.0, "gaps_per_call": 640.0,
              "longest": [{"idle_us": 812.0, "after": "nvjet|x", "before": "triton_per_fused_0", "launched_late_us": 790.0,
                           "host_op": "aten::_scaled_dot_product_cudnn_attention"}]}
