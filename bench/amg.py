@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import statistics
 import sys
 import time
@@ -38,7 +37,7 @@ import torch
 
 import samfast
 from bench.families import DEFAULT_THRESHOLDS, MODEL_TYPES, built_stages, not_built, reference_model, reference_name
-from bench.timing import (counting_compiles, device_name, fmt, peak_gib, reset_peak, run_configurations, sync,
+from bench.timing import (command_line, counting_compiles, device_name, fmt, peak_gib, reset_peak, run_configurations, sync,
                           timed_compile_note)
 from samfast.sam2.config import is_sam2_type
 from samfast.stages import LADDER, canonical_name, compile_mode, parse_stages
@@ -232,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     env = {
         "device": device_name(device),
         "torch": torch.__version__,
-        "command": "python -m bench.amg " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)),
+        "command": command_line("bench.amg", sys.argv[1:] if argv is None else argv),
         "image": source,
         "compile_mode": compile_mode(device),
         "points_per_side": args.points_per_side,

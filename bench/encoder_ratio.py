@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import statistics
 import sys
 import time
@@ -32,7 +31,7 @@ import torch
 
 from bench.families import MODEL_TYPES
 from bench.ladder import REFERENCE, REFERENCE_STAGES, NotRun, Row, environment, make_inputs, make_runner
-from bench.timing import sync, time_call
+from bench.timing import clock_name, command_line, sync, time_call
 from samfast.sam2.config import is_sam2_type
 from samfast.stages import canonical_name, parse_stages
 
@@ -145,8 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.compile_mode:
         os.environ["SAMFAST_COMPILE_MODE"] = args.compile_mode
     timing = (f"{args.warmup} warm-up calls each, then {args.pairs} pairs of blocks of {args.iters} calls "
-              "(samfast, reference, reference, samfast), " + ("CUDA events" if device.type == "cuda" else "perf_counter"))
-    env = environment(device, "python -m bench.encoder_ratio " + " ".join(shlex.quote(a) for a in argv), timing)
+              f"(samfast, reference, reference, samfast), {clock_name(device)}")
+    env = environment(device, command_line("bench.encoder_ratio", argv), timing)
     with torch.no_grad():
         try:
             samfast_call, reference_call = build(args.model, args.stage, args.reference, args.batch, device,

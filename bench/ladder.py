@@ -50,7 +50,6 @@ import importlib.metadata
 import json
 import os
 import platform
-import shlex
 import sys
 import tempfile
 import time
@@ -66,7 +65,7 @@ from bench.families import MODEL_TYPES, built_stages, not_built, reference_model
 from bench.kernel_gaps import gaps
 from bench.kernel_gaps import summary as gap_summary
 from bench.kernel_kinds import by_kind
-from bench.timing import counting_compiles, device_name, fmt, free, peak_gib, reset_peak, sync, time_call, timed_compile_note
+from bench.timing import clock_name, command_line, counting_compiles, device_name, fmt, free, peak_gib, reset_peak, sync, time_call, timed_compile_note
 from samfast.predictor import Prompts
 from samfast.sam2.config import is_sam2_type
 from samfast.stages import FP8, LADDER, SPARSE_WITHOUT_INT8, SWITCHES, canonical_name, compile_mode, parse_stages
@@ -431,9 +430,8 @@ def environment(device: torch.device, command: str, timing: str) -> dict:
 
 def ladder_environment(device: torch.device, args: argparse.Namespace, argv: list[str]) -> dict:
     """environment() for this ladder's run: its command, its timing and the end-to-end prompts."""
-    timing = (f"{args.warmup} warm-up calls, median of {args.repeats} runs x {args.iters} calls, "
-              + ("CUDA events" if device.type == "cuda" else "perf_counter"))
-    env = environment(device, "python -m bench.ladder " + " ".join(shlex.quote(a) for a in argv), timing)
+    timing = f"{args.warmup} warm-up calls, median of {args.repeats} runs x {args.iters} calls, {clock_name(device)}"
+    env = environment(device, command_line("bench.ladder", argv), timing)
     env["prompts"] = (f"{PROMPTS_PER_IMAGE[0]}..{PROMPTS_PER_IMAGE[1]} single-point prompts per image, 3 masks each, "
                       f"original size {ORIGINAL_SIZE[1]}x{ORIGINAL_SIZE[0]}")
     return env

@@ -1,6 +1,6 @@
 """What every benchmark here measures the same way: a device sync, the median time of a call, graphs
-compiled while timed, peak memory, freeing between configurations, the device's name, and how a figure
-is printed."""
+compiled while timed, peak memory, freeing between configurations, the device's name, the clock and
+the command a report names, and how a figure is printed."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import contextlib
 import gc
 import os
 import platform
+import shlex
 import statistics
 import sys
 import time
@@ -45,6 +46,11 @@ def time_call(fn, device: torch.device, *, warmup: int, iters: int, repeats: int
                 fn()
             runs.append((time.perf_counter() - t0) / iters)
     return statistics.median(runs)
+
+
+def clock_name(device: torch.device) -> str:
+    """The clock time_call reads on this device, as a report names it."""
+    return "CUDA events" if device.type == "cuda" else "perf_counter"
 
 
 @contextlib.contextmanager
@@ -98,6 +104,12 @@ def run_configurations(rows: Sequence, device: torch.device, run_group: Callable
         for row in group:
             print(summary(row), file=sys.stderr, flush=True)
         save()
+
+
+def command_line(module: str, argv: Sequence[str]) -> str:
+    """The command a report names, so it can be rerun as written: `python -m module` and the arguments
+    the bench's main was given (not sys.argv: a test calls main with its own), quoted for a shell."""
+    return shlex.join(["python", "-m", module, *argv])
 
 
 def device_name(device: torch.device) -> str:

@@ -44,7 +44,6 @@ import importlib.metadata
 import json
 import math
 import os
-import shlex
 import subprocess
 import sys
 import tempfile
@@ -61,7 +60,7 @@ from PIL import Image
 
 import samfast
 from bench.families import SEED
-from bench.timing import (counting_compiles, device_name, fmt, peak_gib, reset_peak, run_configurations, sync,
+from bench.timing import (command_line, counting_compiles, device_name, fmt, peak_gib, reset_peak, run_configurations, sync,
                           timed_compile_note)
 from samfast.errors import StageError
 from samfast.stages import canonical_name, compile_mode, parse_stages
@@ -331,7 +330,7 @@ def environment(device: torch.device, args, clip: BenchClip, argv: list[str]) ->
         "torch": torch.__version__,
         "sam2": importlib.metadata.version("sam2"),
         "commit": commit(),
-        "command": "python -m bench.video " + " ".join(shlex.quote(a) for a in argv),
+        "command": command_line("bench.video", argv),
         "weights": f"seeded synthetic weights (samfast.synthetic_state_dict, seed {SEED}); sam2 loads the same state dict",
         "clip": f"parity.golden.videos clip {CLIP_ID} (seed {CLIP_SEED}), {clip.frames} frames of {clip.size[1]}x{clip.size[0]}, "
                 f"a JPEG folder (quality {JPEG_QUALITY}) read by both init_state",
