@@ -75,20 +75,25 @@ def pytest_configure(config):
 
 
 _COMPILED_BEFORE = pytest.StashKey[float]()
+_CPU_BEFORE = pytest.StashKey[float]()
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     item.stash[_COMPILED_BEFORE] = gate_time.compile_seconds_so_far()  # before any fixture compiles
+    item.stash[_CPU_BEFORE] = gate_time.cpu_seconds_so_far()
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
-    """The test's compile seconds (setup to teardown) travel in its teardown report (user_properties),
-    from an xdist worker too."""
+    """The test's compile and CPU seconds (setup to teardown) and its slow marker's reason travel in its
+    teardown report (user_properties), from an xdist worker too."""
     if call.when == "teardown":
         compiled = gate_time.compile_seconds_so_far() - item.stash.get(_COMPILED_BEFORE, 0.0)
-        item.user_properties.append(("compile_seconds", round(compiled, 3)))
+        cpu = gate_time.cpu_seconds_so_far() - item.stash.get(_CPU_BEFORE, 0.0)
+        slow = item.get_closest_marker("slow")
+        item.user_properties += [("compile_seconds", round(compiled, 3)), ("cpu_seconds", round(cpu, 3)),
+                                 ("slow_reason", slow.kwargs.get("reason", "") if slow else "")]
     return (yield)
 
 
@@ -111,6 +116,8 @@ class GateTimes:
             layer=gate_time.layer_of(report.nodeid),
             seconds=round(seconds, 3),
             compile_seconds=dict(report.user_properties).get("compile_seconds", 0.0),
+            cpu_seconds=dict(report.user_properties).get("cpu_seconds", 0.0),
+            slow_reason=dict(report.user_properties).get("slow_reason", ""),
             outcome="failed" if failed else "passed",
             started=round(started, 3),
             ended=round(report.stop, 3),

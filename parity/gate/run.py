@@ -445,6 +445,7 @@ def main(argv: list[str] | None = None) -> int:
     findings = time_budget.over_budget(step_walls, budget) if budget else [time_budget.missing_row(runner, state)]
     # what --strict-time fails: a step past STRICT_SLACK times its budget, or no budget row to hold it to
     failing = set(time_budget.over_budget(step_walls, budget, time_budget.STRICT_SLACK) if budget else findings)
+    findings += gate_time.unexplained_slow(tests)  # reported, never failed: a slower machine must not fail it
     notes.insert(0, f"time budget: runner class {runner}, {state} cache" + (" (--strict-time)" if args.strict_time else ""))
     print("\nTime to verdict\n\n" + gate_time.write_table(args.report_dir, rows, wall, notes, gate_time.slowest(tests),
                                                           allowed, findings), flush=True)

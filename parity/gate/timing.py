@@ -1,7 +1,8 @@
 """Time to verdict: per-test timings of the gate's layers, merged across xdist workers, as a table.
 
 Each pytest run records one row per test (layer, seconds of setup + call + teardown, seconds
-dynamo/inductor spent compiling inside it; an xdist worker sends the latter in the test's report)
+dynamo/inductor spent compiling inside it, CPU seconds its process and the children it waited for used,
+and the reason a slow test gives; an xdist worker sends the last three in the test's report)
 and rewrites its JSON file as each test ends, so a killed run leaves the rows it finished. The gate driver (parity.gate) adds its own steps (the
 `python -m parity check` process) and writes reports/gate-time.md and .json:
 
@@ -14,6 +15,7 @@ which the table gives separately.
 from __future__ import annotations
 
 import json
+import resource
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -33,6 +35,11 @@ class TestTime:
     started: float = 0.0
     ended: float = 0.0
     worker: str = ""
+    # CPU seconds of the test's process plus the children it reaped (setup to teardown): on a machine of
+    # few cores, what a test costs the others; 0 in files written before they were kept
+    cpu_seconds: float = 0.0
+    # why it is slow, from @pytest.mark.slow(reason="..."): a test over SLOW_TEST_SECONDS must say
+    slow_reason: str = ""
 
 
 def layer_of(nodeid: str) -> str:
@@ -61,6 +68,12 @@ def compile_seconds_so_far() -> float:
     return _seen["before_resets"] + current
 
 
+def cpu_seconds_so_far() -> float:
+    """CPU seconds (user + system) this process and its reaped children have used."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 def summarize(tests: list[TestTime], steps: list[dict] = ()) -> list[dict]:
     """One row per layer in LAYERS order (layers without tests left out), then one per extra step."""
     rows = []
@@ -73,6 +86,7 @@ def summarize(tests: list[TestTime], steps: list[dict] = ()) -> list[dict]:
                 "failed": sum(t.outcome == "failed" for t in mine),
                 "seconds": round(sum(t.seconds for t in mine), 1),
                 "compile_seconds": round(sum(t.compile_seconds for t in mine), 1),
+                "cpu_seconds": round(sum(t.cpu_seconds for t in mine), 1),
             })
     return rows + [dict(step) for step in steps]
 
@@ -84,7 +98,21 @@ def slowest(tests: list[TestTime], n: int = SLOWEST) -> list[dict]:
     """The n slowest tests, slowest first: one long test (or xdist group) can set a layer's wall time."""
     ranked = sorted(tests, key=lambda t: t.seconds, reverse=True)[:n]
     return [{"test": t.nodeid, "layer": t.layer, "seconds": round(t.seconds, 1),
-             "compile_seconds": round(t.compile_seconds, 1)} for t in ranked]
+             "compile_seconds": round(t.compile_seconds, 1), "cpu_seconds": round(t.cpu_seconds, 1),
+             "slow_reason": t.slow_reason} for t in ranked]
+
+
+# A test slower than this (setup to teardown, on the 2-core machine the gate's CPU budget is set for)
+# must say why in its @pytest.mark.slow(reason=...): the suite's time is a budget, and an unexplained
+# minute is the first place to look. The time table lists each one that gives no reason as a finding.
+SLOW_TEST_SECONDS = 60.0
+
+
+def unexplained_slow(tests: list[TestTime], limit: float = SLOW_TEST_SECONDS) -> list[str]:
+    """One finding per test over `limit` seconds whose slow marker gives no reason, slowest first."""
+    slow = sorted((t for t in tests if t.seconds > limit and not t.slow_reason), key=lambda t: t.seconds, reverse=True)
+    return [f"`{t.nodeid}` took {t.seconds:.1f} s (over {limit:g} s) and gives no reason: add "
+            f'@pytest.mark.slow(reason="...") saying why it needs that long' for t in slow]
 
 
 def _wall_line(name: str, seconds: float, budget: float | None) -> str:
@@ -100,16 +128,19 @@ def to_markdown(rows: list[dict], wall_seconds: dict[str, float], notes: list[st
     """The table; `budgets` (wall name -> seconds allowed) puts each step beside its budget, and each
     finding (a step over budget, a missing budget row) is listed under the wall times."""
     budgets = budgets or {}
-    lines = ["| layer | tests | failed | seconds | compile seconds |", "|---|---:|---:|---:|---:|"]
+    lines = ["| layer | tests | failed | seconds | compile seconds | CPU seconds |", "|---|---:|---:|---:|---:|---:|"]
     for r in rows:
-        lines.append(f"| {r['layer']} | {r['tests']} | {r['failed']} | {r['seconds']:.1f} | {r['compile_seconds']:.1f} |")
+        cpu = f"{r['cpu_seconds']:.1f}" if r.get("cpu_seconds") else ""
+        lines.append(f"| {r['layer']} | {r['tests']} | {r['failed']} | {r['seconds']:.1f} | {r['compile_seconds']:.1f} | {cpu} |")
     lines.append("")
     lines += [_wall_line(name, seconds, budgets.get(name)) for name, seconds in wall_seconds.items()]
     lines += [f"- **time finding**: {finding}" for finding in findings]
     lines += [f"- {note}" for note in notes]
     if slowest_tests:
-        lines += ["", "Slowest tests:", "", "| test | layer | seconds | compile seconds |", "|---|---|---:|---:|"]
-        lines += [f"| `{t['test']}` | {t['layer']} | {t['seconds']:.1f} | {t['compile_seconds']:.1f} |" for t in slowest_tests]
+        lines += ["", "Slowest tests:", "", "| test | layer | seconds | compile seconds | CPU seconds | why slow |",
+                  "|---|---|---:|---:|---:|---|"]
+        lines += [f"| `{t['test']}` | {t['layer']} | {t['seconds']:.1f} | {t['compile_seconds']:.1f} | "
+                  f"{t.get('cpu_seconds', 0.0):.1f} | {t.get('slow_reason', '')} |" for t in slowest_tests]
     return "\n".join(lines) + "\n"
 
 

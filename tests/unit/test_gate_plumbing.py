@@ -400,7 +400,7 @@ def test_table_merges_workers_and_adds_the_check_step(tmp_path):
     check = {"layer": "python -m parity check", "tests": 1, "failed": 0, "seconds": 30.0, "compile_seconds": 12.0}
     rows = gate_time.summarize(merged, [check])
     assert [r["layer"] for r in rows] == ["unit", "gpu", "python -m parity check"]
-    assert rows[1] == {"layer": "gpu", "tests": 2, "failed": 1, "seconds": 15.0, "compile_seconds": 9.0}
+    assert rows[1] == {"layer": "gpu", "tests": 2, "failed": 1, "seconds": 15.0, "compile_seconds": 9.0, "cpu_seconds": 0.0}
     markdown = gate_time.write_table(tmp_path, rows, {"total": 45.5}, slowest_tests=gate_time.slowest(merged, n=2))
     assert "| gpu | 2 | 1 | 15.0 | 9.0 |" in markdown and "wall time, total: 45.5 s" in markdown
     # the slowest tests by name, slowest first, across workers: where a layer's wall time goes
@@ -408,6 +408,22 @@ def test_table_merges_workers_and_adds_the_check_step(tmp_path):
     assert "c.py" not in markdown
     table = json.loads((tmp_path / "gate-time.json").read_text())
     assert table["layers"] == rows and [t["test"] for t in table["slowest"]] == ["tests/gpu/a.py::t", "tests/gpu/b.py::t"]
+
+
+def test_table_gives_cpu_seconds_and_why_a_test_is_slow(tmp_path):
+    tests = [gate_time.TestTime("tests/system/a.py::t", "system", 90.0, 50.0, "passed", cpu_seconds=170.0,
+                                slow_reason="compiles the whole encoder"),
+             gate_time.TestTime("tests/unit/b.py::t", "unit", 61.0, 0.0, "passed", cpu_seconds=60.5),
+             gate_time.TestTime("tests/unit/c.py::t", "unit", 59.0, 0.0, "passed", cpu_seconds=58.0)]
+    rows = gate_time.summarize(tests)
+    assert [(r["layer"], r["cpu_seconds"]) for r in rows] == [("unit", 118.5), ("system", 170.0)]
+    markdown = gate_time.to_markdown(rows, {}, slowest_tests=gate_time.slowest(tests))
+    assert "| system | 1 | 0 | 90.0 | 50.0 | 170.0 |" in markdown
+    assert "| `tests/system/a.py::t` | system | 90.0 | 50.0 | 170.0 | compiles the whole encoder |" in markdown
+    # only the test over the limit that gives no reason is a finding; one just under it is not
+    (finding,) = gate_time.unexplained_slow(tests)
+    assert finding.startswith("`tests/unit/b.py::t` took 61.0 s") and '@pytest.mark.slow(reason="...")' in finding
+    assert gate_time.unexplained_slow(tests, limit=100.0) == []
 
 
 @pytest.mark.parametrize("workers", [0, 2], ids=["one-process", "xdist"])
@@ -430,6 +446,10 @@ def test_pytest_writes_per_test_times_through_the_plugin(tmp_path, workers):
     assert all(t.layer == "unit" and t.seconds >= 0 and t.outcome == "passed" for t in times.values())
     assert times["test_compile_seconds_survive_a_dynamo_reset"].compile_seconds > 0
     assert times["test_layer_of_a_test"].compile_seconds == 0
+    # CPU seconds and the slow marker's reason travel from an xdist worker too
+    assert times["test_compile_seconds_survive_a_dynamo_reset"].cpu_seconds > 0
+    assert times["test_compile_seconds_survive_a_dynamo_reset"].slow_reason == COMPILES_TWICE
+    assert times["test_layer_of_a_test"].slow_reason == ""
     ran_from = min(t.started for t in times.values())
     assert all(time.time() - 600 < ran_from <= t.started <= t.ended - t.seconds + 1e-3 for t in times.values())
     assert {t.worker for t in times.values()} <= ({"gw0", "gw1"} if workers else {""})
@@ -498,6 +518,10 @@ def test_a_shallow_copy_may_change_its_own_switches(counted):
     assert model.switches == {"sdpa"}
 
 
+COMPILES_TWICE = "compiles one function twice, around a dynamo reset"
+
+
+@pytest.mark.slow(reason=COMPILES_TWICE)
 def test_compile_seconds_survive_a_dynamo_reset():
     """torch._dynamo.reset() clears dynamo's tally; the gate's count keeps what was compiled before it."""
     import torch
