@@ -7,6 +7,8 @@ download or copy it again each time.
 
 from __future__ import annotations
 
+import os
+
 import nox
 
 nox.options.sessions = ["tests"]
@@ -31,11 +33,26 @@ def _install(session: nox.Session) -> None:
         session.log("project and test dependencies already importable: not installing")
 
 
+def _xdist_workers(posargs: list[str]) -> list[str]:
+    """One pytest-xdist worker per core (at most 16), as the gate's CPU layers run (parity.gate.run): on CI's
+    two cores a single process leaves one idle. Tests sharing a module's models stay on one worker
+    (--dist loadgroup, parity.gate.worker_groups). None when the caller chose (-n, -p no:xdist) or one core."""
+    import importlib.util
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    chosen = any(a == "-n" or a.startswith(("-n", "--numprocesses")) or a == "no:xdist" for a in posargs)
+    if cores < 2 or chosen or importlib.util.find_spec("xdist") is None:
+        return []
+    return ["-n", str(min(cores, 16)), "--dist", "loadgroup"]
+
+
 @nox.session(python=False)
 def tests(session: nox.Session) -> None:
-    """The CPU-safe layers: unit, parity on vit_tiny, compile checks, checkers on fixtures. GPU tests skip."""
+    """The CPU-safe layers: unit, parity on vit_tiny, compile checks, checkers on fixtures. GPU tests skip.
+
+    Over one xdist worker per core unless the arguments after -- choose (-n 0 for one process)."""
     _install(session)
-    session.run("python", "-m", "pytest", "tests", *session.posargs)
+    session.run("python", "-m", "pytest", "tests", *_xdist_workers(session.posargs), *session.posargs)
 
 
 @nox.session(python=False)
