@@ -6,6 +6,9 @@ file. In their fenced ```bash blocks, each command that starts with `python -m X
 lists); each `nox -s Y` must name a session of noxfile.py. Commands whose --help cannot run on a
 CPU are marked GPU, either by a trailing `# GPU` comment on the line (`# GPU: why` works too) or
 by a `<!-- gpu -->` line just before the block; for those only the module's existence is checked.
+
+Outside docs/history, no file of the tree (page, docstring, comment, error message) cites a numbered
+work period or an issue number: a reader has neither, so a citation names a commit, a page or a test.
 """
 
 from __future__ import annotations
@@ -31,6 +34,11 @@ GPU_LINE = re.compile(r"#\s*GPU\b")
 ENV_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)|(?:src|href)=\"([^\"]+)\"")
 INLINE_CODE = re.compile(r"`[^`\n]*`")
+WORK_PERIOD = re.compile(r"\bsessions?[- ]\d+", re.IGNORECASE)
+ISSUE_NUMBER = re.compile(r"\bissues? \d+", re.IGNORECASE)  # "sam2 issue #517" names another repository's
+HISTORY = "docs/history"  # measurement narratives, keyed by date and commit, may say which period they came from
+# Never read for citations: git's own folder and what a run leaves behind (reports, caches, environments).
+NOT_THE_TREE = {".git", ".nox", ".venv", "venv", "__pycache__", "reports", ".pytest_cache", "shared", ".device"}
 
 
 @dataclass(frozen=True)
@@ -195,6 +203,33 @@ def broken_links(doc: Path, root: Path) -> list[str]:
     return problems
 
 
+def tree_files(root: Path) -> list[Path]:
+    """The files of the tree: git's tracked and untracked-but-not-ignored ones, or, outside a git
+    checkout (a copy of the tree), every file below root but those NOT_THE_TREE names."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=root,
+                            capture_output=True)
+    if listed.returncode == 0 and (root / ".git").exists():
+        return sorted(root / name for name in listed.stdout.decode().split("\0") if name)
+    return sorted(path for path in root.rglob("*")
+                  if path.is_file() and not NOT_THE_TREE & set(path.relative_to(root).parts[:-1]))
+
+
+def history_citations(root: Path) -> list[str]:
+    """'path:line: text' for each numbered work period or issue number cited outside docs/history."""
+    found = []
+    for path in tree_files(root):
+        relative = path.relative_to(root).as_posix()
+        if relative.startswith(HISTORY + "/") or not path.is_file():
+            continue
+        data = path.read_bytes()
+        if b"\0" in data[:8192]:
+            continue  # a binary file (pictures, goldens, weights)
+        for number, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), start=1):
+            for match in (*WORK_PERIOD.finditer(line), *ISSUE_NUMBER.finditer(line)):
+                found.append(f"{relative}:{number}: {match.group(0)!r} in: {line.strip()[:120]}")
+    return found
+
+
 COMMANDS = [c for doc in doc_files(REPO) for c in commands_in(doc, REPO)]
 
 
@@ -226,6 +261,12 @@ def test_links_point_at_files(doc):
 def test_readme_is_short():
     size = len((REPO / "README.md").read_bytes())
     assert size <= README_LIMIT, f"README.md is {size} bytes (limit {README_LIMIT}): move detail to a docs/ page"
+
+
+def test_no_work_periods_or_issue_numbers_outside_history():
+    citations = history_citations(REPO)
+    assert not citations, ("name a commit, a docs page or a test instead (a reader has no work periods and no "
+                           f"issue tracker; docs/history may keep them):\n" + "\n".join(citations))
 
 
 # Planted defects: each checker above fails on a doc that is wrong.
@@ -309,3 +350,24 @@ def test_planted_broken_links_fail(planted):
         "docs/page.md:4: pics/none.png does not exist",
     ]
     assert broken_links(planted / "README.md", planted) == []
+
+
+def test_planted_work_periods_and_issue_numbers_are_found(tmp_path):
+    """A docstring, a page and an error message each cite one; docs/history and a binary file may."""
+    # spelled apart: this file is in the tree it checks
+    period, periods, issue = "sess" + "ion 38", "Sess" + "ions 43-49", "iss" + "ue 37"
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "mod.py").write_text(f'"""Measured in {periods}."""\n'
+                                             f'raise ValueError("not built yet ({issue})")\n')
+    (tmp_path / "docs" / "history").mkdir(parents=True)
+    (tmp_path / "docs" / "page.md").write_text(f"# A page\n\nAs the {period.replace(' ', '-')} profile showed.\n"
+                                              "sam2 issue #517 is another repository's; a session of 17 frames.\n")
+    (tmp_path / "docs" / "history" / "speed.md").write_text(f"## 2026-11-28, 58d69dc ({period})\n")
+    (tmp_path / "docs" / "picture.png").write_bytes(b"\x89PNG\0" + period.encode())
+    (tmp_path / "reports").mkdir()
+    (tmp_path / "reports" / "report.md").write_text(f"left by a run: {period}\n")
+    assert [c.split(" in: ")[0] for c in history_citations(tmp_path)] == [
+        f"docs/page.md:3: {period.replace(' ', '-')!r}",
+        f"pkg/mod.py:1: {periods[:-3]!r}",
+        f"pkg/mod.py:2: {issue!r}",
+    ]
