@@ -55,7 +55,7 @@ def reference_model(model_type: str, device: torch.device, *, compile_mode: str 
     torch.compile(mode="max-autotune", fullgraph=True, dynamic=False); another mode makes the same
     call with that mode (so a run that compiles samfast in another mode compiles both alike).
     """
-    from tests.reference import reference_sam, reference_sam2
+    from parity.reference import reference_sam, reference_sam2
 
     state = samfast.synthetic_state_dict(model_type, seed=SEED)
     if not is_sam2_type(model_type):

@@ -180,7 +180,7 @@ class ReferenceRunner:
     """
 
     def __init__(self, model_type: str, dtype: torch.dtype, device: torch.device) -> None:
-        from tests.reference import reference_sam
+        from parity.reference import reference_sam
 
         self.sam = reference_sam(model_type, samfast.synthetic_state_dict(model_type, seed=0)).to(device)
         self.sam.image_encoder.to(dtype)

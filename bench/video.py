@@ -158,7 +158,7 @@ def sam2_predictor(model_type: str, row: str, device: torch.device, input_size: 
     dict loaded strictly; the config and hydra overrides of the model type as the tests build it."""
     from sam2.build_sam import build_sam2_video_predictor
 
-    from tests.reference import sam2_reference_config
+    from parity.reference import sam2_reference_config
 
     bf16, vos_optimized = SAM2_ROWS[row]
     if bf16 and device.type != "cuda":

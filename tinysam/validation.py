@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from parity.compare.metrics import mask_iou, miou_vs_ground_truth
-from parity.golden.data import _index
+from parity.golden.data import index_dataset
 from parity.golden.scenes import generate_scenes
 from parity.tasks.point.evaluate import prompts_for
 from samfast import SamPredictor
@@ -48,7 +48,7 @@ class ValidationSet:
 def heldout_dataset(num_images: int = HELDOUT_IMAGES, seed: int = HELDOUT_SEED):
     """generate_scenes(num_images, seed) through parity.golden.data's one loading path (prompts, skips)."""
     coco, images = generate_scenes(num_images, seed=seed)
-    return _index(f"scenes-seed{seed}", json.dumps(coco, sort_keys=True).encode(), lambda f: images[f], None)
+    return index_dataset(f"scenes-seed{seed}", json.dumps(coco, sort_keys=True).encode(), lambda f: images[f], None)
 
 
 @torch.no_grad()

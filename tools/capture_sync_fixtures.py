@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
-from parity.checks.syncs import _RUNTIME_CATS, _SYNC_CALL, _encloses, find_syncs, load_trace, profile_region  # noqa: E402
+from parity.checks.syncs import encloses, find_syncs, is_sync_call, load_trace, profile_region  # noqa: E402
 
 MAX_BYTES = 200_000
 
@@ -47,13 +47,13 @@ def shrink(trace: dict, max_bytes: int = MAX_BYTES) -> dict:
     """Keep what find_syncs reads (syncs, annotations, frames and ops around syncs) plus a sample."""
     events = trace["traceEvents"]
     spans = [e for e in events if e.get("ph") == "X"]
-    syncs = [e for e in spans if e.get("cat") in _RUNTIME_CATS and _SYNC_CALL.match(e.get("name", ""))]
+    syncs = [e for e in spans if is_sync_call(e)]
     needed = {id(e) for e in events if e.get("ph") == "M" or e.get("cat") == "user_annotation"}
     needed |= {id(e) for e in syncs}
     needed |= {
         id(e)
         for e in spans
-        if e.get("cat") in ("cpu_op", "python_function") and any(_encloses(e, s) for s in syncs)
+        if e.get("cat") in ("cpu_op", "python_function") and any(encloses(e, s) for s in syncs)
     }
     rest = [e for e in spans if id(e) not in needed]
     header = {k: v for k, v in trace.items() if k != "traceEvents"}

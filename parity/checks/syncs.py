@@ -88,11 +88,17 @@ def load_trace(trace: str | Path | dict) -> dict:
     return {"traceEvents": data} if isinstance(data, list) else data
 
 
+def is_sync_call(event: dict) -> bool:
+    """Whether a profiler event is a blocking CUDA runtime or driver call (a host-device sync)."""
+    return event.get("cat") in _RUNTIME_CATS and bool(_SYNC_CALL.match(event.get("name", "")))
+
+
 def _spans(events: list[dict], cat: str) -> list[dict]:
     return [e for e in events if e.get("cat") == cat]
 
 
-def _encloses(outer: dict, inner: dict) -> bool:
+def encloses(outer: dict, inner: dict) -> bool:
+    """Whether `inner` runs inside `outer`: the same process and thread, its start within outer's span."""
     # Timestamps are rounded to 1 ns in the export; compare the inner event's start only.
     start = float(outer["ts"])
     return (
@@ -103,7 +109,7 @@ def _encloses(outer: dict, inner: dict) -> bool:
 
 
 def _innermost(candidates: list[dict], event: dict) -> dict | None:
-    around = [c for c in candidates if _encloses(c, event)]
+    around = [c for c in candidates if encloses(c, event)]
     # Latest start is innermost; among equal starts, the shortest.
     return max(around, key=lambda c: (float(c["ts"]), -float(c.get("dur", 0))), default=None)
 
@@ -111,7 +117,7 @@ def _innermost(candidates: list[dict], event: dict) -> dict | None:
 def _user_frame(frames: list[dict], event: dict) -> str | None:
     """The innermost user function around ``event``, as "file:line (in func)" with the exact
     line when the trace has the frame it called (its CallFrom), else as "file(def line): func"."""
-    around = [f for f in frames if _encloses(f, event)]
+    around = [f for f in frames if encloses(f, event)]
     around.sort(key=lambda f: (float(f["ts"]), -float(f.get("dur", 0))), reverse=True)
     for inner, f in zip([None] + around, around):  # innermost first, with the frame it called
         m = _FRAME_NAME.match(f["name"])
@@ -145,11 +151,11 @@ def find_syncs(
 
     found = []
     for e in events:
-        if e.get("cat") not in _RUNTIME_CATS or not _SYNC_CALL.match(e.get("name", "")):
+        if not is_sync_call(e):
             continue
-        if regions and not any(_encloses(r, e) for r in regions):
+        if regions and not any(encloses(r, e) for r in regions):
             continue
-        if any(_encloses(a, e) for a in excused):
+        if any(encloses(a, e) for a in excused):
             continue
         op = _innermost(cpu_ops, e)
         found.append(

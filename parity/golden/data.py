@@ -145,7 +145,7 @@ def load_dataset(name_or_path: str | Path, *, limit: int | None = None) -> Datas
         name, count = _scenes_count(str(name_or_path))
         coco_dict, images = generate_scenes(count, seed=0)
         # The images dict is the only copy: hand out copies so a caller cannot alter later reads.
-        return _index(name, json.dumps(coco_dict, sort_keys=True).encode(), lambda f: images[f].copy(), limit)
+        return index_dataset(name, json.dumps(coco_dict, sort_keys=True).encode(), lambda f: images[f].copy(), limit)
     folder = dataset_dir("coco-mini") if name_or_path == "coco-mini" else Path(name_or_path)
     if not folder.is_dir():
         raise DataNotFoundError(f"{name_or_path!r} is neither a known dataset (coco-mini, scenes) nor a folder")
@@ -182,8 +182,8 @@ def load_coco(coco_root: str | Path, ann_file: str | Path, *, limit: int | None 
         json_bytes = ann_file.read_bytes()
     except OSError as err:
         raise DataError(f"annotation file {ann_file} cannot be read: {err.strerror}") from None
-    dataset = _index(name or ann_file.stem, json_bytes, lambda f: _read_rgb(_image_path(coco_root, f, ann_file)),
-                     limit, source=str(ann_file))
+    dataset = index_dataset(name or ann_file.stem, json_bytes,
+                            lambda f: _read_rgb(_image_path(coco_root, f, ann_file)), limit, source=str(ann_file))
     missing = [f for f in dataset.samples.file_names if not _image_path(coco_root, f, ann_file).is_file()]
     if missing:
         raise DataNotFoundError(
@@ -212,8 +212,8 @@ def _read_rgb(path: Path) -> np.ndarray:
         raise DataError(str(err)) from None
 
 
-def _index(name: str, json_bytes: bytes, read_image: Callable[[str], np.ndarray], limit: int | None,
-           source: str | None = None) -> Dataset:
+def index_dataset(name: str, json_bytes: bytes, read_image: Callable[[str], np.ndarray], limit: int | None,
+                  source: str | None = None) -> Dataset:
     """The one loading path: check and index the annotations, select images, skip crowd and empty masks.
     `source` names the annotations in errors (the file; by default the dataset's name)."""
     source = source or f"dataset {name!r}"

@@ -19,7 +19,7 @@ from pycocotools import mask as mask_utils
 import samfast
 from parity.golden.scenes import generate_scenes
 from samfast.amg import grids, masks, rle
-from tests.reference import reference_sam
+from parity.reference import reference_sam
 
 ref_amg = pytest.importorskip("segment_anything.utils.amg")
 

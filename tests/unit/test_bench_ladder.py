@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from bench import ladder
-from tests.reference import sam2_reference_config
+from parity.reference import sam2_reference_config
 
 
 def test_quick_cpu_run_writes_markdown_json_and_chart(tmp_path):

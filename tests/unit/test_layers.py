@@ -1,5 +1,7 @@
 """The package layers: bench -> tinysam -> parity -> samfast, no import upward, no import circle in any of
 them; inside parity, its subpackages in layers of their own (PARITY_LAYERS) and no task importing another.
+No package imports tests, and no package nor tools/ uses another package's private (`_name`) names:
+what one needs of another is public there.
 
 Read from the source with ast (every import, also the ones inside functions), so an import that only
 runs on one code path is checked too. Each checker also gets a planted defect in a throwaway tree.
@@ -17,11 +19,12 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 # Lowest first: a package may import the ones at or below its own layer, never one above.
 LAYERS = ("samfast", "parity", "tinysam", "bench")
-# parity's concerns, lowest first, the same rule one level down: the golden store and datasets know no
+# parity's concerns, lowest first, the same rule one level down: the reference packages' builders know
+# only samfast; the golden store and datasets know no
 # task and no check; a check (syncs, compile, budgets, switch proof) knows no verdict; comparison and
 # reports know no task; a task (parity/tasks/<name>/) builds on all of those and on parity/tasks/*.py,
 # never on another task; the CLI dispatches to tasks; the gate orchestrates the CLI and pytest.
-PARITY_LAYERS = ("parity.golden", "parity.checks", "parity.compare", "parity.report", "parity.tasks",
+PARITY_LAYERS = ("parity.reference", "parity.golden", "parity.checks", "parity.compare", "parity.report", "parity.tasks",
                  "parity.cli", "parity.gate")
 
 
@@ -59,6 +62,58 @@ def upward_imports(root: Path) -> list[str]:
                 top = target.split(".")[0]
                 if top in LAYERS and LAYERS.index(top) > rank:
                     problems.append(f"{path.relative_to(root)}:{line}: {package} imports {target} (a layer above it)")
+    return problems
+
+
+# Where the private-names rule reads imports: the packages and tools/ (scripts that use them).
+IMPORTERS = (*LAYERS, "tools")
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def imports_of_tests(root: Path) -> list[str]:
+    """'file:line: package imports tests...' for each import of the test suite from a package (tools/
+    may: draw_layers.py draws this file's rules)."""
+    problems = []
+    for package in LAYERS:
+        for path in sorted((root / package).rglob("*.py")):
+            for line, target in sorted(set(imports_of(path, root))):
+                if target == "tests" or target.startswith("tests."):
+                    problems.append(f"{path.relative_to(root)}:{line}: {package} imports {target} (the test suite)")
+    return problems
+
+
+def private_names_used(root: Path) -> list[str]:
+    """'file:line: importer uses name' for each private name (a `_name` module, an imported `_name`, or
+    `module._name` on an imported module) of another package than the importer's own."""
+    problems = []
+    for package in IMPORTERS:
+        for path in sorted((root / package).rglob("*.py")):
+            tree = ast.parse(path.read_text(), filename=str(path))
+            where = path.relative_to(root)
+            modules = {}  # local name -> the other package's module it is bound to
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Import):
+                    for alias in node.names:
+                        if alias.name.split(".")[0] in LAYERS and alias.name.split(".")[0] != package:
+                            modules[alias.asname or alias.name.split(".")[0]] = alias.name
+                            if any(_private(part) for part in alias.name.split(".")):
+                                problems.append(f"{where}:{node.lineno}: {package} uses {alias.name}")
+                elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                    top = node.module.split(".")[0]
+                    if top not in LAYERS or top == package:
+                        continue
+                    for alias in node.names:
+                        full = f"{node.module}.{alias.name}"
+                        if any(_private(part) for part in full.split(".")):
+                            problems.append(f"{where}:{node.lineno}: {package} uses {full}")
+                        modules[alias.asname or alias.name] = full
+            for node in ast.walk(tree):
+                if (isinstance(node, ast.Attribute) and _private(node.attr) and isinstance(node.value, ast.Name)
+                        and node.value.id in modules):
+                    problems.append(f"{where}:{node.lineno}: {package} uses {modules[node.value.id]}.{node.attr}")
     return problems
 
 
@@ -126,6 +181,14 @@ def test_no_package_imports_a_layer_above_it():
 @pytest.mark.parametrize("package", LAYERS)
 def test_package_has_no_import_circle(package):
     assert import_cycle(REPO, package) == []
+
+
+def test_no_package_imports_the_tests():
+    assert imports_of_tests(REPO) == []
+
+
+def test_no_package_uses_another_packages_private_names():
+    assert private_names_used(REPO) == []
 
 
 def test_parity_concerns_keep_their_layers():
@@ -222,4 +285,35 @@ def test_planted_parity_layer_violations_are_reported(tmp_path):
         "parity/report/html.py:2: parity.report.html imports parity.gate.run (parity.gate is a layer above parity.report)",
         "parity/tasks/point/runner.py:1: parity.tasks.point.runner imports parity.tasks.amg.runner "
         "(a task never imports another task)",
+    ]
+
+
+def test_planted_imports_of_tests_and_private_names_are_reported(tmp_path):
+    """The imports these rules were written for: bench reading the tests' reference wrappers, tinysam a
+    private loader of parity's, tools a private pattern; a package's own private names stay allowed."""
+    root = _tree(tmp_path, {
+        "samfast/__init__.py": "",
+        "samfast/_impl.py": "",
+        "samfast/model.py": "from samfast._impl import _helper\n",
+        "parity/__init__.py": "",
+        "parity/golden/__init__.py": "",
+        "parity/golden/data.py": "def _index(): ...\ndef load_dataset(): ...\n",
+        "parity/checks/__init__.py": "",
+        "parity/checks/syncs.py": "_SYNC_CALL = None\n",
+        "tinysam/__init__.py": "",
+        "tinysam/validation.py": "from parity.golden.data import _index, load_dataset\nimport samfast._impl\n",
+        "bench/__init__.py": "",
+        "bench/ladder.py": "def f():\n    from tests.reference import reference_sam, LOGITS_ATOL\n",
+        "parity/gate/__init__.py": "",
+        "parity/gate/run.py": "import tests\n",
+        "tools/capture.py": "from parity.checks import syncs\nprint(syncs._SYNC_CALL, syncs.__name__)\n",
+    })
+    assert imports_of_tests(root) == [
+        "parity/gate/run.py:1: parity imports tests (the test suite)",
+        "bench/ladder.py:2: bench imports tests.reference (the test suite)",
+    ]
+    assert private_names_used(root) == [
+        "tinysam/validation.py:1: tinysam uses parity.golden.data._index",
+        "tinysam/validation.py:2: tinysam uses samfast._impl",
+        "tools/capture.py:2: tools uses parity.checks.syncs._SYNC_CALL",
     ]

@@ -19,12 +19,13 @@ import numpy as np
 import pytest
 import torch
 
+from parity.reference import reference_sam
 import samfast
 from samfast.config import model_config
 from samfast.modeling.image_encoder import resized_rel_pos
 from samfast.modeling.sam import build_sam_modules
 from tests.planted import global_blocks, item_sync_in_global_attention, relpos_bias_scaled_in_global_blocks
-from tests.reference import LOGITS_ATOL, assert_same_outputs, prompt_cases, reference_sam
+from tests.reference import LOGITS_ATOL, assert_same_outputs, prompt_cases
 from tests.stage_accuracy import assert_close_to_fp32
 
 MODEL = "vit_b_2block"

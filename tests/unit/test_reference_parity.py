@@ -7,9 +7,10 @@ import pytest
 import torch
 from PIL import Image
 
+from parity.reference import reference_sam
 import samfast
 from tests.masks import assert_masks_equal_away_from_threshold
-from tests.reference import LOGITS_ATOL, assert_same_outputs, reference_sam
+from tests.reference import LOGITS_ATOL, assert_same_outputs
 from tests.reference import prompt_cases as _prompt_cases
 
 

@@ -23,7 +23,7 @@ pytest.importorskip("sam2", reason="the SAM 2 reference package sam2==1.1.0 is n
 from samfast.sam2.build import build_sam2_model
 from samfast.sam2.config import SAM2_MODEL_TYPES, sam2_config
 from samfast.sam2.sam2_base import build_sam2_modules
-from tests.reference import sam2_reference_config
+from parity.reference import sam2_reference_config
 
 MODEL_TYPE = "sam2.1_hiera_t"
 
