@@ -6,7 +6,7 @@ For every model and variant: one samfast generate on sam-demo dog.jpg (points_pe
 thresholds, seeded weights), one warm-up then the median of --repeats, and the time of each step
 of the generator (CUDA-synchronised timers around _embed, _decode, the per-crop filters and the
 records); for the last variant a torch.profiler table of the CUDA kernels. The variants undo, in
-this process only, what sessions 10, 12 and 14 changed to SAM 1, so one run shows what each change is
+this process only, what the AMG speed work changed to SAM 1 (docs/amg.md), so one run shows what each change is
 worth (a SAM 2 model runs as built, variant "all" only):
 
 - before: PIL resize on the host, cuDNN's transposed convolutions in the decoder;

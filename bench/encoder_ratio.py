@@ -1,9 +1,10 @@
 """samfast's image encoder against the reference's in one process, timed in alternating blocks: the ratio
-of their speeds with its spread, for a target stated as a ratio (issue 36: hiera_l at batch 8, >= 1.5x
+of their speeds with its spread, for a target stated as a ratio (docs/sam2.md: hiera_l at batch 8, >= 1.5x
 sam2's compiled bf16 encoder).
 
 The ladder times each configuration once, one after the other. The same ladder command gave hiera_l's
-ratio as 1.515x and 1.480x on two H200s within the hour (session 48): a GPU's speed moves, between
+ratio as 1.515x and 1.480x on two H200s within the hour (docs/history/sam2-encoder-speed.md): a GPU's
+speed moves, between
 machines and over minutes on one, and a row timed later sees another GPU than the row before it. Here
 both encoders are built and warmed first, then timed in pairs in the order samfast, reference,
 reference, samfast: a drift of the machine's speed that is linear over a pair cancels out of that pair's

@@ -4,7 +4,7 @@ Chrome trace, the longest first, each told as host-bound or not.
 A gap is host-bound when the operation after it was launched only after the GPU had run dry (the host was
 still busy: Python, the dispatcher, a library's planning): faster kernels cannot win that time back, CUDA
 graphs or less host work can. A gap whose next operation was launched early is the device waiting on its
-own (a dependency or a synchronization). Session 43 measured 2.9 ms of hiera_l's 39.5 ms encoder call (H200,
+own (a dependency or a synchronization). 5d2f225's profile measured 2.9 ms of hiera_l's 39.5 ms encoder call (H200,
 compile mode default) as time between kernels, without telling which.
 
     gaps(trace_events) -> [Gap(idle_us=812.0, after="nvjet_...", before="triton_per_...", launched_late_us=790.0,

@@ -30,7 +30,8 @@ seeded synthetic ones in the official layout (samfast.synthetic_state_dict): the
 memory as real checkpoints, meaningless masks. Inputs arrive preprocessed (resize and pixel
 normalization are data-loader work, not timed), as in the published benchmark.
 Rows are timed one after the other, so a ratio of two rows carries the machine's drift between them
-(1.515x and 1.480x for one command on two H200s, session 48): for a target stated as a ratio, time the
+(1.515x and 1.480x for one command on two H200s: docs/history/sam2-encoder-speed.md): for a target
+stated as a ratio, time the
 two encoders alternating in one process with bench.encoder_ratio.
 
 Robust by design: a configuration that fails (an unsupported stage, out of memory) is recorded
@@ -574,7 +575,8 @@ def cell(name: str, width: int = 60) -> str:
 
 def idle_line(kernel_us: float, call_s: float, part: str) -> str:
     """The kernels' time against the timed call's: what is left is time the GPU waited (launch gaps, host work,
-    syncs between kernels), which faster kernels cannot win back. Session 43 found 2.9 of hiera_l's 39.5 ms."""
+    syncs between kernels), which faster kernels cannot win back. The profile at 5d2f225
+    found 2.9 of hiera_l's 39.5 ms."""
     call_us = call_s * 1e6
     idle = call_us - kernel_us
     return (f"Kernels {kernel_us / 1e3:.2f} ms of a timed {part} call of {call_us / 1e3:.2f} ms (the table above): "

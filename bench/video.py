@@ -4,7 +4,7 @@
                           [--stages fp32 fp32+sdpa bf16+sdpa] [--reference fp32 bf16] [--vos-optimized]
                           [--input-size 1024] [--warmup-frames 17] [--out reports/bench] [--cpu]
 
-Issue 37 item 5. For every model, implementation and object count, in one process:
+The video bench of docs/sam2.md. For every model, implementation and object count, in one process:
 
   fps              frames propagate_in_video yields per second over the whole clip, frame 0 (prompted)
                    included: per-frame image encoding, memory attention, decoding and memory encoding,
@@ -72,8 +72,8 @@ SAM2_ROWS = {"fp32": (False, False), "bf16": (True, False), VOS: (True, True)}
 # Tracked frames of a warm-up session (--warmup-frames): by frame 8 a model's memory bank holds all its
 # num_maskmem (7) memories, by frame 16 its 16 object pointers (max_obj_ptrs_in_encoder), so sam2's memory
 # attention has met every memory length a video gives it (eager in vos_optimized: cuDNN builds a plan per
-# new length). Until session 30 the warm-up was 8 frames, and vos_optimized's timed session slowed between
-# frames 8 and 18 (H100, docs/measurements/memory-attention-by-frame-h100-2026-11-26.md): first calls timed.
+# new length). A warm-up of 8 frames was too short: vos_optimized's timed session slowed between
+# frames 8 and 18 (H100, docs/measurements/video/memory-attention-by-frame-h100-2026-11-26.md): first calls timed.
 WARMUP_FRAMES = 17
 CLIP_SEED, CLIP_ID = 0, 1
 JPEG_QUALITY = 95

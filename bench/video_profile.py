@@ -12,7 +12,7 @@ heads (_forward_sam_heads), the memory encoder (_encode_new_memory) and the mask
 (_compact_output): the host time of each part's calls per tracked frame. Their GPU time is not
 attributed to them: with CUDA graphs the profiler credited a part with more kernel time than the whole
 session ran (H100, 8 objects: 22.0 ms of 18.1), so the GPU side is the kernel table, every kernel of the
-session summed by name, and its total. The 8 / 1 column shows what grows with the objects (issue 37's
+session summed by name, and its total. The 8 / 1 column shows what grows with the objects (the video target's
 target: 8 objects at most 2x one). Seeded weights.
 --clicks profiles the frame-0 prompts instead (bench.video's "first frame ms": one add_new_points_or_box
 call per object, after a warm-up session made the same calls), per click: the SAM heads' host time, the

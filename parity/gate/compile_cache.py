@@ -27,7 +27,7 @@ One run owns a folder at a time (an flock on <key>.lock beside it, held until th
 a second run that starts meanwhile uses the folder the owner validated, without moving or sealing it.
 Every run also holds <key>.users shared while it uses the folder, and an owner validates only when it
 can take that lock alone: a run that started under an earlier owner and outlives it keeps its folder
-(a validation then would drop the entries it is still writing; seen in session 41, 989 of them), and a
+(a validation then would drop the entries it is still writing; seen once, 989 of them), and a
 run that starts while an owner validates waits for it.
 """
 

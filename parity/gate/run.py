@@ -88,7 +88,7 @@ EMBEDDED_CHECKS = {"check": CheckStep("python -m parity check", tuple(EMBEDDED_C
                    "check-sam2": CheckStep("python -m parity check (SAM 2)", tuple(EMBEDDED_SAM2_CHECK), report_dir="sam2"),
                    "check-sam2-amg": CheckStep("python -m parity check --task amg (SAM 2)", tuple(EMBEDDED_SAM2_AMG),
                                                report_dir="sam2", task_dir="amg")}
-# With a GPU the segment-everything checks run every default GPU stage (SAM 2's since session 38, when the
+# With a GPU the segment-everything checks run every default GPU stage (SAM 2's since the
 # check learned to count the masks bf16 may flip at a filter or at NMS: parity.tasks.amg.embedded).
 GPU_CHECKS = {**EMBEDDED_CHECKS,
               "check-amg": CheckStep("python -m parity check --task amg", tuple(EMBEDDED_AMG_ALL_STAGES), task_dir="amg"),
@@ -140,7 +140,7 @@ def spare_cores(cores: int) -> int:
     xdist's worker count is fixed at the start (H100 at 47577b7, warm: with cores - GPU workers - 1 = 10
     workers, 4 of 14 cores idled for the last ~100 s of the CPU layers' 244 s). On two cores one held back
     idled half the machine once the checks were done (their first ~3 minutes): the cold CPU gate took
-    1756 s with one worker (58d69dc), 1359 s with two (docs/measurements/gate-time-cpu-cold-two-workers-2026-11-28-3cd037d.md)."""
+    1756 s with one worker (58d69dc), 1359 s with two (docs/measurements/gate/gate-time-cpu-cold-two-workers-2026-11-28-3cd037d.md)."""
     return cores if cores <= 2 else cores - 1
 
 

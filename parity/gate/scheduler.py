@@ -10,7 +10,7 @@
 
 LongestFirstScheduling gives a worker its next group only when it is down to its last test (a worker
 runs a test once it knows the one after it, so one must stay queued). On the warm H100 gate's CPU
-layers (13 workers, measured test times of docs/measurements/gate-time-h100-warm-2026-11-26-c86e4a7)
+layers (13 workers, measured test times of docs/measurements/gate/gate-time-h100-warm-2026-11-26-c86e4a7)
 a replay of xdist's rules ends at 200 s as shipped, 181 s with the collection order kept, 161 s with
 this lookahead; the work divided evenly is 157 s.
 

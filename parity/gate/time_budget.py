@@ -74,8 +74,8 @@ def load(runner: str, state: str, path: Path | None = None) -> dict[str, float] 
 
 # --strict-time fails a step only past this multiple of its budget; below it a step over budget is a
 # finding in the report. Healthy H100 runners of 16 cores differ: the same warm gate took 1.26x as long on
-# one host (8351550) as on another (c43208b), its CPU layers 1.39x (docs/gpu-gate.md, session 25). The
-# growth that made the budget (the gpu layer from 201 to 377 s, 1.9x: issue 35) is well past it.
+# one host (8351550) as on another (c43208b), its CPU layers 1.39x (docs/history/gpu-gate-time.md). The
+# growth that made the budget (the gpu layer from 201 to 377 s, 1.9x: docs/history/gpu-gate-time.md) is well past it.
 STRICT_SLACK = 1.5
 
 

@@ -5,7 +5,7 @@ first stage's qkv (524288 x 144 -> 432, bf16) takes 306 us with it and 197 us as
 Given x with a channel of ones (and zeros up to a multiple of 8 channels, 16-byte rows), the bias can
 be that channel's weight column: 230 us (samfast.modeling.common.linear_with_bias_channel). Inductor
 wrote the constant channels in extra strided passes, or as a looped reduction twice as slow as its layer
-norm, which cost what the GEMMs saved (docs/measurements/bias-epilogue-h200-2026-11-29.md). This kernel
+norm, which cost what the GEMMs saved (docs/measurements/sam2-encoder/bias-epilogue-h200-2026-11-29.md). This kernel
 writes them in the norm's own pass: a program holds BLOCK_M rows of the residual stream in registers,
 adds the stream's deferred bias (Hiera.forward_windowed), normalizes, applies the affine and writes
 each row once, C + bias_channels(C) wide.

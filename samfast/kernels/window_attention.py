@@ -7,7 +7,7 @@ heads of 72 channels, and cuDNN's flash kernel tiles each one 64 queries x 128 k
 block on an H100 in bf16. Here one program takes a whole window: the compiled hiera_l encoder at batch 8
 went from 152.9 to 166.4 img/s. At 64 queries a window cuDNN is as fast or faster, so the triton switch
 routes only attentions whose windows fit MAX_QUERIES and MAX_KEYS here (:func:`fits`;
-samfast.sam2.sam2_base). Measured: docs/measurements/window-attention-h100-2026-11-26.md.
+samfast.sam2.sam2_base). Measured: docs/measurements/sam2-encoder/window-attention-h100-2026-11-26.md.
 
 A program loads its window's queries, keys and values once (a head's channels as two power-of-2 tiles
 in registers, 72 = 64 + 16 with 8 masked: :func:`split_channels`; never padded in memory), takes
@@ -126,7 +126,7 @@ def split_channels(d: int) -> tuple[int, int]:
     """A head's d channels as (head, tail) tiles of powers of 2, each at least 16 (tail 0 when head holds
     them all): 72 -> (64, 16), 96 -> (64, 32), 64 -> (64, 0), 8 -> (16, 0). Padding 72 to one tile of 128
     made the products 1.8x the work: on the second stage's 4 x 4 windows (H200, batch 8 hiera_l) the split
-    took 116 us a block where one tile took 208 (docs/measurements/window-attention-head-split-h200-2026-11-28.md)."""
+    took 116 us a block where one tile took 208 (docs/measurements/sam2-encoder/window-attention-head-split-h200-2026-11-28.md)."""
     head = max(16, 1 << (d.bit_length() - 1))
     return (head, 0) if head >= d else (head, _block(d - head))
 

@@ -85,7 +85,7 @@ def bias_as_channel_pays(linear: nn.Linear) -> bool:
     """Where linear_with_bias_channel beat cuBLASLt's bias epilogue on an H200 in bf16 at Hiera-L's batch-8
     shapes: inputs of at most 288 channels into outputs of at most 864 (its first two stages); from 576
     input channels, or into 1728 outputs, the epilogue was as fast or faster
-    (docs/measurements/bias-epilogue-h200-2026-11-29.md)."""
+    (docs/measurements/sam2-encoder/bias-epilogue-h200-2026-11-29.md)."""
     return linear.in_features <= 288 and linear.out_features <= 864
 
 

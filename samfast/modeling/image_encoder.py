@@ -199,7 +199,7 @@ class PatchEmbed(nn.Module):
     over non-overlapping patches: a 16x16 stride-16 convolution is exactly that. On an H100 in
     bf16, cuDNN runs the convolution of SAM's 3-channel input with a generic implicit-GEMM
     kernel at 0.26 ms per image (5.8% of vit_b's end-to-end time at batch 32,
-    docs/measurements/ladder-bench-h100-2026-11-22-0f14c7f.md), for 4.8 GFLOP that a GEMM does in
+    docs/measurements/ladder/ladder-bench-h100-2026-11-22-0f14c7f.md), for 4.8 GFLOP that a GEMM does in
     microseconds. The weights keep the conv layout.
     """
 

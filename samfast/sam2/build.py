@@ -32,7 +32,7 @@ def refuse_unbuilt_switches(model_type: str, stages: str) -> None:
         # one name alone is a rung of SAM 1's cumulative ladder: "fp32+" keeps it exactly that switch
         instead = "+".join(built) if len(built) > 1 else "+".join(["fp32", *built])
         raise StageError(
-            f"stages={stages!r}: the {', '.join(unbuilt)} switch(es) are not built for SAM 2 yet (issue 36, item 2); "
+            f"stages={stages!r}: the {', '.join(unbuilt)} switch(es) are not built for SAM 2 yet; "
             f"{model_type} takes fp32 and any combination of {', '.join(sorted(SAM2_SWITCHES, key=SWITCHES.index))}: "
             f"use {instead!r} for the built part of this stage"
         )

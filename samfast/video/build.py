@@ -55,7 +55,7 @@ def build_sam_video(
     if unbuilt := sorted(parse_stages(stages) - VIDEO_SWITCHES, key=SWITCHES.index):
         raise StageError(
             f"stages={stages!r}: the {', '.join(unbuilt)} switch(es) are not built for video tracking yet "
-            f"(issue 37); build_sam_video takes {', '.join(map(repr, VIDEO_STAGES))}"
+            f"; build_sam_video takes {', '.join(map(repr, VIDEO_STAGES))}"
         )
     # the image encoder's static batch under the compile switch: the frames it takes in one call
     model = build_sam2_model(model_type, checkpoint, seed=seed, device=device, stages=stages,

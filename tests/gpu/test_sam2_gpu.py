@@ -86,7 +86,7 @@ def test_sam2_stage_is_sync_free(stages, scene, tmp_path, model_cache):
     assert_no_syncs(trace)
 
 
-IMAGES_WITHOUT_RECOMPILE = 100  # issue 36's target: 0 recompiles over 1..16 points and over 100 images
+IMAGES_WITHOUT_RECOMPILE = 100  # the target of docs/sam2.md: 0 recompiles over 1..16 points and over 100 images
 
 
 @shared(LOSSLESS_STACK)

@@ -1,4 +1,4 @@
-"""Video tracking on the GPU (issue 37 item 3): the CUDA stages against an fp32 golden, host-device syncs
+"""Video tracking on the GPU: the CUDA stages against an fp32 golden, host-device syncs
 that grow by a fixed number per tracked frame and never with the memory, and the compiled tracker over
 100 frames without a recompile after its first frames.
 

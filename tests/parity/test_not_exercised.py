@@ -79,7 +79,7 @@ def test_switches_that_ran_are_exercised(monkeypatch):
 
 
 def test_sdpa_switch_that_did_nothing_is_not_exercised_not_pass(golden, one_scene, tmp_path, monkeypatch):
-    """Planted (issue 34's reviewer trick): the sdpa switch leaves every attention module on the math path,
+    """Planted (a reviewer's trick): the sdpa switch leaves every attention module on the math path,
     which gives fp32's numbers: the gates pass, the proof does not."""
     apply = samfast.build.apply_stages
 

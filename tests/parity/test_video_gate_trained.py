@@ -4,7 +4,7 @@ three planted defects of tests/parity/test_video_gate.py fail on them, not only 
 object scores that seeded weights are gated on. The gate's default clip (one generated clip of 6
 frames, input 256), fp32 on the CPU.
 
-Measured with session 35's file (sha256 8ca7b48b…; 2-core CPU, torch 2.14.1; limits of [video.fp32]:
+Measured with the shipped file (sha256 8ca7b48b…; 2-core CPU, torch 2.14.1; limits of [video.fp32]:
 J&F mean 0.995, objects lost 0, object scores 1e-3 relative; [video.bf16]: 0.98, 0, 0.05): fp32+sdpa
 equals the golden's masks and scores exactly; bf16+sdpa passes (J&F 0.997, object scores 0.014 relative);
 one memory fewer: J&F mean 0.972 (worst 0.79), object scores 0.15 relative in fp32, 0.16 in bf16+sdpa;
@@ -56,8 +56,8 @@ def test_bf16_tracks_within_its_limits(golden, tmp_path):
 @pytest.mark.parametrize("stage", ["fp32", "bf16+sdpa"])
 def test_dropped_memory_fails(golden, tmp_path, monkeypatch, stage):
     """The masks move (J&F mean 0.97 against limits of 0.995 and 0.98) and the object scores more (0.15-0.16
-    relative against 1e-3 and 0.05): with session 34's file, whose tracker never called an object absent,
-    only the scores caught it."""
+    relative against 1e-3 and 0.05): with the earlier file (object-score head frozen), whose
+    tracker never called an object absent, only the scores caught it."""
     drop_oldest_memory(monkeypatch)
     assert {"jf_mean", "object_score_max_rel_err"} <= failed_gates(check(golden, tmp_path, stage))
 

@@ -152,7 +152,8 @@ def track_object_counts(counts, monkeypatch) -> dict[int, int]:
 def test_object_counts_from_two_on_share_one_graph(monkeypatch):
     """The memory encoder and attention compile a static graph for one object and one for every larger
     count (samfast.sam2.memory.static_graphs): counts 1..9 in one process, nothing compiles after count 2.
-    Under dynamo's default recompile_limit (8): a graph per count crashed the ninth (session 27)."""
+    Under dynamo's default recompile_limit (8): a graph per count crashed the ninth
+    (docs/history/sam2-video-speed.md)."""
     # dynamo's default, which the gate's ModelCache (parity.gate.models) raises for the whole process
     monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
     compiled = track_object_counts(range(1, 10), monkeypatch)

@@ -1,4 +1,4 @@
-"""Every bad input gets a clear error (issue 13): the predictor, checkpoints, the COCO loader and the CLI.
+"""Every bad input gets a clear error (docs/errors.md): the predictor, checkpoints, the COCO loader and the CLI.
 
 Each case asserts the error's type (a project error the CLI maps to exit 2) and that its message
 names the value, the file or the item. CLI cases run main() in-process (cheap); a few run as

@@ -132,7 +132,7 @@ class GrowingStepTracker:
 
 @pytest.mark.parametrize("grow_every", [None, 2])
 def test_a_row_that_compiled_while_timed_says_so(tmp_path, grow_every):
-    """Planted defect: a recompile after the warm-up (session 25's H100 run: a tracker recompiled mid-video
+    """Planted defect: a recompile after the warm-up (c43208b's H100 run: a tracker recompiled mid-video
     and its row read 6.5 fps, compile time, with nothing in the table saying so). The row counts the
     graphs compiled while timed and its note says it; a steady tracker's row has no note."""
     torch._dynamo.reset()

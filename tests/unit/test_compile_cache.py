@@ -128,7 +128,7 @@ def test_a_cache_in_use_by_another_run_is_shared_not_moved(tmp_path):
 def test_a_run_that_outlives_its_owner_keeps_the_entries_it_is_writing(tmp_path, capsys):
     """Two runs at once, the owner ending first: a third run that starts meanwhile owns the folder (and seals
     it) but does not validate it, since the second still writes there (a validation then dropped 989 entries
-    of a CI run beside a developer's test run, session 41); once the second has ended, the next owner does."""
+    of a CI run beside a developer's test run); once the second has ended, the next owner does."""
     first = compile_cache.activate(tmp_path, KEY, {})
     second = compile_cache.activate(tmp_path, KEY, {})
     compile_cache.seal(first)  # the first run ends

@@ -1,5 +1,5 @@
 """VideoPredictor.frames_per_encode: while propagating, the image encoder takes the frames about to be
-tracked in batches, and the tracks stay those of one frame per encoder call (issue 37 item 2: frames
+tracked in batches, and the tracks stay those of one frame per encoder call (docs/sam2.md: frames
 encoded ahead of tracking, in batches).
 
 Seeded sam2.1_hiera_nano at a 256 input with the object-score head raised (tests/system/test_video_compile.py

@@ -4,7 +4,7 @@ Inside a compiled graph inductor types a Python float argument of a user kernel 
 (torch._inductor.codegen.triton_utils.signature_of: "Python floats are natively fp64"), where a direct
 launch types it fp32. `variance + eps` then promotes the row's whole normalization to fp64: on an H200
 the bias-channel norm took 139 and 69 us a call inside Hiera-L's encoder against 97 and 45 with eps cast
-to fp32 (docs/measurements/eps-fp64-h200-2026-11-29.md). The interpreter and a direct launch never show
+to fp32 (docs/measurements/sam2-encoder/eps-fp64-h200-2026-11-29.md). The interpreter and a direct launch never show
 it, so these tests compile each kernel for sm_90 on the CPU with eps typed as inductor types it and read
 Triton's IR for fp64 tensors.
 """

@@ -158,8 +158,8 @@ def test_int8_module_compiles_with_the_flags_on_cpu():
         torch._dynamo.reset()
     assert _rel_l2(eager, ref) < 0.05
     # as a whole, not per element: where eager and compiled code round a value on an int8 step's boundary
-    # apart, that element moves by a step's worth (one of 2048 differed by 1.1e-3 in a warm gate run of
-    # session 41, about 1e-4 of the tensor's norm; alone in a process they agree to 1e-7). The bound is 5x
+    # apart, that element moves by a step's worth (one of 2048 differed by 1.1e-3 in a warm gate run
+    # on 2026-11-28, about 1e-4 of the tensor's norm; alone in a process they agree to 1e-7). The bound is 5x
     # below int8's own error (1.0e-2): a compiled path that skipped the quantization fails it.
     assert _rel_l2(compiled, eager) < 2e-3
 

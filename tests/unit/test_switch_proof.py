@@ -77,7 +77,7 @@ def test_sdpa_that_ran_is_exercised():
 
 
 def test_nt_decoding_image_by_image_is_not_exercised(monkeypatch):
-    """The reviewer's trick of issue 34: the predictor decodes per image whatever the switches say."""
+    """A reviewer's trick: the predictor decodes per image whatever the switches say."""
     _undo_after_build(monkeypatch, lambda model: setattr(model, "switches", model.switches - {"nt"}))
     (sentence,) = _stage("fp32+nt", run=_decode_two_images).not_exercised
     assert sentence == "nt: 2 of 2 prompt-decoder calls decoded one image's prompts, not a batch's nested prompts"

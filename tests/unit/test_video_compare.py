@@ -1,5 +1,5 @@
 """The video check's figures from masks made to order (parity.tasks.video.compare): drift over the frames
-issue 37 names (the last 10 against the first 10; a short clip's quarters) and its gate, J by frame index,
+the video target names (the last 10 against the first 10; a short clip's quarters) and its gate, J by frame index,
 and the worst object-frame's masks kept for its picture."""
 
 from __future__ import annotations

@@ -83,7 +83,8 @@ def test_every_uploaded_path_is_one_the_gate_writes(workflow):
     assert {Path(p).name for p in uploaded} == set(OUTPUTS)
 
 
-# The slowest cold gate run measured on an H100 (issue 35): killed at 585 s, its perf layer unfinished.
+# The slowest cold gate run measured on an H100 (docs/history/gpu-gate-time.md): killed at 585 s, its perf
+# layer unfinished.
 SLOWEST_COLD_RUN_S = 585
 
 

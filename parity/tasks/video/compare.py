@@ -40,7 +40,7 @@ def object_score_error(ours: np.ndarray, golden: np.ndarray) -> float:
     return float(np.nan_to_num(diff, nan=np.inf).max())
 
 
-DRIFT_FRAMES = 10  # issue 37's "no drift": the mean J of the last 10 frames within 0.01 of the first 10's
+DRIFT_FRAMES = 10  # the video target's "no drift": the mean J of the last 10 frames within 0.01 of the first 10's
 
 
 def drift_gated(num_frames: int) -> bool:

@@ -116,7 +116,7 @@ def refuse_unbuilt(stages: list[str]) -> None:
     refused = {stage: unbuilt(stage) for stage in stages if unbuilt(stage)}
     if refused:
         listed = "; ".join(f"{stage} ({', '.join(switches)})" for stage, switches in refused.items())
-        raise StageError(f"--task video: stages not built for video tracking yet (issue 37): {listed}; "
+        raise StageError(f"--task video: stages not built for video tracking yet: {listed}; "
                          f"the video task runs {', '.join(VIDEO_STAGES)}")
 
 

@@ -17,7 +17,7 @@ memory or all padding; one object's frames in one batched kernel call, several o
 frame slot) and to the pointer tokens in plain masked math; the
 parts are merged by their log-sum-exp, a padded slot with no weight: the same softmax. The values stay
 at the memory's channels, the value projection folded into the output projection (_folded_output).
-On an H100 (bf16, compiled, hiera_l's shapes; docs/measurements/memory-attention-by-frame-h100-2026-11-26.md)
+On an H100 (bf16, compiled, hiera_l's shapes; docs/measurements/video/memory-attention-by-frame-h100-2026-11-26.md)
 the split took a call 734 -> 242 us for one object and 3060 -> 1785 us for eight: cuDNN's kernel runs
 about twice as long with a mask as without, and one object's single sequence gave an H100's 132 SMs 32
 blocks of work, its frames give them 224.
@@ -204,7 +204,7 @@ class RoPEAttention(nn.Module):
         """out_proj(v_proj(.)) of the attention-weighted memory, as one linear map: a query's weights sum
         to 1, so weighting the projected values (P (M Wv^T + bv)) equals projecting the weighted memory
         (P M) Wv^T + bv. On an H100 the cross-attention of 8 objects took 1854 -> 1309 us a call with
-        values of 64 channels instead of 256 (bf16, compiled; docs/measurements/memory-attention-by-frame-h100-2026-11-26.md).
+        values of 64 channels instead of 256 (bf16, compiled; docs/measurements/video/memory-attention-by-frame-h100-2026-11-26.md).
         The product of the two weights is formed in fp32, then rounded once to the layer's dtype."""
         w_o, w_v = self.out_proj.weight, self.v_proj.weight
         weight = (w_o.float() @ w_v.float()).to(w_o.dtype)

@@ -4,7 +4,8 @@ graph for one object, one graph for every larger number of objects.
 Each takes the objects tracked together as its batch. Compiled with static shapes only, every object
 count was a graph of its own: a new count meant a new compile (minutes in max-autotune, the GPU default),
 and past dynamo's recompile_limit (8) a fullgraph function raises FailOnRecompileLimitHit: a ninth count
-crashed tracking (session 27). Now, from DYNAMIC_FROM_OBJECTS on, the object dimension of each input is
+crashed tracking (found after 7b3747a's runs: docs/history/sam2-video-speed.md). Now, from
+DYNAMIC_FROM_OBJECTS on, the object dimension of each input is
 marked dynamic, so those counts share a graph; one object, the common case and the headline, keeps a
 static graph and its own kernels (split memory keys among them: samfast.sam2.memory.attention). The mark
 is maybe_mark_dynamic, which lets a backend cut the range where its kernels differ (a CPU's convolutions
