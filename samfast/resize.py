@@ -1,8 +1,8 @@
 """PIL's bilinear resize of uint8 images, pixel for pixel, as torch operations on any device.
 
 The reference resizes every image with PIL on the host (`Image.resize(..., BILINEAR)`), which on
-a GPU run means a host resize, then pinning and copying the 3 MiB result: 9-10 ms of a 60-80 ms
-segment-everything call on an H100 (docs/amg.md), more than the vit_b encoder. Here the small original is copied and resized on the
+a GPU run means a host resize, then pinning and copying the 3 MiB result: more of a
+segment-everything call than the vit_b encoder (docs/amg.md). Here the small original is copied and resized on the
 device with PIL's own arithmetic (Pillow's Resample.c), so the pixels are the same bytes:
 
 - per output pixel, the taps and weights of a triangle filter stretched by the scale when

@@ -1,9 +1,9 @@
 """Hiera's first layer norm of a block, with a channel of ones after it that the next GEMMs use for their bias.
 
-On Hiera-L's first two stages cuBLASLt's bias epilogue picks slow kernels: at batch 8 on an H200 the
-first stage's qkv (524288 x 144 -> 432, bf16) takes 306 us with it and 197 us as a GEMM with no bias.
-Given x with a channel of ones (and zeros up to a multiple of 8 channels, 16-byte rows), the bias can
-be that channel's weight column: 230 us (samfast.modeling.common.linear_with_bias_channel). Inductor
+On Hiera-L's first two stages cuBLASLt's bias epilogue picks slow kernels for these narrow GEMMs
+(measured: docs/history/figures-from-docstrings.md). Given x with a channel of ones (and zeros up to a
+multiple of 8 channels, 16-byte rows), the bias can be that channel's weight column
+(samfast.modeling.common.linear_with_bias_channel). Inductor
 wrote the constant channels in extra strided passes, or as a looped reduction twice as slow as its layer
 norm, which cost what the GEMMs saved (docs/measurements/sam2-encoder/bias-epilogue-h200-2026-11-29.md). This kernel
 writes them in the norm's own pass: a program holds BLOCK_M rows of the residual stream in registers,
@@ -64,7 +64,7 @@ def _norm_with_bias_channel_fwd(
     centered = tl.where(real[None, :], x - mean[:, None], 0.0)
     variance = tl.reduce(centered * centered, 1, tl.standard._sum_combine) / C
     # Inside a compiled graph eps arrives as fp64 (inductor types Python floats so): cast it, or the row's
-    # math promotes to fp64 (the bias-channel norm: 139 against 97 us on an H200; test_kernel_scalar_types.py)
+    # math promotes to fp64 (test_kernel_scalar_types.py; what it cost: docs/history/figures-from-docstrings.md)
     y = centered * tl.rsqrt(variance + tl.cast(eps, tl.float32))[:, None]
     y = y * tl.load(W + cols, mask=real, other=0.0).to(tl.float32)[None, :] + tl.load(B + cols, mask=real, other=0.0).to(tl.float32)[None, :]
     y = tl.where((cols == C)[None, :], 1.0, y)  # the ones; the channels after it are 0
@@ -72,10 +72,8 @@ def _norm_with_bias_channel_fwd(
              mask=in_rows[:, None] & (cols < WIDE)[None, :])
 
 
-# Few warps a program: at 144 and 288 channels the kernel is fastest with a row or a few per warp (H200,
-# CUDA graphs: 97 us for 524288 x 144 at 32 rows and 2 warps, 45 us for 131072 x 288 at 4 rows and 1 warp,
-# inductor's plain layer norm 90 and 49; 8 rows and 4 warps took 113 and 54). The neighbours stay for
-# other GPUs.
+# Few warps a program: at 144 and 288 channels the kernel is fastest with a row or a few per warp
+# (measured: docs/history/figures-from-docstrings.md). The neighbours stay for other GPUs.
 _CONFIGS = (
     [triton.Config({"BLOCK_M": m}, num_warps=w) for m, w in ((2, 1), (4, 1), (8, 1), (4, 2), (8, 2), (32, 2), (16, 4), (32, 4))]
     if triton is not None

@@ -3,8 +3,7 @@
 The memory encoder turns each object's 1024 x 1024 mask into the 64 x 64 map with four convs (1 -> 4
 -> 16 -> 64 -> 256 channels, kernel 3, stride 2, padding 1), each followed by a LayerNorm over the
 channels and a GELU. For the first convs' one and four input channels cuDNN ran its generic grouped
-kernels, and the norms and GELUs were extra passes: at 8 objects on an H200 (hiera_l, bf16, compiled)
-433 + 81 us a tracked frame in `conv2d_grouped_direct_kernel` alone
+kernels, and the norms and GELUs were extra passes
 (docs/measurements/video/video-profile-h200-hiera_l-objects-rotated-keys-2026-11-28.md). Here a program takes
 BLOCK_P output pixels of one map, channels-last: for each of the 9 taps and each input channel it loads
 the pixels under the tap (zeros outside the map) and adds their products with that tap's COUT weights,
@@ -31,7 +30,7 @@ _INTERPRET_BLOCK_P = 4096
 
 #: The most input channels the kernel takes. It sums each tap's products channel by channel, which
 #: pays for the first convs' 1 and 4 channels; from 16 on cuDNN's implicit GEMMs serve (a tl.dot version
-#: compiled for 150 s for one block size at 64 -> 256 channels in fp32 and ran 7.5 ms, H200, 2026-11-28).
+#: compiled too long and ran slower: docs/history/figures-from-docstrings.md).
 MAX_INPUT_CHANNELS = 8
 
 

@@ -10,10 +10,8 @@ outputs, 4 x 32 -> 4 x masks) run in registers, and only the masks are written. 
 (:func:`upscaled_masks_reference`) writes and reads the (P, 128, 128, 64) and (P, 256, 256, 32)
 activations, 2 and 4 GiB in bf16 for segment-everything's 1024 prompts.
 
-Measured on an H100 (bf16, P = 1024, docs/amg.md, the fused upscaling of commit 40073d9): 8.1 ms for this path vs 13.1 ms for
-the GEMM path compiled by inductor. A kernel doing the first convolution as well was slower (13.9 ms
-with the second convolution's sub-pixels as one product, 38.8 ms with one product per sub-pixel):
-cuBLAS does that GEMM best.
+This path is faster than the GEMM path compiled by inductor; a kernel doing the first convolution as
+well was slower: cuBLAS does that GEMM best (docs/amg.md, the fused upscaling of commit 40073d9).
 
 Arithmetic: fp32 accumulation, layer norm and GELU (exact, erf); the first convolution's output and
 the activations are rounded to the input dtype before their products, as the GEMM path rounds them.
@@ -43,9 +41,8 @@ def upscaled_masks_reference(
     """SAM's output_upscaling and mask product on channels-last (P, h, w, C) tokens, as matrix multiplies.
 
     A 2x2 stride-2 transposed convolution is one GEMM per input pixel (C_in -> C_out x 2 x 2)
-    followed by placing the 4 outputs in their 2x2 block. cuDNN ran the two of them on NCHW
-    bf16 in 8.8 ms of a decoder call over 1024 AMG prompts on an H100, and the transformer's
-    tokens are already channels-last, so the NCHW transpose goes too: 4-5 ms off that call
+    followed by placing the 4 outputs in their 2x2 block. cuDNN ran the two of them on NCHW,
+    and the transformer's tokens are already channels-last, so the NCHW transpose goes too
     (docs/amg.md, the upscaling as GEMMs, commit 355f977). Same weights, same products up to the order of summation.
     Returns (P, M, 4h, 4w) for hyper_in (P, M, C / 8). high_res: SAM 2's stride-8 and stride-4 levels
     per prompt, channels-last (P, 2h, 2w, C / 4) and (P, 4h, 4w, C / 8), added to the first and second

@@ -9,8 +9,8 @@ the largest tensor in the model. The kernel here is flash attention (online soft
 tiles) that forms each key tile's bias from the few rel_h / rel_w entries it needs, so the bias
 never exists in memory: global attention (64x64 tokens) reads one rel_h column and a rel_w slice
 per tile, windowed attention (14x14) selects from the tables with tiny tensor-core products.
-On an H200 (bf16, B=8) that is 1.26 ms vs 5.46 ms for SDPA + materialized bias (vit_b global),
-0.19 vs 0.47 ms (vit_b windowed, 200 windows); see bench/kernel_bench.py.
+How it compares with SDPA and a materialized bias: bench/kernel_bench.py,
+docs/relpos-global-attention-h100.md and docs/relpos-windowed-attention-h100.md.
 
 The softmax runs in base 2 (``exp2``), so *both* the scaled q.k product and the bias are
 multiplied by log2(e). The published segment-anything-fast kernel scaled only q.k; the unit
@@ -133,7 +133,7 @@ def _relpos_attn_fwd(
     #            KH x KW_PAD grid, key (ky, kx) at position ky * KW_PAD + kx (kx >= KW masked), so
     #            that when KW_PAD divides BLOCK_N (RW_FIXED) column c of every tile holds
     #            kx = c % KW_PAD: the rel_w part is then the same for all tiles, formed once, and
-    #            each tile costs one selection product (rel_h) instead of two (H100: 4-9% faster).
+    #            each tile costs one selection product (rel_h) instead of two.
     #   GATHER:  otherwise, an elementwise gather of both tables.
     # With FROM_TABLES (GRID geometry only) rel_h / rel_w are not read but formed here:
     # rel_h[i, ky] = q_i . table_h[iy - ky + KH - 1] is a column gather from the tensor-core product
@@ -250,7 +250,7 @@ def _relpos_attn_fwd(
             # Every entry of the tile takes the same rel_h value per query row: rather than adding
             # it to the tile, the softmax below shifts each row's running max by it (per row, not
             # per entry). The bias then costs one fused multiply-add per entry, q.k * scale + rel_w:
-            # as many per-entry operations as bias-free flash attention (H100: 10% faster).
+            # as many per-entry operations as bias-free flash attention.
             row_bias = tl.load(rh_rows + (start_n // KW) * stride_rhk, mask=m_mask, other=0.0)
             row_bias = row_bias.to(tl.float32) * bias_scale
             if KW == BLOCK_N:
@@ -400,7 +400,7 @@ if triton is not None and hasattr(torch.library, "triton_op"):
     # q, k, v enter the op and the kernel as one tensor (one pointer): inductor hands a user Triton
     # kernel its inputs with their eager strides, and three q, k, v views of a pointwise result
     # (the int8 stage's rescaled qkv projection) each became a buffer as large as the whole
-    # projection (H100, vit_b int8: peak 4.21 GiB, 3.13 with one input; docs/int8-peak-memory-h100.md).
+    # projection (docs/int8-peak-memory-h100.md).
     @torch.library.triton_op("samfast::relpos_attention", mutates_args=())
     def _relpos_attention_op(
         qkv: torch.Tensor,

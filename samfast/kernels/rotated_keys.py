@@ -3,14 +3,12 @@
 SAM 2's memory attention projects every memory token (the memory plus its encodings, mem_dim = 64
 channels) to its one head of 256 channels, then rotates each memory frame's tokens by the 2-D axial
 rotations of the feature map (samfast.sam2.memory.rope). Compiled, that was a GEMM writing the
-(objects, frames x 4096, 256) keys and passes reading them back to rotate them: at 8 objects on an H200
-(hiera_l, bf16, the four layers) 176 us of GEMM and 518 us of rotation a tracked frame
+(objects, frames x 4096, 256) keys and passes reading them back to rotate them
 (docs/measurements/video/video-profile-h200-hiera_l-objects-2026-11-28-11e1536.md). Here a program takes
 BLOCK_M token positions of one object in every memory frame: it loads the weights of each pair's first
 and second channel and the positions' rotations once, then per frame multiplies the tokens by both
 (K = 64: one tl.dot each), adds the biases, turns each pair and writes the keys once, interleaved as
-the module path lays them out. Measured in the tracker (H200, same profile tool): 413 us at 8 objects,
-71 at one (docs/history/sam2-video-speed.md, 11e1536).
+the module path lays them out. Measured in the tracker: docs/history/sam2-video-speed.md (11e1536).
 
 Arithmetic: fp32 accumulation, bias and rotation, one rounding to the input dtype at the end (the module
 path rounds the projection to it before rotating).

@@ -3,9 +3,8 @@
 Every Hiera's second stage attends within 4 x 4 windows: 16 queries, and 16 keys (64 in the stage's
 first block, whose queries are pooled from 8 x 8 windows; the third stage's first block pools 4 x 4
 windows to 4 queries). At batch 8 Hiera-L has 32768 to 65536 such (window, head) sequences a block,
-heads of 72 channels, and cuDNN's flash kernel tiles each one 64 queries x 128 keys: 0.7 to 1.3 ms a
-block on an H100 in bf16. Here one program takes a whole window: the compiled hiera_l encoder at batch 8
-went from 152.9 to 166.4 img/s. At 64 queries a window cuDNN is as fast or faster, so the triton switch
+heads of 72 channels, and cuDNN's flash kernel tiles each one 64 queries x 128 keys, mostly padding.
+Here one program takes a whole window. At 64 queries a window cuDNN is as fast or faster, so the triton switch
 routes only attentions whose windows fit MAX_QUERIES and MAX_KEYS here (:func:`fits`;
 samfast.sam2.sam2_base). Measured: docs/measurements/sam2-encoder/window-attention-h100-2026-11-26.md.
 
@@ -125,8 +124,8 @@ def _block(n: int) -> int:
 def split_channels(d: int) -> tuple[int, int]:
     """A head's d channels as (head, tail) tiles of powers of 2, each at least 16 (tail 0 when head holds
     them all): 72 -> (64, 16), 96 -> (64, 32), 64 -> (64, 0), 8 -> (16, 0). Padding 72 to one tile of 128
-    made the products 1.8x the work: on the second stage's 4 x 4 windows (H200, batch 8 hiera_l) the split
-    took 116 us a block where one tile took 208 (docs/measurements/sam2-encoder/window-attention-head-split-h200-2026-11-28.md)."""
+    made the products 1.8x the work
+    (docs/measurements/sam2-encoder/window-attention-head-split-h200-2026-11-28.md)."""
     head = max(16, 1 << (d.bit_length() - 1))
     return (head, 0) if head >= d else (head, _block(d - head))
 

@@ -47,7 +47,7 @@ def linear_relu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> to
 
     A custom op for the reason linear_gelu_tanh is one. SAM 2's memory attention MLP (4 layers of
     (objects x 4096, 256) -> 2048): in the compiled tracker at 8 objects inductor ran the ReLU as a pass of
-    its own over the 2048-wide activation (H200, hiera_l: 245 us of a tracked frame's 15.6 GPU ms).
+    its own over the 2048-wide activation (docs/history/sam2-video-speed.md, 3e91064).
     """
     return F.relu(F.linear(x, weight, bias))
 
@@ -67,8 +67,7 @@ def linear_accumulate(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) 
 
     A custom op that mutates out, so that inductor runs it on out's own buffer: written as
     torch.addmm(out, ...), the graph's functional addmm first copies its input into a new buffer
-    (a device-to-device copy of the whole (tokens, dim) tensor per call, 1.7 ms of compiled
-    Hiera-L's 45 at batch 8 on an H100).
+    (a device-to-device copy of the whole (tokens, dim) tensor per call: docs/history/sam2-encoder-speed.md).
     """
     out.view(-1, out.shape[-1]).addmm_(x.reshape(-1, x.shape[-1]), weight.t())
 
@@ -82,7 +81,7 @@ def linear_with_bias_channel(x: torch.Tensor, linear: nn.Linear) -> torch.Tensor
 
 
 def bias_as_channel_pays(linear: nn.Linear) -> bool:
-    """Where linear_with_bias_channel beat cuBLASLt's bias epilogue on an H200 in bf16 at Hiera-L's batch-8
+    """Where linear_with_bias_channel beat cuBLASLt's bias epilogue in bf16 at Hiera-L's batch-8
     shapes: inputs of at most 288 channels into outputs of at most 864 (its first two stages); from 576
     input channels, or into 1728 outputs, the epilogue was as fast or faster
     (docs/measurements/sam2-encoder/bias-epilogue-h200-2026-11-29.md)."""
@@ -94,8 +93,8 @@ class MLPBlock(nn.Module):
 
     * "module": as written, what the reference runs.
     * "epilogue" (the compile switch on a bf16 encoder): lin1 and its GELU as one GEMM
-      (`linear_gelu_tanh`): on an H100 the separate GELU pass over the 4x-wide activation took 8%
-      of vit_b's encoder time. cuBLASLt's GELU is the tanh form, at most 4.7e-4 from the exact one
+      (`linear_gelu_tanh`): no separate GELU pass over the 4x-wide activation (docs/ladder.md). cuBLASLt's
+      GELU is the tanh form, at most 4.7e-4 from the exact one
       (at x = 2.7, where a bf16 ulp of the output is 0.0156): below bf16's own rounding.
     * "quantized_kernel" (fp8 or int8 with the triton switch; lin1 and lin2 hold torchao's
       quantized weights): the GELU and lin2's per-token quantization in one pass

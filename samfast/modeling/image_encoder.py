@@ -116,8 +116,7 @@ class Attention(nn.Module):
         table_h, table_w = resized_rel_pos(self.rel_pos_h, 2 * H - 1), resized_rel_pos(self.rel_pos_w, 2 * W - 1)
         if self.attn_impl == "triton" and kernels.forms_bias_from_tables(qkv, table_h, table_w):
             # windowed blocks: the kernel forms rel_h / rel_w from q itself, sparing the two
-            # batched products below and the copy of q each needs (5% of vit_b's encoder time
-            # at batch 32 on an H100)
+            # batched products below and the copy of q each needs (docs/relpos-windowed-attention-h100.md)
             x = kernels.relpos_attention_from_tables(qkv, table_h, table_w, self.scale)
         else:
             rel_h, rel_w = decomposed_rel_pos(qkv[0], table_h, table_w, (H, W))
@@ -198,8 +197,7 @@ class PatchEmbed(nn.Module):
     With `as_gemm` (set by the compile switch) the same product runs as one matrix multiply
     over non-overlapping patches: a 16x16 stride-16 convolution is exactly that. On an H100 in
     bf16, cuDNN runs the convolution of SAM's 3-channel input with a generic implicit-GEMM
-    kernel at 0.26 ms per image (5.8% of vit_b's end-to-end time at batch 32,
-    docs/measurements/ladder/ladder-bench-h100-2026-11-22-0f14c7f.md), for 4.8 GFLOP that a GEMM does in
+    kernel (docs/measurements/ladder/ladder-bench-h100-2026-11-22-0f14c7f.md), for 4.8 GFLOP that a GEMM does in
     microseconds. The weights keep the conv layout.
     """
 

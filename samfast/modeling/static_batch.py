@@ -28,7 +28,7 @@ def own_copies(outputs, real: int):
     """Each output's first `real` entries, copied out of the encoder's buffers: compiled with CUDA graphs,
     those are reused by the next call. Two kinds are not copied. A view expanded over the batch (stride 0:
     SAM 2's positional encodings, one image's cached constant) is no such buffer, and copied it was made
-    dense: 352 MB a call at batch 8, three copies taking 416 us on an H200 (hiera_l, 5d2f225's profile). A
+    dense (352 MB a call at batch 8 for hiera_l: docs/history/sam2-encoder-speed.md, 5d2f225). A
     tensor returned twice (SAM 2's vision_features is backbone_fpn[-1]) is copied once and stays one tensor."""
     copies: dict[int, torch.Tensor] = {}
 

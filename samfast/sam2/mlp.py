@@ -45,9 +45,9 @@ class HieraMLP(MLP):
     def add_to(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """residual + self(x). On the "epilogue" path lin2's GEMM accumulates into residual + lin2's bias
         (linear_accumulate): the separate add read the residual and lin2's output and wrote the sum, a
-        pass over three (tokens, dim) tensors per block (such memory-bound passes were 12 of 48 ms of
-        compiled Hiera-L at batch 8 on an H100); the bias joins the residual in the kernel that already
-        writes it (the attention's residual add), and cuBLAS reads the sum in its epilogue."""
+        pass over three (tokens, dim) tensors per block (docs/history/sam2-encoder-speed.md); the bias joins
+        the residual in the kernel that already writes it (the attention's residual add), and cuBLAS reads the
+        sum in its epilogue."""
         if self.gelu_impl != "epilogue":
             return residual + self(x)
         # contiguous: the GEMM writes rows of out (the sum takes a permuted residual's strides in eager)

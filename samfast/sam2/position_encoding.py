@@ -3,8 +3,8 @@
 Normalized (positions 1..H divided by H + 1e-6, times 2 pi), half the channels for y then half for x,
 interleaved sin/cos. It depends only on the map's size, so each size is computed once and cached:
 the neck asks for the same three or four sizes on every image. It is cast to the map's dtype before
-it is expanded over the batch: cast after, it was a (B, 256, 256, 256) bf16 copy per call of
-compiled Hiera-L at batch 8 (1.7 ms of its 58 on an H100), sine and cosine computed per element.
+it is expanded over the batch: cast after, it was a (B, 256, 256, 256) bf16 copy per call, sine and
+cosine computed per element (docs/history/sam2-encoder-speed.md, deb8683).
 """
 
 from __future__ import annotations
@@ -63,8 +63,8 @@ class PositionEmbeddingSine(nn.Module):
 
     def fill_cache(self, hw: tuple[int, int], device: torch.device, dtype: torch.dtype) -> None:
         """Compute the encoding of an (H, W) map now, so that a graph compiled after this reads it
-        as a constant: computed inside compiled Hiera-L at batch 8, its sines and cosines took 0.8 ms
-        of 48 on an H100 at every call."""
+        as a constant, not the sines and cosines computed at every call
+        (docs/history/sam2-encoder-speed.md, 611658c)."""
         key = (*hw, device, dtype)
         if key not in self._cache:
             self._cache[key] = self._encode(*hw, device).to(dtype)

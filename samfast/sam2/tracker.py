@@ -99,8 +99,8 @@ class SAM2Tracking:
         prompt encoder, decoder, the masks' upscaling and the object pointer as one static graph for one
         object, one for every larger batch (samfast.sam2.memory.static_graphs), in `mode` (with CUDA
         graphs in max-autotune and reduce-overhead). The decoder's own compiled graph is dynamic in the
-        prompt counts for clicks and segment everything, and runs without CUDA graphs: on an H100 (hiera_l)
-        a call of one prompt took ~3 ms of host time, against 0.5 ms of GPU time replayed as a CUDA graph."""
+        prompt counts for clicks and segment everything, and runs without CUDA graphs: a call of one prompt
+        is host-bound there (docs/history/figures-from-docstrings.md)."""
         self.compiled_propagation_heads = compile_per_object_count(self._propagation_heads, mode, {0: 0, 1: 0, 2: 0})
 
     def _propagation_heads(self, backbone_features: torch.Tensor, feat_s0: torch.Tensor, feat_s1: torch.Tensor,
@@ -364,8 +364,8 @@ class SAM2Tracking:
         recent tracked frames (1 the oldest .. num_maskmem - 1 the previous frame), and their spatial
         plus temporal encodings (1, HW, 64). The spatial encoding is the sine encoding of the memory
         map's size (MemoryEncoder.position_encoding), the same for every object: one row of it is read
-        and summed, the attention broadcasts it over the objects (at 8 objects on an H200 the copies
-        of the encodings per object were part of 0.23 ms of a tracked frame's 14.1 GPU ms)."""
+        and summed, the attention broadcasts it over the objects (no copy of the encodings per object:
+        docs/history/sam2-video-speed.md, 1269e8c)."""
         t_pos_and_prevs = [(0, out) for out in selected_cond.values()] + memories
         memory, memory_pos = [], []
         dtype = self.maskmem_tpos_enc.dtype

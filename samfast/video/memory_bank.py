@@ -192,9 +192,8 @@ class StackedFrameOutput:
 def _stacked(parts: list[torch.Tensor]) -> torch.Tensor:
     """The parts concatenated on dim 0: a view where they already lie so in one tensor (the objects of one
     batched step, split per object by FrameOutput.split, or the one encoding the predictor expands to
-    every object), else a copy. Each step re-stacks the 7 memory frames it reads: at 8 objects on an H200
-    those copies and the memory's concatenation took about 0.23 of a tracked frame's 14.1 GPU ms
-    (docs/measurements/video/video-memory-gather-h200-2026-11-28.md)."""
+    every object), else a copy. Each step re-stacks the 7 memory frames it reads, so copies there cost
+    every frame (docs/measurements/video/video-memory-gather-h200-2026-11-28.md)."""
     first = parts[0]
     offset = first.storage_offset()
     for part in parts:

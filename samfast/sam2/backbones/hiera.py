@@ -60,10 +60,9 @@ def resized_pos_embed_by_matmul(table: torch.Tensor, window: torch.Tensor, hw: t
     (bicubic_matrix) and the window tiled is tile_rows @ window @ tile_cols^T (tiling_matrix), so their
     sum is [rows | tile_rows] @ [[table, 0], [0, window]] @ [cols | tile_cols]^T for each channel.
     Inlined, inductor computed the bicubic taps inside the first block's layer norm for every image
-    of the batch and read the (1, C, H, W) tables channel-major across the norm's channel reduction
-    (compiled Hiera-L at batch 8 on an H200: that one kernel took 718 us of the encoder's 38 ms, and
-    570 us with only the window's sum left inlined); in ATen's bicubic kernel each thread loops over
-    the channels (95 us for hiera_l's 144 x 256 x 256). A product's output is no expression inductor
+    of the batch and read the (1, C, H, W) tables channel-major across the norm's channel reduction;
+    in ATen's bicubic kernel each thread loops over the channels (docs/history/sam2-encoder-speed.md,
+    8f8c4b4 and fa5d95c). A product's output is no expression inductor
     inlines, and this one comes out channels last, so the norm reads the table along its channels.
     One rounding to the table's dtype where F.interpolate and the sum make two. Computed on every
     call, so that a change to the two tables is always seen."""
@@ -81,7 +80,7 @@ class PatchEmbed(nn.Module):
 
     With `as_gemm` (set by the compile switch) the same product runs as one matrix multiply over
     unfolded patches. cuDNN runs this convolution of a 3-channel input with a generic kernel plus
-    layout conversions, 1.3 ms of compiled Hiera-L's 48 at batch 8 on an H100, for 22 GFLOP. The
+    layout conversions, slow for its 22 GFLOP (docs/history/sam2-encoder-speed.md, 611658c). The
     7x7 taps are widened to 8x8 with a zero first row and column (and the input padded by one more
     at the top and left to match), so each patch holds 3 * 8 * 8 = 192 values: a GEMM depth that
     keeps bf16 rows 16-byte aligned (147 would not). The weights keep the conv layout.

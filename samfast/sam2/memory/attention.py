@@ -17,10 +17,9 @@ memory or all padding; one object's frames in one batched kernel call, several o
 frame slot) and to the pointer tokens in plain masked math; the
 parts are merged by their log-sum-exp, a padded slot with no weight: the same softmax. The values stay
 at the memory's channels, the value projection folded into the output projection (_folded_output).
-On an H100 (bf16, compiled, hiera_l's shapes; docs/measurements/video/memory-attention-by-frame-h100-2026-11-26.md)
-the split took a call 734 -> 242 us for one object and 3060 -> 1785 us for eight: cuDNN's kernel runs
-about twice as long with a mask as without, and one object's single sequence gave an H100's 132 SMs 32
-blocks of work, its frames give them 224.
+The split pays twice: cuDNN's kernel runs longer with a mask than without, and one object's single
+sequence leaves most of a GPU's SMs idle where its frames fill them
+(docs/measurements/video/memory-attention-by-frame-h100-2026-11-26.md).
 """
 
 from __future__ import annotations
@@ -104,8 +103,8 @@ def attention_by_memory_frame(q: torch.Tensor, k: torch.Tensor, pointer_keys: to
         key_mask = torch.ones(b, frame_keys + num_ptr_tokens, dtype=torch.bool, device=k.device)
 
     if b == 1:
-        # one object: its frames in one kernel call, a batch of `frames` sequences (one sequence alone gave
-        # an H100's 132 SMs 32 blocks of work). The queries are copied once per frame: contiguous, since
+        # one object: its frames in one kernel call, a batch of `frames` sequences (one sequence alone
+        # leaves most SMs idle). The queries are copied once per frame: contiguous, since
         # cuDNN lays its output out like the queries, and a view with frames 0 apart was refused ("stride
         # for the last dimension ... should be 1 for output O", H100, bf16)
         def per_frame(x: torch.Tensor) -> torch.Tensor:  # (1, H, frames * L, C) -> (frames, H, L, C)
@@ -115,8 +114,7 @@ def attention_by_memory_frame(q: torch.Tensor, k: torch.Tensor, pointer_keys: to
         parts = [_attention_and_lse(queries, per_frame(k), per_frame(v[:, :, :frame_keys]))]
     else:
         # several objects fill the GPU: one call per frame slot over every object, reading the queries as
-        # they are and each slot's keys and values in place (at 8 objects on an H100 the kernels that made
-        # the copies took 0.95 of a tracked frame's 17.0 GPU ms; docs/sam2.md#video-bench)
+        # they are and each slot's keys and values in place (no copies: docs/history/sam2-video-speed.md, 666f9fa)
         parts = [_attention_and_lse(q, k[:, :, f * lq:(f + 1) * lq], v[:, :, f * lq:(f + 1) * lq]) for f in range(frames)]
     in_memory = key_mask[:, :frame_keys:lq].reshape(b, frames, 1, 1)
     lse = torch.cat([part_lse.reshape(b, -1, h, lq) for _, part_lse in parts], dim=1)
@@ -188,8 +186,8 @@ class RoPEAttention(nn.Module):
             pointer_keys = k[:, :, num_k_rope:]
         if by_frame:
             # the rotated frames and the pointers stay apart: the kernel that rotates the keys writes the
-            # frames alone (at 8 objects on an H200 the kernel that rotated them into one tensor with the
-            # pointers took 0.78 of a tracked frame's 14.5 GPU ms; the split one was not timed on its own)
+            # frames alone (the kernel that rotated them into one tensor with the pointers:
+            # docs/history/figures-from-docstrings.md)
             out = attention_by_memory_frame(q, k_rope, pointer_keys, v, key_mask)
         else:
             k = torch.cat([k_rope, pointer_keys], dim=2)
@@ -203,8 +201,8 @@ class RoPEAttention(nn.Module):
     def _folded_output(self, attended_memory: torch.Tensor) -> torch.Tensor:
         """out_proj(v_proj(.)) of the attention-weighted memory, as one linear map: a query's weights sum
         to 1, so weighting the projected values (P (M Wv^T + bv)) equals projecting the weighted memory
-        (P M) Wv^T + bv. On an H100 the cross-attention of 8 objects took 1854 -> 1309 us a call with
-        values of 64 channels instead of 256 (bf16, compiled; docs/measurements/video/memory-attention-by-frame-h100-2026-11-26.md).
+        (P M) Wv^T + bv, the attention reading values of 64 channels instead of 256
+        (docs/measurements/video/memory-attention-by-frame-h100-2026-11-26.md).
         The product of the two weights is formed in fp32, then rounded once to the layer's dtype."""
         w_o, w_v = self.out_proj.weight, self.v_proj.weight
         weight = (w_o.float() @ w_v.float()).to(w_o.dtype)

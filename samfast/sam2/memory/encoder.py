@@ -52,8 +52,9 @@ class CXBlock(nn.Module):
 
     The compile switch on a bf16 tracker (samfast.video.build.compile_tracking) sets two paths:
     `channels_last`: the depthwise conv reads its input channels-last and the norm runs over the
-    contiguous channels. cuDNN's NCHW depthwise kernel took 291 us for 8 objects' (8, 256, 64, 64) bf16,
-    its channels-last one 82 (H200); the residual then stays channels-last for the next block.
+    contiguous channels: cuDNN's channels-last depthwise kernel is the faster one
+    (docs/measurements/video/memory-encoder-micro-h200-2026-11-27.md); the residual then stays
+    channels-last for the next block.
     `gelu_impl` "epilogue": pwconv1 and its GELU as one GEMM, the tanh form (samfast.modeling.common.gelu_mlp).
     """
 
@@ -132,7 +133,7 @@ class MemoryEncoder(nn.Module):
 def _pointwise(conv: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
     """A 1x1 conv as a linear map over the channels of the channels-last map: one GEMM where the map is
     channels-last (the tracker's frame features are: tokens-first), the result channels-last. Measured
-    only together with the memory attention's keys kept apart (attention.RoPEAttention): the two took 8
-    objects from 2.08x to 2.04x one object's frame time (H200, hiera_l, bench.video)."""
+    only together with the memory attention's keys kept apart (attention.RoPEAttention):
+    docs/history/figures-from-docstrings.md."""
     weight = conv.weight.view(conv.out_channels, conv.in_channels)
     return F.linear(x.permute(0, 2, 3, 1), weight, conv.bias).permute(0, 3, 1, 2)

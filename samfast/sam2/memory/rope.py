@@ -2,7 +2,7 @@
 
 sam2 keeps the rotations as complex numbers and rotates through torch.view_as_complex; inductor has
 no complex code generation, so inside the compiled memory attention those multiplications ran as
-separate eager kernels (H100 profile, hiera_l, 8 objects: 1.2 ms a frame; docs/sam2.md). Here a
+separate eager kernels (docs/history/sam2-video-speed.md). Here a
 rotation is its (cos, sin) pair and the multiplication is written out in real arithmetic, which
 inductor fuses with its neighbours; on the CPU it gives sam2's bits (tests/unit/test_sam2_video.py
 holds the tracker equal to sam2's, tests/unit/test_rope.py this module to its complex form).

@@ -27,8 +27,7 @@ from samfast.sam2.mlp import MLP
 from samfast.sam2.sam.transformer import Sam2TwoWayTransformer
 
 # the fewest prompts in a call that the triton switch's cross attentions take (_fills_fused_kernels):
-# hiera_l's decoder on an H100 under a CUDA graph, fused / module path time, 16 prompts 1.16-1.20,
-# 32 prompts 0.86-0.89, 1 prompt 2.7 (docs/measurements/amg/decoder-fused-threshold-h100-2026-11-26.md)
+# below it the module path was faster (docs/measurements/amg/decoder-fused-threshold-h100-2026-11-26.md)
 MIN_FUSED_PROMPTS = 32
 
 
