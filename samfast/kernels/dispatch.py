@@ -54,6 +54,16 @@ def launcher():
     return (lambda kern: kern) if interpreting() else torch.library.wrap_triton
 
 
+def loop_bound(n: int):
+    """A kernel argument that serves only as a loop's runtime bound (`for i in range(0, N)`), as the
+    launch must pass it: n itself for the compiled kernel, n as a constexpr under the interpreter, where
+    range() then takes it as is. Triton 3.6's interpreter makes an int argument a one-element array,
+    which its range() turns into an index with int(), and numpy >= 2.4 refuses that ("only
+    0-dimensional arrays can be converted to Python scalars"); Triton 3.8 squeezes the array first.
+    Either way the loop counter is a Python int there, so the interpreted loop is the same on both."""
+    return tl.constexpr(n) if interpreting() else n
+
+
 def dot_precision(dtype: torch.dtype) -> str | None:
     """The kernels' tl.dot input_precision for inputs of this dtype: "ieee" for fp32 (the fp32 paths
     match their float64 references to ~1e-7, which tf32 would not), else None (Triton's default)."""

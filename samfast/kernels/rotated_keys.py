@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from samfast.kernels.dispatch import TritonKernel, dot_precision, is_power_of_2, launcher, note_fallback, tl, triton, unsupported_reason
+from samfast.kernels.dispatch import TritonKernel, dot_precision, is_power_of_2, launcher, loop_bound, note_fallback, tl, triton, unsupported_reason
 
 __all__ = ["rotated_keys", "rotated_keys_reference"]
 
@@ -41,7 +41,7 @@ def _rotated_keys_fwd(
     X, W, Bias, Rot, Out,
     stride_xb, stride_xm, stride_xk,
     stride_ob, stride_om,
-    FRAMES,
+    FRAMES,  # the frame loop's bound, launched through dispatch.loop_bound
     L,  # tokens of a frame, the rotations' rows
     K: tl.constexpr,  # input channels (mem_dim)
     HALF: tl.constexpr,  # output pairs: C / 2
@@ -101,7 +101,7 @@ def _rotated_keys_kernel(x, weight, bias, rotations) -> torch.Tensor:
     launcher()(kernel)[grid](
         x, weight, bias, rotations, out,
         *x.stride(), out.stride(0), out.stride(1),
-        tokens // frame_tokens,
+        loop_bound(tokens // frame_tokens),
         frame_tokens,
         K=k,
         HALF=weight.shape[0] // 2,
