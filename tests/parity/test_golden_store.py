@@ -335,6 +335,17 @@ def _flip_byte(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
+def _damage_lzma_stream(folder: Path) -> None:
+    """A byte of logits.npz's first compressed stream flipped, the manifest re-signed: only the decoder can tell."""
+    path = folder / "logits.npz"
+    data = bytearray(path.read_bytes())
+    data[60] ^= 0xFF  # past the first entry's zip header (30 bytes), name (11) and LZMA properties (9)
+    path.write_bytes(bytes(data))
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["files"]["logits.npz"] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+
+
 def _without_key(folder: Path, key: str) -> None:
     path = folder / "manifest.json"
     manifest = json.loads(path.read_text())
@@ -347,6 +358,7 @@ GOLDEN_DAMAGE = {
                               "predictions.json.gz", "has 99 bytes"),
     "flipped byte in logits": (lambda f: _flip_byte(f / "logits.npz"), "logits.npz", "sha256"),
     "deleted logits": (lambda f: (f / "logits.npz").unlink(), "logits.npz", "is missing"),
+    "logits that no longer decompress": (_damage_lzma_stream, "logits.npz", "cannot be read as an npz"),
     "manifest a list": (lambda f: (f / "manifest.json").write_text("[1, 2]"), "manifest.json", "not a golden manifest"),
     "manifest without model_type": (lambda f: _without_key(f, "model_type"), "manifest.json", "lacks model_type"),
     "edited scores": (_edit_scores, "predictions.json.gz", "its manifest"),

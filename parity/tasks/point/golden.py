@@ -12,6 +12,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import lzma
 import zipfile
 import zlib
 from dataclasses import asdict, fields
@@ -103,7 +104,7 @@ def _decode_logits(folder: Path, data: bytes, record_ids: set[int], regenerate: 
     try:
         with np.load(io.BytesIO(data), allow_pickle=False) as npz:
             ann_ids, logits = npz["ann_ids"], npz["logits"]
-    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error) as err:
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error, lzma.LZMAError) as err:
         raise store.corrupt(folder, LOGITS, f"cannot be read as an npz of ann_ids and logits ({err})", regenerate) from None
     if ann_ids.ndim != 1 or ann_ids.dtype.kind not in "iu" or logits.ndim != 4 or logits.shape[:2] != (len(ann_ids), 3):
         raise store.corrupt(folder, LOGITS, f"has ann_ids {ann_ids.shape} and logits {logits.shape}, not (N,) and (N, 3, H, W)", regenerate)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import lzma
 import math
 import zipfile
 import zlib
@@ -67,7 +68,7 @@ def read(folder: Path, regenerate: str) -> tuple[dict, list[ClipOutputs]]:
         clips = json.loads(gzip.decompress(files[TRACKS]))["clips"]
         with np.load(io.BytesIO(files[LOGITS]), allow_pickle=False) as npz:
             arrays = {name: npz[name] for name in npz.files}
-    except (OSError, EOFError, ValueError, KeyError, TypeError, zipfile.BadZipFile, zlib.error) as err:
+    except (OSError, EOFError, ValueError, KeyError, TypeError, zipfile.BadZipFile, zlib.error, lzma.LZMAError) as err:
         raise store.corrupt(folder, TRACKS, f"or {LOGITS} cannot be read ({type(err).__name__}: {err})", regenerate) from None
     outputs = []
     for clip in clips:
