@@ -23,6 +23,7 @@ serves the SAM 2 model with sam2's defaults. Default stages: those built for the
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import statistics
@@ -36,16 +37,20 @@ import numpy as np
 import torch
 
 import samfast
-from bench.families import DEFAULT_THRESHOLDS, MODEL_TYPES, built_stages, not_built, reference_model, reference_name
+from bench.families import DEFAULT_THRESHOLDS, MODEL_TYPES, by_reference, built_stages, not_built, reference_model, reference_name
 from bench.timing import (command_line, counting_compiles, device_name, fmt, peak_gib, reset_peak, run_configurations, sync,
                           timed_compile_note)
-from samfast.sam2.config import is_sam2_type
+from samfast.families import family_of
 from samfast.stages import LADDER, canonical_name, compile_mode, parse_stages
 
 # fp32 .. nt, those built for the model's family; int8 and sparse trade accuracy (add them with --stages)
 LOSSLESS_STAGES = list(LADDER[:6])
 THRESHOLD_SETTINGS = ("default", "zero")  # default: the family's generator defaults (DEFAULT_THRESHOLDS)
 IMAGE_SIZE = (534, 800)  # sam-demo dog.jpg
+# by reference package: its generator (module, class), and a faster fork of it benchmarked as shipped
+REFERENCE_GENERATORS = {"segment_anything": ("segment_anything", "SamAutomaticMaskGenerator"),
+                        "sam2": ("sam2.automatic_mask_generator", "SAM2AutomaticMaskGenerator")}
+FORKS = {"segment_anything": "segment-anything-fast"}
 
 
 @dataclass
@@ -64,7 +69,7 @@ class Row:
 
 def thresholds(model_type: str, setting: str) -> tuple[float, float]:
     """(pred_iou_thresh, stability_score_thresh) of a THRESHOLD_SETTINGS name for the model's family."""
-    return DEFAULT_THRESHOLDS[is_sam2_type(model_type)] if setting == "default" else (0.0, 0.0)
+    return by_reference(DEFAULT_THRESHOLDS, model_type) if setting == "default" else (0.0, 0.0)
 
 
 def load_image() -> tuple[np.ndarray, str]:
@@ -84,10 +89,8 @@ def build(model_type: str, impl: str, stage: str, device: torch.device):
     """settings -> generator, with the model built once (a compiled stage compiles once for both
     threshold settings); None where segment-anything-fast is not installed."""
     if impl == "reference":
-        if is_sam2_type(model_type):
-            from sam2.automatic_mask_generator import SAM2AutomaticMaskGenerator as Generator
-        else:
-            from segment_anything import SamAutomaticMaskGenerator as Generator
+        module, name = by_reference(REFERENCE_GENERATORS, model_type)
+        Generator = getattr(importlib.import_module(module), name)
         sam = reference_model(model_type, device)
         return lambda settings: Generator(sam, points_per_batch=64, **settings)
     if impl == "segment-anything-fast":
@@ -131,8 +134,8 @@ def plan(args) -> list[Row]:
     for model in args.models:
         stages = args.stages if args.stages is not None else built_stages(model, LOSSLESS_STAGES)
         rows += [Row(model, "reference", "fp32", t) for t in args.reference_thresholds]
-        if not is_sam2_type(model):
-            rows += [Row(model, "segment-anything-fast", "as shipped", t) for t in THRESHOLD_SETTINGS]
+        if fork := FORKS.get(reference_name(model)):
+            rows += [Row(model, fork, "as shipped", t) for t in THRESHOLD_SETTINGS]
         rows += [Row(model, "samfast", stage, t, skipped=not_built(model, stage)) for stage in stages for t in THRESHOLD_SETTINGS]
     return rows
 
@@ -161,9 +164,9 @@ def run_group(rows: list[Row], args, image: np.ndarray, device: torch.device) ->
 
 
 def markdown(env: dict, rows: list[Row]) -> str:
-    families = {is_sam2_type(r.model) for r in rows}
-    defaults = "; ".join(f"{'SAM 2 (sam2' if sam2 else 'SAM 1 (segment_anything'}'s generator) pred_iou "
-                         f"{DEFAULT_THRESHOLDS[sam2][0]} / stability {DEFAULT_THRESHOLDS[sam2][1]}" for sam2 in sorted(families))
+    families = sorted({family_of(r.model) for r in rows}, key=lambda f: f.name)
+    defaults = "; ".join(f"{f.name} ({f.reference}'s generator) pred_iou {DEFAULT_THRESHOLDS[f.reference][0]} / "
+                         f"stability {DEFAULT_THRESHOLDS[f.reference][1]}" for f in families)
     references = ", ".join(f"{reference_name(m)} for {m}" for m in dict.fromkeys(r.model for r in rows))
     lines = [
         "# segment everything (automatic mask generation) benchmark",

@@ -35,11 +35,13 @@ import torch
 import samfast
 import samfast.predictor as predictor_module
 from bench.amg import load_image, time_generate
-from bench.families import MODEL_TYPES
+from bench.families import MODEL_TYPES, reference_name
 from bench.timing import device_name, sync
 from samfast.amg.generator import SamAutomaticMaskGenerator
 
 VARIANTS = ("before", "resize", "gemm", "upscale", "all")
+# the references whose family's modules the variants before "all" undo (SAM 1's mask decoder); another runs "all"
+VARIANT_REFERENCES = frozenset({"segment_anything"})
 STEPS = ("_embed", "_decode", "_filter_crop", "_records")
 
 
@@ -122,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     for model_type in args.models:
         model = samfast.build_sam(model_type, device=device, stages=args.stage, batch_size=1)
         generator = SamAutomaticMaskGenerator(model, points_per_batch=None)  # sam2's generator for a SAM 2 model
-        variants = args.variants if model_type in samfast.MODEL_TYPES else ["all"]
+        variants = args.variants if reference_name(model_type) in VARIANT_REFERENCES else ["all"]
         for name in variants:
             with variant(model, name):
                 ms, masks, _ = time_generate(generator, image, device, args.repeats)

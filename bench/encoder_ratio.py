@@ -30,10 +30,9 @@ from typing import Callable
 
 import torch
 
-from bench.families import MODEL_TYPES
+from bench.families import MODEL_TYPES, by_reference
 from bench.ladder import REFERENCE, REFERENCE_STAGES, NotRun, Row, environment, make_inputs, make_runner
 from bench.timing import clock_name, command_line, sync, time_call
-from samfast.sam2.config import is_sam2_type
 from samfast.stages import canonical_name, parse_stages
 
 
@@ -54,7 +53,7 @@ def build(model: str, stage: str, reference: str, batch: int, device: torch.devi
     called once (the compile, when the stage compiles). The reference first: a run this device cannot
     make (NotRun) is known before samfast's compile."""
     runners = {}
-    for row in (Row(model, batch, REFERENCE_STAGES[is_sam2_type(model)][reference], REFERENCE), Row(model, batch, stage, "samfast")):
+    for row in (Row(model, batch, by_reference(REFERENCE_STAGES, model)[reference], REFERENCE), Row(model, batch, stage, "samfast")):
         runner = make_runner(row, device, reference_compile_mode)
         images, _ = make_inputs(batch, runner.dtype, device)
         t0 = time.perf_counter()

@@ -1,7 +1,8 @@
-"""What differs between the model families in the benchmarks, chosen by model type: the reference
-package and how it is built with samfast's seeded weights, the stages samfast builds for the
-family, and the automatic mask generator's default thresholds. The benchmarks themselves
-(bench.ladder, bench.amg) have one code path for both families.
+"""What differs between the model families in the benchmarks, read off the model type's family
+record (samfast.families) and keyed by its reference package: how the reference is built with
+samfast's seeded weights, the stages samfast builds for the family, and the automatic mask
+generator's default thresholds. The benchmarks themselves (bench.ladder, bench.amg) have one code
+path for every family.
 """
 
 from __future__ import annotations
@@ -11,22 +12,32 @@ import torch
 import samfast
 from samfast.build import built_switches, check_stages
 from samfast.errors import StageError
-from samfast.sam2.config import is_sam2_type
+from samfast.families import family_of, model_types
 from samfast.stages import parse_stages
 
-MODEL_TYPES = (*samfast.MODEL_TYPES, *samfast.SAM2_MODEL_TYPES)
+MODEL_TYPES = model_types()
 SEED = 0  # the seeded synthetic weights every implementation loads
-# The generators' default pred_iou_thresh and stability_score_thresh: segment_anything's
+# The generators' default pred_iou_thresh and stability_score_thresh, by reference package: segment_anything's
 # SamAutomaticMaskGenerator and sam2's SAM2AutomaticMaskGenerator (samfast's of each family the same)
-DEFAULT_THRESHOLDS = {False: (0.88, 0.95), True: (0.8, 0.95)}  # keyed by is_sam2_type
+DEFAULT_THRESHOLDS = {"segment_anything": (0.88, 0.95), "sam2": (0.8, 0.95)}
 
 
 def reference_name(model_type: str) -> str:
-    return "sam2" if is_sam2_type(model_type) else "segment_anything"
+    return family_of(model_type).reference
+
+
+def by_reference(table: dict, model_type: str):
+    """table's entry for the reference package of model_type's family; ValueError naming what to add for
+    a family the benchmarks do not know yet."""
+    reference = reference_name(model_type)
+    if reference not in table:
+        raise ValueError(f"the benchmarks know no {reference} reference ({family_name(model_type)}, {model_type}): "
+                         f"add its entry beside those of {', '.join(table)} in bench/")
+    return table[reference]
 
 
 def family_name(model_type: str) -> str:
-    return "SAM 2" if is_sam2_type(model_type) else "SAM 1"
+    return family_of(model_type).name
 
 
 def built_stages(model_type: str, stages: list[str]) -> list[str]:
@@ -55,13 +66,21 @@ def reference_model(model_type: str, device: torch.device, *, compile_mode: str 
     torch.compile(mode="max-autotune", fullgraph=True, dynamic=False); another mode makes the same
     call with that mode (so a run that compiles samfast in another mode compiles both alike).
     """
-    from parity.reference import reference_sam, reference_sam2
-
     state = samfast.synthetic_state_dict(model_type, seed=SEED)
-    if not is_sam2_type(model_type):
-        if compile_mode is not None:
-            raise ValueError("segment_anything has no compiled image encoder")
-        return reference_sam(model_type, state).to(device)
+    return by_reference(REFERENCE_MODELS, model_type)(model_type, state, device, compile_mode)
+
+
+def _segment_anything_model(model_type: str, state: dict, device: torch.device, compile_mode: str | None):
+    from parity.reference import reference_sam
+
+    if compile_mode is not None:
+        raise ValueError("segment_anything has no compiled image encoder")
+    return reference_sam(model_type, state).to(device)
+
+
+def _sam2_model(model_type: str, state: dict, device: torch.device, compile_mode: str | None):
+    from parity.reference import reference_sam2
+
     extra = [] if compile_mode is None else ["++model.compile_image_encoder=True"]
     model = reference_sam2(model_type, state, device, extra)
     if compile_mode not in (None, SAM2_COMPILE_MODE):
@@ -69,3 +88,6 @@ def reference_model(model_type: str, device: torch.device, *, compile_mode: str 
         del encoder.forward  # sam2's compiled wrapper, an instance attribute: the class's forward is back
         encoder.forward = torch.compile(encoder.forward, mode=compile_mode, fullgraph=True, dynamic=False)
     return model
+
+
+REFERENCE_MODELS = {"segment_anything": _segment_anything_model, "sam2": _sam2_model}  # by reference package

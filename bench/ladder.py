@@ -62,13 +62,12 @@ import numpy as np
 import torch
 
 import samfast
-from bench.families import MODEL_TYPES, built_stages, not_built, reference_model, reference_name
+from bench.families import MODEL_TYPES, by_reference, built_stages, not_built, reference_model, reference_name
 from bench.kernel_gaps import gaps
 from bench.kernel_gaps import summary as gap_summary
 from bench.kernel_kinds import by_kind
 from bench.timing import clock_name, command_line, counting_compiles, device_name, fmt, free, peak_gib, reset_peak, sync, time_call, timed_compile_note
 from samfast.predictor import Prompts
-from samfast.sam2.config import is_sam2_type
 from samfast.stages import FP8, LADDER, SPARSE_WITHOUT_INT8, SWITCHES, canonical_name, compile_mode, parse_stages
 
 REFERENCE = "reference"
@@ -76,9 +75,10 @@ REFERENCE = "reference"
 DEFAULT_STAGES = [*LADDER, SPARSE_WITHOUT_INT8, FP8]
 # bf16 on a CPU without bf16 matmul units takes minutes per image, compile a minute or two.
 CPU_QUICK_STAGES = ["fp32", "fp32+sdpa", "fp32+nt", "fp32+int8", "bf16+sparse"]
-# --reference fp32 / bf16 -> the row's stage, per family (is_sam2_type): sam2's bf16 is its compiled path
-REFERENCE_STAGES = {False: {"fp32": f"{REFERENCE} fp32", "bf16": f"{REFERENCE} bf16"},
-                    True: {"fp32": f"{REFERENCE} fp32", "bf16": f"{REFERENCE} bf16+compile"}}
+# --reference fp32 / bf16 -> the row's stage, by reference package (bench.families.by_reference): sam2's
+# bf16 is its compiled path
+REFERENCE_STAGES = {"segment_anything": {"fp32": f"{REFERENCE} fp32", "bf16": f"{REFERENCE} bf16"},
+                    "sam2": {"fp32": f"{REFERENCE} fp32", "bf16": f"{REFERENCE} bf16+compile"}}
 ORIGINAL_SIZE = (480, 640)  # a typical COCO image: resized to 768 x 1024, padded to 1024 x 1024
 INPUT_SIZE = (768, 1024)
 PROMPTS_PER_IMAGE = (5, 15)  # COCO val2017 has ~7 annotations per image, one point prompt each
@@ -281,13 +281,19 @@ class Sam2ReferenceRunner:
 def make_runner(row: Row, device: torch.device, reference_compile_mode: str | None = None):
     """The row's implementation for its model's family; sam2's compiled row in `reference_compile_mode`
     (default: samfast's mode)."""
-    sam2 = is_sam2_type(row.model)
+    samfast_runner, reference_runner = by_reference(RUNNERS, row.model)
     if row.impl != REFERENCE:
-        return (Sam2SamfastRunner if sam2 else SamfastRunner)(row.model, row.stage, row.batch, device)
-    precision = next(p for p, stage in REFERENCE_STAGES[sam2].items() if stage == row.stage)
-    if sam2:
-        return Sam2ReferenceRunner(row.model, precision, device, reference_compile_mode)
-    return ReferenceRunner(row.model, torch.bfloat16 if precision == "bf16" else torch.float32, device)
+        return samfast_runner(row.model, row.stage, row.batch, device)
+    precision = next(p for p, stage in by_reference(REFERENCE_STAGES, row.model).items() if stage == row.stage)
+    return reference_runner(row.model, precision, device, reference_compile_mode)
+
+
+def _segment_anything_runner(model_type: str, precision: str, device: torch.device, compile_mode: str | None):
+    return ReferenceRunner(model_type, torch.bfloat16 if precision == "bf16" else torch.float32, device)
+
+
+# by reference package: (samfast's runner, the reference's runner) of a model of that family
+RUNNERS = {"segment_anything": (SamfastRunner, _segment_anything_runner), "sam2": (Sam2SamfastRunner, Sam2ReferenceRunner)}
 
 
 # --- one configuration ---------------------------------------------------------------------------
@@ -378,7 +384,7 @@ def plan(args) -> list[Row]:
     for model in args.models:
         stages = args.stages if args.stages is not None else built_stages(model, args.default_stages)
         for batch in args.batches:
-            rows += [Row(model, batch, REFERENCE_STAGES[is_sam2_type(model)][p], REFERENCE) for p in args.reference]
+            rows += [Row(model, batch, by_reference(REFERENCE_STAGES, model)[p], REFERENCE) for p in args.reference]
             rows += [Row(model, batch, stage, "samfast", skipped=not_built(model, stage)) for stage in stages]
     return rows
 
@@ -503,20 +509,23 @@ SAM2_ROWS = (
 )
 
 
+REFERENCE_ROWS = {"sam2": SAM2_ROWS}  # by reference package: what its rows measure, where it differs from SAM 1's
+
+
 def markdown(env: dict, rows: list[Row]) -> str:
-    sam2 = any(is_sam2_type(r.model) for r in rows)
+    references = {reference_name(r.model) for r in rows}
     lines = [
         "# samfast ladder benchmark",
         "",
         f"- device: {env['device']}" + (f" (sm {env['capability']})" if env.get("capability") else ""),
         f"- torch {env['torch']} (CUDA {env['cuda']}), triton {env['triton']}, torchao {env['torchao']}, python {env['python']}"
-        + (f"; reference sam2 {env.get('sam2')}" if sam2 else ""),
+        + (f"; reference sam2 {env.get('sam2')}" if "sam2" in references else ""),
         f"- command: `{env['command']}`",
         *[f"- earlier command (--append): `{c}`" for c in env.get("earlier_commands", [])],
         f"- weights: {env['weights']}: speed and memory as real checkpoints, masks meaningless",
         f"- timing: {env['timing']}; compile mode {env['compile_mode']}",
         f"- e2e: image encoder + prompt encoder + mask decoder + upscaling; {env['prompts']}",
-        *([SAM2_ROWS] if sam2 else []),
+        *[REFERENCE_ROWS[r] for r in sorted(references) if r in REFERENCE_ROWS],
         "- peak GiB: torch.cuda.max_memory_allocated over the e2e run; first call s: the first encoder call (compile or warm-up)",
         "",
         "| model | batch | stage | encoder img/s | e2e img/s | e2e vs ref fp32 | peak GiB | first call s | note |",

@@ -26,7 +26,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from samfast.config import MODEL_CONFIGS
+from samfast.sam1.config import MODEL_CONFIGS
 from samfast.quantize import SPARSE_BACKENDS, prune_2_4, to_semi_structured
 
 

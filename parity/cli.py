@@ -31,8 +31,7 @@ from parity.tasks.task import positive_int
 from samfast import CheckpointError, InputError, StageError
 from samfast.build import built_switches, check_stages
 from samfast.checkpoint import resolve_checkpoint
-from samfast.config import MODEL_TYPES
-from samfast.sam2.config import SAM2_MODEL_TYPES, is_sam2_type
+from samfast.families import family_of, model_types
 from samfast.stages import LADDER, parse_stages
 
 # bf16 matmuls and convolutions crawl on CPUs without bf16 units (~60 s per vit_tiny image on
@@ -112,7 +111,7 @@ def _stages(text: str) -> str:
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="vit_tiny", choices=MODEL_TYPES + SAM2_MODEL_TYPES,
+    parser.add_argument("--model", default="vit_tiny", choices=model_types(),
                         help="model type, SAM 1 or SAM 2 (default vit_tiny)")
     parser.add_argument("--checkpoint", help="official sam_vit_*.pth, a state dict in that layout, or 'trained' "
                         "(the default for vit_tiny: the small SAM this project trained)")
@@ -235,7 +234,7 @@ def _model_source(args, parser: argparse.ArgumentParser):
         parser.error("--checkpoint and --seed exclude each other: weights come from a file or from a seed")
     if args.checkpoint or args.seed is None:
         if not args.checkpoint and args.model != "vit_tiny":
-            official = f"{args.model}_*.pt" if is_sam2_type(args.model) else f"sam_{args.model}_*.pth"
+            official = family_of(args.model).official_checkpoint.format(model_type=args.model)
             parser.error(f"--model {args.model} needs weights: --checkpoint {official} (the official "
                          "file), or --seed N for seeded synthetic weights (their masks mean nothing)")
         return ModelSource(args.model, resolve_checkpoint(args.checkpoint or "trained", args.model))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from samfast.config import model_config
+from samfast.sam1.config import model_config
 from samfast.sam2.config import SIZE_NAMES, sam2_config
 
 

@@ -2,10 +2,11 @@
 
 __version__ = "0.1.0"
 
+from samfast import sam1, sam2  # the families: each registers its record in samfast.families
 from samfast.amg import SamAutomaticMaskGenerator
 from samfast.build import build_sam, synthetic_state_dict
 from samfast.checkpoint import CheckpointError
-from samfast.config import MODEL_TYPES
+from samfast.sam1.config import MODEL_TYPES
 from samfast.predictor import Prediction, Prompts, SamPredictor
 from samfast.sam2.config import SAM2_MODEL_TYPES
 from samfast.errors import StageError

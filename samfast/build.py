@@ -1,46 +1,52 @@
-"""build_sam: a Sam of a model type, from an official checkpoint or seeded synthetic weights, at a ladder stage."""
+"""build_sam: a model of any registered family (samfast.families), from an official checkpoint or
+seeded synthetic weights, at a ladder stage."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
+from torch import nn
 
-from samfast.checkpoint import check_state_dict, read_checkpoint
-from samfast.checkpoint import synthetic_state_dict as sam1_synthetic_state_dict
-from samfast.config import model_config
-from samfast.modeling.sam import Sam, build_sam_modules
-from samfast.sam2.build import SAM2_SWITCHES, build_sam2_model, refuse_unbuilt_switches
-from samfast.sam2.checkpoint import synthetic_state_dict as sam2_synthetic_state_dict
-from samfast.sam2.config import is_sam2_type
-from samfast.sam2.sam2_base import SAM2Base
+from samfast.checkpoint import read_checkpoint, unwrap_state_dict
+from samfast.errors import StageError
+from samfast.families import family_of
 from samfast.stages import SWITCHES, apply_stages, parse_stages
 
 
 def build_sam(
     model_type: str,
-    checkpoint: str | Path | None = None,
+    checkpoint: str | Path | Mapping | None = None,
     *,
     seed: int = 0,
     device: str | torch.device | None = None,
     stages: str = "fp32",
     batch_size: int = 8,
-) -> Sam | SAM2Base:
-    """A ready-to-run Sam (SAM2Base for a SAM 2 model type, see samfast.sam2) in eval mode.
+    **module_options,
+) -> nn.Module:
+    """A ready-to-run model of `model_type` in eval mode: a Sam (samfast.sam1) or a SAM2Base (samfast.sam2).
 
-    checkpoint: path of an official sam_vit_*.pth (or any state dict in that layout), or for SAM 2
-    an official sam2*_hiera_*.pt or its {"model": state_dict}; None for
-    `synthetic_state_dict(model_type, seed)`. stages: a ladder name or switches joined by '+'
-    (see samfast.LADDER). batch_size: with the compile switch the encoder always runs batches
-    of exactly this size (smaller ones padded, larger ones split), so it never recompiles.
+    checkpoint: path of an official file (sam_vit_*.pth, sam2.1_hiera_*.pt) or any state dict in its
+    layout, bare or as {"model": state_dict}, or such a dict itself; "trained" for the model type's
+    packaged trained file; None for `synthetic_state_dict(model_type, seed)`. stages: a ladder name
+    or switches joined by '+' (see samfast.LADDER), of those the family builds (built_switches).
+    batch_size: with the compile switch the encoder always runs batches of exactly this size
+    (smaller ones padded, larger ones split), so it never recompiles. module_options: the family's
+    build_modules keywords (SAM 2: dynamic_multimask_via_stability).
     """
-    if is_sam2_type(model_type):  # the SAM 2 family lives in samfast.sam2
-        return build_sam2_model(model_type, checkpoint, seed=seed, device=device, stages=stages, batch_size=batch_size)
-    config = model_config(model_type)
+    family = family_of(model_type)
+    config = family.config(model_type)
     switches = parse_stages(stages)
-    model = build_sam_modules(config)
-    state = synthetic_state_dict(model_type, seed) if checkpoint is None else read_checkpoint(checkpoint, model_type)
-    check_state_dict(state, config, {k: v.shape for k, v in model.state_dict().items()})
+    check_stages(model_type, stages)
+    model = family.build_modules(config, **module_options)
+    if checkpoint is None:
+        state = family.synthetic_state_dict(model_type, seed)
+    elif isinstance(checkpoint, Mapping):
+        state = unwrap_state_dict(checkpoint)
+    else:
+        state = read_checkpoint(checkpoint, model_type)  # unwraps {"model": ...} too
+    family.check_state_dict(state, config, {k: v.shape for k, v in model.state_dict().items()})
     model.load_state_dict(state)
     model.eval().requires_grad_(False)
     model.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -50,17 +56,26 @@ def build_sam(
 
 
 def synthetic_state_dict(model_type: str, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Seeded synthetic weights for any model type, SAM 1 or SAM 2, in its official state-dict layout."""
-    return (sam2_synthetic_state_dict if is_sam2_type(model_type) else sam1_synthetic_state_dict)(model_type, seed)
+    """Seeded synthetic weights for a model type of any family, in its official state-dict layout."""
+    return family_of(model_type).synthetic_state_dict(model_type, seed)
 
 
 def built_switches(model_type: str) -> frozenset[str]:
     """The switches `build_sam(model_type, stages=...)` takes: all of them for SAM 1, fewer for SAM 2 so far."""
-    return SAM2_SWITCHES if is_sam2_type(model_type) else frozenset(SWITCHES)
+    return family_of(model_type).built_switches
 
 
 def check_stages(model_type: str, stages: str) -> None:
-    """StageError, before any model is built, for a stage `build_sam(model_type, stages=...)` would refuse."""
-    parse_stages(stages)
-    if is_sam2_type(model_type):
-        refuse_unbuilt_switches(model_type, stages)
+    """StageError, before any model is built, for a stage `build_sam(model_type, stages=...)` would
+    refuse: a bad stage name, or switches not built for the family, naming the stage to ask for instead."""
+    switches = parse_stages(stages)
+    family = family_of(model_type)
+    if unbuilt := sorted(switches - family.built_switches, key=SWITCHES.index):
+        built = sorted(switches & family.built_switches, key=SWITCHES.index)
+        # one name alone is a rung of SAM 1's cumulative ladder: "fp32+" keeps it exactly that switch
+        instead = "+".join(built) if len(built) > 1 else "+".join(["fp32", *built])
+        raise StageError(
+            f"stages={stages!r}: the {', '.join(unbuilt)} switch(es) are not built for {family.name} yet; "
+            f"{model_type} takes fp32 and any combination of {', '.join(sorted(family.built_switches, key=SWITCHES.index))}: "
+            f"use {instead!r} for the built part of this stage"
+        )

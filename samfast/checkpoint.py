@@ -1,70 +1,25 @@
-"""Checkpoints in the official SAM state-dict layout: seeded synthetic ones, and loading with clear errors."""
+"""Checkpoints of every family: finding and reading the file with clear errors, and the checks every
+family's state-dict check shares (another family's checkpoint, keys and shapes)."""
 
 from __future__ import annotations
 
 import zlib
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
-from torch import nn
 
-from samfast.config import MODEL_CONFIGS, ModelConfig, model_config
+from samfast.families.registry import FAMILIES, family_of, family_of_state_dict
 
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot serve the requested model, with the reason and the fix."""
 
 
-def synthetic_state_dict(model_type: str, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Deterministic random weights for `model_type`, in the official layout.
-
-    Every tensor draws from its own CPU generator seeded by (seed, key), so the result is the
-    same on every machine and does not depend on key order. Scales follow common ViT inits
-    (fan-in for projections, N(0, 1) for learned embeddings, small positional tables) so
-    activations stay O(1) through 32 blocks; the rel-pos tables are non-zero so the decomposed
-    bias really matters.
-    """
-    from samfast.modeling.common import LayerNorm2d
-    from samfast.modeling.sam import build_sam_modules
-
-    with torch.device("meta"):
-        model = build_sam_modules(model_config(model_type))
-    persistent = set(model.state_dict())
-    state = {}
-    for module_name, module in model.named_modules():
-        for leaf, tensor in module.named_parameters(recurse=False):
-            key = f"{module_name}.{leaf}"
-            noise = torch.randn(tensor.shape, generator=_key_generator(seed, key))
-            if isinstance(module, (nn.LayerNorm, LayerNorm2d)):
-                state[key] = 1.0 + 0.02 * noise if leaf == "weight" else 0.02 * noise
-            elif isinstance(module, nn.Embedding):
-                state[key] = noise
-            elif leaf in ("rel_pos_h", "rel_pos_w", "pos_embed"):
-                state[key] = 0.05 * noise
-            elif leaf == "bias":
-                state[key] = 0.02 * noise
-            else:  # Linear, Conv2d, ConvTranspose2d weights: keep the output variance near the input's
-                in_features = tensor.shape[0] if isinstance(module, nn.ConvTranspose2d) else tensor.shape[1]
-                state[key] = noise / (in_features * tensor.shape[2:].numel()) ** 0.5
-        for leaf, tensor in module.named_buffers(recurse=False):
-            key = f"{module_name}.{leaf}"
-            if key in persistent:  # the positional Gaussian; pixel mean/std are not saved
-                state[key] = torch.randn(tensor.shape, generator=_key_generator(seed, key))
-    return state
-
-
-def _key_generator(seed: int, key: str) -> torch.Generator:
+def key_generator(seed: int, key: str) -> torch.Generator:
+    """The CPU generator of one tensor of a seeded synthetic state dict: the same on every machine,
+    whatever order the keys are drawn in."""
     return torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(key.encode()))
-
-
-def infer_model_type(state_dict: dict[str, torch.Tensor]) -> tuple[str | None, int, int]:
-    """(model type or None, embed dim, depth) read off a checkpoint's encoder."""
-    embed_dim = state_dict["image_encoder.patch_embed.proj.weight"].shape[0]
-    depth = len({k.split(".")[2] for k in state_dict if k.startswith("image_encoder.blocks.")})
-    for name, cfg in MODEL_CONFIGS.items():
-        if cfg.embed_dim == embed_dim and cfg.depth == depth:
-            return name, embed_dim, depth
-    return None, embed_dim, depth
 
 
 # Checkpoints that ship inside the package: build_sam(model_type, checkpoint="trained") loads the
@@ -133,39 +88,37 @@ def read_checkpoint(path: str | Path, model_type: str | None = None) -> dict[str
             "(official sizes: vit_b 375 MB, vit_l 1.25 GB, vit_h 2.56 GB; sam2.1_hiera_tiny 156 MB to "
             "sam2.1_hiera_large 898 MB) and check its sha256."
         ) from err
-    if isinstance(state, dict) and "model" in state and isinstance(state["model"], dict):
-        state = state["model"]  # training checkpoints (and every official SAM 2 file) wrap the state dict
-    from samfast.sam2.config import TRUNK_KEY
-
-    if not isinstance(state, dict) or not ({"image_encoder.patch_embed.proj.weight", TRUNK_KEY} & set(state)):
+    if isinstance(state, dict):
+        state = unwrap_state_dict(state)
+    if not isinstance(state, dict) or family_of_state_dict(state) is None:
+        keys = " nor ".join(f"{family.name}'s {family.state_dict_key!r}" for family in FAMILIES)
         raise CheckpointError(
-            f"{path} holds no SAM state dict (neither SAM 1's 'image_encoder.patch_embed.proj.weight' key nor "
-            f"SAM 2's {TRUNK_KEY!r}); pass an official sam_vit_*.pth or sam2.1_hiera_*.pt file or one saved with "
-            "torch.save(model.state_dict())."
+            f"{path} holds no SAM state dict (neither {keys} key); pass an official sam_vit_*.pth or "
+            "sam2.1_hiera_*.pt file or one saved with torch.save(model.state_dict())."
         )
     return state
 
 
-def check_state_dict(state_dict: dict[str, torch.Tensor], config: ModelConfig, expected: dict[str, torch.Size]) -> None:
-    """Refuse a state dict of another model type, or with missing, unexpected or misshapen keys."""
-    from samfast.sam2.config import TRUNK_KEY, infer_sam2_model_type
+def unwrap_state_dict(checkpoint: Mapping) -> Mapping[str, torch.Tensor]:
+    """The state dict of a training checkpoint's {"model": state_dict} (every official SAM 2 file is
+    one), or the state dict itself."""
+    if "model" in checkpoint and isinstance(checkpoint["model"], Mapping):
+        return checkpoint["model"]
+    return checkpoint
 
-    if TRUNK_KEY in state_dict:
-        found = infer_sam2_model_type(state_dict)[0]
-        fix = f"Call build_sam({found!r}, checkpoint=...) for it" if found else "It is of no SAM 2 type samfast knows"
-        raise CheckpointError(
-            f"this is a SAM 2 checkpoint ({found or 'unknown size'}), not a SAM 1 one; you asked for {config.name}. "
-            f"{fix}, or pass a {config.name} checkpoint."
-        )
-    found, embed_dim, depth = infer_model_type(state_dict)
-    if (embed_dim, depth) != (config.embed_dim, config.depth):
-        what = found or f"an unknown model type (embed dim {embed_dim}, depth {depth})"
-        what = f"{found} (embed dim {embed_dim})" if found else what
-        raise CheckpointError(
-            f"this checkpoint is {what}; you asked for {config.name}. "
-            f"Call build_sam({(found or '<model type>')!r}, checkpoint=...) or pass a {config.name} checkpoint."
-        )
-    refuse_layout_mismatch(state_dict, expected, config.name)
+
+def refuse_other_family(state_dict, model_type: str, want: str) -> None:
+    """Refuse (CheckpointError) a state dict of another family than model_type's, naming the model type
+    it is and `want`, what to pass instead: the first check of every family's state-dict check."""
+    family, other = family_of(model_type), family_of_state_dict(state_dict)
+    if other is None or other is family:
+        return
+    found = other.infer_model_type(state_dict)[0]
+    fix = f"Call build_sam({found!r}, checkpoint=...) for it" if found else f"It is of no {other.name} type samfast knows"
+    raise CheckpointError(
+        f"this is a {other.name} checkpoint ({found or 'unknown size'}), not a {family.name} one; "
+        f"you asked for {model_type}. {fix}, or {want}."
+    )
 
 
 def refuse_layout_mismatch(state_dict, expected, model_name: str) -> None:

@@ -35,7 +35,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m samfast.amg", description=__doc__.split("\n\n")[0])
     parser.add_argument("--input", required=True, type=Path, help="an image, or a folder of images")
     parser.add_argument("--output", required=True, type=Path, help="a folder this command creates")
-    parser.add_argument("--model", default="vit_h", help="vit_tiny, vit_b, vit_l or vit_h (default vit_h)")
+    parser.add_argument("--model", default="vit_h", help="a model type of any family: vit_tiny, vit_b, vit_l, vit_h (SAM 1), sam2.1_hiera_t ... (SAM 2) (default vit_h)")
     parser.add_argument("--checkpoint", help="official sam_vit_*.pth, a state dict in that layout, or 'trained'; seeded synthetic weights when omitted")
     parser.add_argument("--stages", default="fp32", help="a ladder stage or switches joined by '+' (default fp32)")
     parser.add_argument("--device", help="cuda or cpu (default: cuda when available)")
@@ -129,10 +129,12 @@ def main(argv: list[str] | None = None) -> int:
 def build_generator(args: argparse.Namespace):
     import samfast
     from samfast import CheckpointError, StageError
-    from samfast.config import MODEL_TYPES
+    from samfast.families import family_of
 
-    if args.model not in MODEL_TYPES:
-        raise InputError(f"unknown --model {args.model!r}; choose from {', '.join(MODEL_TYPES)}")
+    try:
+        family_of(args.model)
+    except ValueError as err:
+        raise InputError(f"--model: {err}") from None
     try:
         model = samfast.build_sam(args.model, args.checkpoint, device=args.device, stages=args.stages)
         return samfast.SamAutomaticMaskGenerator(

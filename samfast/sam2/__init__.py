@@ -7,19 +7,21 @@ Code written for the `sam2` package runs by changing the import:
 
 samfast.build_sam("sam2.1_hiera_t", ...) builds the same model. Laid out like sam2: backbones/
 (Hiera trunk, FPN neck), sam/ (prompt encoder, mask decoder), memory/ (the video memory),
-tracker.py (the tracking step). build_sam2_video_predictor gives samfast.VideoPredictor
+tracker.py (the tracking step), family.py (its record in samfast.families). build_sam2_video_predictor gives samfast.VideoPredictor
 (samfast/video/) with sam2's video settings, as SAM2VideoPredictor.
 """
 
 from samfast.sam2.automatic_mask_generator import SAM2AutomaticMaskGenerator
 from samfast.sam2.build import build_sam2
 from samfast.sam2.config import SAM2_MODEL_TYPES
+from samfast.sam2.family import SAM2
 from samfast.sam2.image_predictor import SAM2ImagePredictor
 from samfast.sam2.predictor import SamPredictorForSAM2
 from samfast.sam2.sam2_base import SAM2Base
 from samfast.sam2.video_predictor import SAM2VideoPredictor, build_sam2_video_predictor
 
 __all__ = [
+    "SAM2",
     "SAM2_MODEL_TYPES",
     "SAM2AutomaticMaskGenerator",
     "SAM2Base",

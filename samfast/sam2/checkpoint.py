@@ -7,7 +7,7 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-from samfast.checkpoint import CheckpointError, _key_generator, infer_model_type, refuse_layout_mismatch
+from samfast.checkpoint import CheckpointError, key_generator, refuse_layout_mismatch, refuse_other_family
 from samfast.modeling.common import LayerNorm2d
 from samfast.sam2.config import (
     SIZE_NAMES,
@@ -18,13 +18,10 @@ from samfast.sam2.config import (
 )
 from samfast.sam2.sam2_base import build_sam2_modules
 
-SAM1_KEY = "image_encoder.patch_embed.proj.weight"  # in every SAM 1 state dict
-
-
 def synthetic_state_dict(model_type: str, seed: int = 0) -> dict[str, torch.Tensor]:
     """Deterministic random weights for a SAM 2 model type, in the official layout.
 
-    As samfast.checkpoint.synthetic_state_dict does for SAM 1: every tensor from its own generator
+    As samfast.sam1.checkpoint.synthetic_state_dict does for SAM 1: every tensor from its own generator
     seeded by (seed, key); fan-in scales for projections so activations stay O(1) through the
     trunk; N(0, 1) learned token embeddings; small positional tables and memory embeddings
     (sam2 initializes those with std 0.02); non-zero so that every parameter really matters.
@@ -36,7 +33,7 @@ def synthetic_state_dict(model_type: str, seed: int = 0) -> dict[str, torch.Tens
         prefix = f"{module_name}." if module_name else ""
         for leaf, tensor in module.named_parameters(recurse=False):
             key = prefix + leaf
-            noise = torch.randn(tensor.shape, generator=_key_generator(seed, key))
+            noise = torch.randn(tensor.shape, generator=key_generator(seed, key))
             if isinstance(module, (nn.LayerNorm, LayerNorm2d)):
                 state[key] = 1.0 + 0.02 * noise if leaf == "weight" else 0.02 * noise
             elif isinstance(module, nn.Embedding):
@@ -52,15 +49,8 @@ def synthetic_state_dict(model_type: str, seed: int = 0) -> dict[str, torch.Tens
                 state[key] = 0.05 * noise
         for leaf, tensor in module.named_buffers(recurse=False):
             key = prefix + leaf  # the prompt encoder's positional Gaussian, the one saved buffer
-            state[key] = torch.randn(tensor.shape, generator=_key_generator(seed, key))
+            state[key] = torch.randn(tensor.shape, generator=key_generator(seed, key))
     return state
-
-
-def unwrap_state_dict(checkpoint: Mapping) -> Mapping[str, torch.Tensor]:
-    """The state dict of an official file's {"model": state_dict}, or the state dict itself."""
-    if "model" in checkpoint and isinstance(checkpoint["model"], Mapping):
-        return checkpoint["model"]
-    return checkpoint
 
 
 def _official_name(model_type: str) -> str:
@@ -73,14 +63,9 @@ def _official_name(model_type: str) -> str:
 def check_sam2_state_dict(
     state_dict: Mapping[str, torch.Tensor], config: Sam2Config, expected: Mapping[str, torch.Size]
 ) -> None:
-    """Refuse a SAM 1 state dict, one of another SAM 2 type, or one with missing, unexpected or misshapen keys."""
+    """Refuse a state dict of another family, one of another SAM 2 type, or one with missing, unexpected or misshapen keys."""
     want = f"pass {_official_name(config.name)} (or checkpoint=None for seeded synthetic weights)"
-    if SAM1_KEY in state_dict:
-        found = infer_model_type(state_dict)[0] or "an unknown SAM 1 model"
-        raise CheckpointError(
-            f"this is a SAM 1 checkpoint ({found}), not a SAM 2 one; you asked for {config.name}. "
-            f"Call build_sam({found!r}, checkpoint=...) for it, or {want}."
-        )
+    refuse_other_family(state_dict, config.name, want)
     if TRUNK_KEY not in state_dict:
         raise CheckpointError(f"this state dict holds no SAM 2 image encoder (no {TRUNK_KEY!r} key); {want}.")
     found, embed_dim, depth = infer_sam2_model_type(state_dict)

@@ -82,10 +82,6 @@ SAM2_MODEL_TYPES = tuple(SAM2_CONFIGS)
 SIZE_NAMES = {"t": "tiny", "s": "small", "b+": "base_plus", "l": "large"}
 
 
-def is_sam2_type(model_type: str) -> bool:
-    return model_type in SAM2_CONFIGS
-
-
 def sam2_config(model_type: str) -> Sam2Config:
     try:
         return SAM2_CONFIGS[model_type]

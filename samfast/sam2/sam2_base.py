@@ -87,7 +87,7 @@ class SAM2Base(SAM2Tracking, nn.Module):
     def dtype(self) -> torch.dtype:
         return self.no_mem_embed.dtype
 
-    # --- what the stage switches act on: the questions samfast.modeling.sam.Sam answers, for SAM 2's
+    # --- what the stage switches act on: the questions samfast.sam1.sam.Sam answers, for SAM 2's
     # image path (the memory attention and encoder are video's: samfast.video.build.compile_tracking)
     def attention_modules(self) -> dict[str, nn.Module]:
         """Every attention module with an `attn_impl` (the sdpa switch's): Hiera's, then the decoder's."""

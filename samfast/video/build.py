@@ -8,8 +8,8 @@ from pathlib import Path
 import torch
 
 from samfast.errors import StageError
+from samfast.families import families_supporting, family_of
 from samfast.sam2.build import build_sam2_model
-from samfast.sam2.config import SAM2_MODEL_TYPES, is_sam2_type
 from samfast.sam2.sam2_base import SAM2Base
 from samfast.sam2.video_predictor import VIDEO_FILL_HOLE_AREA, SAM2VideoPredictor, apply_video_postprocessing
 from samfast.stages import SWITCHES, compile_mode, parse_stages
@@ -47,10 +47,10 @@ def build_sam_video(
     combination of VIDEO_SWITCHES (VIDEO_STAGES lists the gate's). frames_per_encode: the frames
     ahead of tracking the image encoder takes in one call (VideoPredictor; 1 as sam2; with the
     compile switch every encoder call has that batch, the last of a video zero-padded)."""
-    if not is_sam2_type(model_type):
+    if not family_of(model_type).supports("video"):
         raise ValueError(
-            f"{model_type!r} has no memory to track objects with; video tracking takes a SAM 2 type: "
-            + ", ".join(SAM2_MODEL_TYPES)
+            f"{model_type!r} has no memory to track objects with; video tracking takes a model type of "
+            + "; ".join(f"{f.name}: {', '.join(f.model_types)}" for f in families_supporting("video"))
         )
     if unbuilt := sorted(parse_stages(stages) - VIDEO_SWITCHES, key=SWITCHES.index):
         raise StageError(

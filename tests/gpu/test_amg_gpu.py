@@ -15,7 +15,7 @@ from tests.planted import item_sync_in_decoder
 
 pytestmark = pytest.mark.gpu
 
-MODEL = "vit_b_2block"  # the sync counts need every code path, not vit_b's depth (samfast/config.py)
+MODEL = "vit_b_2block"  # the sync counts need every code path, not vit_b's depth (samfast/sam1/config.py)
 
 # Stages whose masks must stay near fp32's (int8 and 2:4 trade accuracy, judged by the gate's own thresholds)
 LOSSLESS = ["bf16", "compile", "sdpa", "triton", "nt"]

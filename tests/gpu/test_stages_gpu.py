@@ -1,6 +1,6 @@
 """Every ladder stage on the GPU against true fp32 (TF32 off), on seeded synthetic weights.
 
-The model is vit_b_2block (samfast/config.py): vit_b's widths, one windowed and one global block.
+The model is vit_b_2block (samfast/sam1/config.py): vit_b's widths, one windowed and one global block.
 The tests need each switch's code paths, not the depth; the perf layer and the parity checks keep
 the full-depth models. test_planted_global_block_defect_fails_the_stage_check shows a defect of the
 global block alone still fails here.

@@ -3,7 +3,7 @@
 The stages come from the session's model cache, shared with tests/gpu/test_stages_gpu.py (same
 key: vit_b_2block, batch 2, compile mode `default`): a sync is a property of the graph and its host
 code, which max-autotune does not change, and the cache's warm-up has compiled the model before the
-profiled region, as a real timed region is reached. vit_b_2block (samfast/config.py) has vit_b's
+profiled region, as a real timed region is reached. vit_b_2block (samfast/sam1/config.py) has vit_b's
 widths and one windowed and one global block: every code path, not the depth. The planted defects
 build their own model; one sits in the global block alone.
 """

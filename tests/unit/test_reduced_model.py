@@ -21,9 +21,9 @@ import torch
 
 from parity.reference import reference_sam
 import samfast
-from samfast.config import model_config
-from samfast.modeling.image_encoder import resized_rel_pos
-from samfast.modeling.sam import build_sam_modules
+from samfast.sam1.config import model_config
+from samfast.sam1.image_encoder import resized_rel_pos
+from samfast.sam1.sam import build_sam_modules
 from tests.planted import global_blocks, item_sync_in_global_attention, relpos_bias_scaled_in_global_blocks
 from tests.reference import LOGITS_ATOL, assert_same_outputs, prompt_cases
 from tests.stage_accuracy import assert_close_to_fp32
@@ -88,7 +88,7 @@ def test_both_triton_attention_paths_take_its_blocks(triton_interpreted):
 
 
 def test_seeded_weights_are_read_back_as_the_reduced_model_and_vit_b_stays_vit_b():
-    from samfast.checkpoint import infer_model_type
+    from samfast.sam1.checkpoint import infer_model_type
 
     assert infer_model_type(samfast.synthetic_state_dict(MODEL, seed=0)) == (MODEL, 768, 2)
     full = dict.fromkeys(_meta(FULL).state_dict(), torch.empty(0))  # infer_model_type reads the keys and one shape

@@ -77,8 +77,8 @@ def test_vit_b_end_to_end_equals_reference(data_root):
 def test_state_dict_layout_equals_reference(model_type):
     from segment_anything.build_sam import _build_sam
 
-    from samfast.config import model_config
-    from samfast.modeling.sam import build_sam_modules
+    from samfast.sam1.config import model_config
+    from samfast.sam1.sam import build_sam_modules
 
     cfg = model_config(model_type)
     with torch.device("meta"):
@@ -91,7 +91,7 @@ def test_state_dict_layout_equals_reference(model_type):
 def test_reference_loads_our_synthetic_checkpoint_file(tmp_path):
     from segment_anything.build_sam import _build_sam
 
-    from samfast.config import model_config
+    from samfast.sam1.config import model_config
 
     path = tmp_path / "sam_vit_tiny_synthetic.pth"
     torch.save(samfast.synthetic_state_dict("vit_tiny", seed=3), path)

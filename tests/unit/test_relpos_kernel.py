@@ -213,7 +213,7 @@ def test_planted_defect_bias_from_tables_without_log2e_fails(request):
 
 def test_rel_factors_from_tables_are_the_models_decomposed_rel_pos(request):
     """The PyTorch form of the tables' product equals SAM's decomposed rel-pos (segment_anything's math)."""
-    from samfast.modeling.image_encoder import decomposed_rel_pos
+    from samfast.sam1.image_encoder import decomposed_rel_pos
 
     qkv, table_h, table_w = make_table_inputs(node_seed(request), 2, 3, 5, 7, 16, torch.float32)
     q, table_h, table_w = qkv[0].double(), table_h.double(), table_w.double()
@@ -234,7 +234,7 @@ def test_bias_from_tables_refuses_what_it_cannot_serve(request):
 
 def test_windowed_attention_block_forms_its_bias_in_the_kernel(request, monkeypatch):
     """SAM's windowed attention under the triton switch skips decomposed_rel_pos and equals the math path."""
-    from samfast.modeling import image_encoder
+    from samfast.sam1 import image_encoder
 
     torch.manual_seed(node_seed(request))
     attn = image_encoder.Attention(dim=64, num_heads=2, input_size=(14, 14)).requires_grad_(False)

@@ -31,7 +31,8 @@ import samfast
 from parity.checks.exercised import watch_switches
 from parity.checks.switch_proofs import PROOFS, RunTrace
 from samfast.errors import StageError
-from samfast.sam2 import build as sam2_build
+from samfast.families import family_of
+from samfast import build
 from samfast.sam2.sam.mask_decoder import Sam2MaskDecoder
 from samfast.sam2.config import sam2_config
 from samfast.sam2.sam2_base import build_sam2_modules
@@ -98,7 +99,7 @@ def test_unbuilt_switches_are_refused_by_name_with_the_stage_to_use(stage, unbui
     """The error names the built part of the stage, in '+' form (one switch as 'fp32+' it)."""
     with pytest.raises(StageError, match=f"the {unbuilt} switch\\(es\\) are not built for SAM 2 yet.*use '{re.escape(instead)}' "):
         _build(stage)
-    assert parse_stages(instead) == parse_stages(stage) & sam2_build.SAM2_SWITCHES
+    assert parse_stages(instead) == parse_stages(stage) & family_of(MODEL_TYPE).built_switches
 
 
 @pytest.mark.parametrize("stage", ["fp32", "fp32+sdpa", "bf16", "compile", "sdpa", "bf16+sdpa", "fp32+compile"])
@@ -151,13 +152,13 @@ def test_fp8_on_the_cpu_is_refused_with_what_it_needs():
 # --- each switch proven on the SAM 2 model, and a planted do-nothing switch caught ---------------------
 def _undo_after_build(monkeypatch, undo) -> None:
     """The switch patched to leave something behind on the SAM 2 model: apply_stages, then `undo(model)`."""
-    apply = sam2_build.apply_stages
+    apply = build.apply_stages
 
     def careless(model, switches):
         apply(model, switches)
         undo(model)
 
-    monkeypatch.setattr(sam2_build, "apply_stages", careless)
+    monkeypatch.setattr(build, "apply_stages", careless)
 
 
 def _watched(stage: str, encoder: bool = False):

@@ -159,7 +159,7 @@ def test_each_switch_is_exercised_on_the_gpu(stage, monkeypatch):
 def test_sdpa_proof_covers_sam2s_memory_cross_attentions(monkeypatch):
     """SAM 2's sdpa switch also splits the memory cross-attentions by memory frame (video tracking): one
     left whole is named; with every one split, the proof counts them."""
-    from samfast.sam2 import build as sam2_build
+    from samfast import build
 
     switches = parse_stages("fp32+sdpa")
     ran = RunTrace(sdpa={"called": True})
@@ -167,8 +167,8 @@ def test_sdpa_proof_covers_sam2s_memory_cross_attentions(monkeypatch):
     proven, sentence = PROOFS["sdpa"](model, ran, switches)
     assert proven and f", {len(model.memory_cross_attentions())} memory cross-attentions split by memory frame;" in sentence
 
-    apply = sam2_build.apply_stages
-    monkeypatch.setattr(sam2_build, "apply_stages", lambda model, switches: apply(model, switches) or setattr(
+    apply = build.apply_stages
+    monkeypatch.setattr(build, "apply_stages", lambda model, switches: apply(model, switches) or setattr(
         model.memory_attention.layers[1].cross_attn_image, "split_by_memory_frame", False))
     model = samfast.build_sam("sam2.1_hiera_nano", device="cpu", stages="fp32+sdpa")
     proven, sentence = PROOFS["sdpa"](model, ran, switches)

@@ -14,8 +14,8 @@ from torch import nn
 
 from samfast import kernels
 
-from .attention import attention_with_relpos
-from .common import LayerNorm2d, MLPBlock
+from samfast.modeling.attention import attention_with_relpos
+from samfast.modeling.common import LayerNorm2d, MLPBlock
 
 
 class ImageEncoderViT(nn.Module):

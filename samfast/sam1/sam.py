@@ -6,14 +6,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from samfast.config import IMAGE_SIZE, PATCH_SIZE, PIXEL_MEAN, PIXEL_STD, PROMPT_EMBED_DIM, ModelConfig
+from samfast.sam1.config import IMAGE_SIZE, PATCH_SIZE, PIXEL_MEAN, PIXEL_STD, PROMPT_EMBED_DIM, ModelConfig
 from samfast.quantize import encoder_linears
 
-from .image_encoder import ImageEncoderViT
-from .mask_decoder import MaskDecoder
-from .prompt_encoder import PromptEncoder
-from .static_batch import in_static_batches
-from .transformer import TwoWayTransformer
+from samfast.modeling.mask_decoder import MaskDecoder
+from samfast.modeling.prompt_encoder import PromptEncoder
+from samfast.modeling.static_batch import in_static_batches
+from samfast.modeling.transformer import TwoWayTransformer
+from samfast.sam1.image_encoder import ImageEncoderViT
 
 
 class Sam(nn.Module):
