@@ -66,6 +66,9 @@ def check_state_dict(
 ) -> None:
     """Refuse a state dict of another family or model type, or with missing, unexpected or misshapen keys."""
     refuse_other_family(state_dict, config.name, f"pass a {config.name} checkpoint")
+    if SAM1_KEY not in state_dict:
+        raise CheckpointError(f"this state dict holds no SAM 1 image encoder (no {SAM1_KEY!r} key); "
+                              f"pass a {config.name} checkpoint (or checkpoint=None for seeded synthetic weights).")
     found, embed_dim, depth = infer_model_type(state_dict)
     if (embed_dim, depth) != (config.embed_dim, config.depth):
         what = f"{found} (embed dim {embed_dim})" if found else f"an unknown model type (embed dim {embed_dim}, depth {depth})"

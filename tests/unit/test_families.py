@@ -190,6 +190,8 @@ def test_a_registered_familys_stages_and_checkpoints_are_checked(stand_in, tmp_p
         samfast.build_sam("stand_in_s", path, device="cpu")
     with pytest.raises(CheckpointError, match=r"this is a Stand-in checkpoint \(stand_in_l\), not a SAM 1 one"):
         samfast.build_sam("vit_tiny", _stand_in_state("stand_in_l"), device="cpu")
+    with pytest.raises(CheckpointError, match=r"holds no SAM 1 image encoder \(no 'image_encoder.patch_embed.proj.weight'"):
+        samfast.build_sam("vit_tiny", {"model": {}}, device="cpu")  # a dict of no family, given as a checkpoint
     with pytest.raises(CheckpointError, match=r"does not fit stand_in_s: shape mismatches: .*trunk.weight: checkpoint \(8, 8\) vs model \(4, 4\)"):
         samfast.build_sam("stand_in_s", _stand_in_state("stand_in_l"), device="cpu")
 
