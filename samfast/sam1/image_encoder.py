@@ -13,7 +13,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from samfast import kernels
-
 from samfast.modeling.attention import attention_with_relpos
 from samfast.modeling.common import LayerNorm2d, MLPBlock
 

@@ -6,13 +6,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from samfast.sam1.config import IMAGE_SIZE, PATCH_SIZE, PIXEL_MEAN, PIXEL_STD, PROMPT_EMBED_DIM, ModelConfig
-from samfast.quantize import encoder_linears
-
 from samfast.modeling.mask_decoder import MaskDecoder
 from samfast.modeling.prompt_encoder import PromptEncoder
 from samfast.modeling.static_batch import in_static_batches
 from samfast.modeling.transformer import TwoWayTransformer
+from samfast.quantize import encoder_linears
+from samfast.sam1.config import IMAGE_SIZE, PATCH_SIZE, PIXEL_MEAN, PIXEL_STD, PROMPT_EMBED_DIM, ModelConfig
 from samfast.sam1.image_encoder import ImageEncoderViT
 
 
