@@ -202,6 +202,22 @@ def _kernels_with(monkeypatch, interpret: bool):
     reset_fallback_counts()
 
 
+@pytest.fixture
+def aot_eager_compile(monkeypatch):
+    """torch.compile traced by dynamo and AOTAutograd, then run as traced (backend aot_eager), dynamo reset around
+    the test. For checks of what the front end decides (graphs, graph breaks, guards, recompiles, dynamo's cache),
+    where inductor's C++ code generation would add minutes on a 2-core CPU and, on static shapes, no guard.
+    Build the model inside the test: the compile switch calls torch.compile when the model is built."""
+    import functools
+
+    import torch._dynamo
+
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
 @pytest.fixture(scope="session")
 def model_cache():
     """Shared built models (eval + no_grad use only; see parity.gate.models). Fails at the end if one was changed."""

@@ -55,6 +55,7 @@ def _run_calls(predictor, calls=CALLS) -> list:
     return results
 
 
+# over 60 s on a 2-core CPU: inductor compiles the encoder and the decoder, since the logits compared are inductor's
 @pytest.mark.parametrize("stages", ["fp32+compile", "fp32+compile+sdpa", "fp32+compile+nt"])
 def test_compiled_stage_is_clean_and_equals_eager(stages):
     """Across batch sizes, image sizes and prompt counts the compiled stage never breaks the graph or
@@ -73,10 +74,12 @@ def test_compiled_stage_is_clean_and_equals_eager(stages):
         torch.testing.assert_close(got.iou_predictions, want.iou_predictions, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.usefixtures("aot_eager_compile")
 def test_unpadded_batches_recompile_and_the_check_says_so():
     """Planted defect: without the static batch, a new batch size recompiles and watch() reports it.
-    The first two calls (a batch of 1, then of 2) suffice: each new size recompiles the encoder (about a
-    third of this test's time each on a 2-core CPU), and the check needs only one."""
+    The first two calls (a batch of 1, then of 2) suffice: each new size recompiles the encoder, and the
+    check needs only one. The encoder is compiled with dynamic=False, so the recompile is a guard of
+    dynamo's on a static shape: aot_eager shows it as inductor would, without its C++ compiling."""
     model = samfast.build_sam("vit_tiny", device="cpu", stages="fp32+compile", batch_size=2)
     model.static_batch = None  # the defect: batches reach the compiled encoder at their own size
     with watch() as seen:

@@ -9,8 +9,6 @@ graph is the same code; 1024 only costs inductor time); the decoder on seeded fe
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 import torch
 
@@ -60,7 +58,7 @@ def test_sam2_compiles_once_for_every_image_and_point_count():
     assert seen.graphs_compiled == 2 and used.exercised == ["compile: 2 graph(s) compiled"]
 
 
-@pytest.mark.usefixtures("triton_interpreted")
+@pytest.mark.usefixtures("triton_interpreted", "aot_eager_compile")
 def test_sam2_decoder_compiled_with_its_kernels_pads_to_the_widest_and_never_recompiles(monkeypatch):
     """The triton switch's fused graph takes prompts of 2..9 tokens in one graph (the kernels padded to their
     widest, a width constant at trace time), more go to the module graph, and so do calls of fewer prompts
@@ -72,10 +70,8 @@ def test_sam2_decoder_compiled_with_its_kernels_pads_to_the_widest_and_never_rec
     from tests.sam2_decoder_inputs import sam2_decoder_inputs
 
     kernels_as_torch_ops(monkeypatch)
-    # the guards on the token count are dynamo's and AOTAutograd's; inductor's CPU code generation would
-    # only add a minute
-    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
-    torch._dynamo.reset()
+    # aot_eager_compile: the guards on the token count are dynamo's and AOTAutograd's; inductor's CPU code
+    # generation would only add a minute
     model = samfast.build_sam("sam2.1_hiera_nano", device="cpu", stages="fp32+compile+triton")
     decoder, eager = model.sam_mask_decoder, samfast.build_sam("sam2.1_hiera_nano", device="cpu").sam_mask_decoder
     routed = []  # the graph each call took: True for the fused one

@@ -1,5 +1,9 @@
 """The gate's model cache with two compiled stages in one process (CPU, vit_tiny): each stays clean.
 
+What is under test is dynamo's cache of code objects and its guards, not the code inductor generates:
+both tests compile with aot_eager (the aot_eager_compile fixture), where inductor's C++ compiling of two
+stages would take minutes on a 2-core CPU.
+
 Two compiled models run the same code objects; with both in dynamo's cache the second one's first
 compile is logged as a recompile of the first (seen on the H100: every compiled stage after the
 first failed its clean-compile check). The cache keeps one compiled model active, so a test's
@@ -10,7 +14,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 import samfast
 from parity.checks.compile import watch
@@ -28,8 +31,8 @@ def _run(model) -> None:
     samfast.SamPredictor(model).predict_batch(images, prompts)
 
 
+@pytest.mark.usefixtures("aot_eager_compile")
 def test_switching_between_shared_compiled_models_never_shows_a_recompile():
-    torch._dynamo.reset()
     cache = ModelCache()
     entries = {}
     for stages in (*STAGES, STAGES[0]):  # the first model again, after the second ran
@@ -42,15 +45,13 @@ def test_switching_between_shared_compiled_models_never_shows_a_recompile():
         entries.setdefault(stages, entry)
     assert cache.builds.total() == len(STAGES)  # built once each, compiled again on switching
     assert entries[STAGES[0]] is cache.entry("vit_tiny", STAGES[0], batch=2, compile_mode="default", device="cpu")
-    torch._dynamo.reset()
 
 
+@pytest.mark.usefixtures("aot_eager_compile")
 def test_without_the_switch_the_second_model_shows_a_recompile():
     """The planted defect: two compiled models in dynamo's cache at once (no reset between them)."""
-    torch._dynamo.reset()
     models = [samfast.build_sam("vit_tiny", device="cpu", stages=s, batch_size=2) for s in STAGES]
     _run(models[0])
     with watch() as seen:
         _run(models[1])
     assert seen.recompiles, "two compiled stages in one dynamo cache should log a cross-model recompile"
-    torch._dynamo.reset()

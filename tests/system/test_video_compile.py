@@ -19,7 +19,6 @@ compiling), 24 s warm.
 
 from __future__ import annotations
 
-import functools
 import warnings
 
 import numpy as np
@@ -55,7 +54,7 @@ def build(stages: str, frames_per_encode: int = 1):
 
 @pytest.fixture
 def compiled():
-    """A compiled predictor of its own for each test; dynamo reset around it (graphs of the same code objects
+    """A compiled predictor (inductor) of its own; dynamo reset around it (graphs of the same code objects
     compiled before would count as recompiles here)."""
     torch._dynamo.reset()
     yield build("fp32+compile")
@@ -87,6 +86,7 @@ def track(predictor, clip, frames: int) -> tuple[list[torch.Tensor], CompileWatc
     return logits, first, later
 
 
+# over 60 s on a 2-core CPU: inductor compiles five graphs, whose logits over 17 frames are compared with eager's
 def test_compiled_tracking_never_recompiles_and_equals_eager(compiled, clip):
     got, first, later = track(compiled, clip, NUM_FRAMES)
     first.assert_clean()
@@ -101,6 +101,7 @@ def test_compiled_tracking_never_recompiles_and_equals_eager(compiled, clip):
         assert (w[flipped].abs() <= LOGITS_ATOL).all(), f"frame {frame}: {int(flipped.sum())} pixels flipped"
 
 
+# over 60 s on a 2-core CPU: inductor compiles the bf16 graphs, since the strides at fault were those of its output
 def test_frames_encoded_in_batches_of_every_size_never_recompile(clip):
     """bf16, frames encoded five at a time: frame 0 alone (prompted), then 5, 5, 5 and the last 1. The compiled
     bf16 encoder returns its position encoding with the batch innermost, so a frame of a batch of 5 had
@@ -116,24 +117,25 @@ def test_frames_encoded_in_batches_of_every_size_never_recompile(clip):
     assert later.graphs_compiled == 0
 
 
-def test_unpadded_memory_recompiles_and_the_check_says_so(compiled, clip):
+@pytest.mark.usefixtures("aot_eager_compile")
+def test_unpadded_memory_recompiles_and_the_check_says_so(clip):
     """Planted defect: the memory as sam2 builds it (it grows by a frame and a pointer per frame here)
     reaches the compiled memory attention; watch() reports its recompiles after the first frames. One
     frame after them suffices: its memory of two frames recompiles the attention (each further frame is
-    another recompile)."""
-    compiled.model.fixed_capacity_memory = False
-    _, _, later = track(compiled, clip, FIRST_FRAMES + 1)
+    another recompile). The graphs are static (dynamic=False): a memory of a new size fails a guard of
+    dynamo's, which aot_eager shows without inductor's C++ compiling of every new graph."""
+    unpadded = build("fp32+compile")
+    unpadded.model.fixed_capacity_memory = False
+    _, _, later = track(unpadded, clip, FIRST_FRAMES + 1)
     assert any(event.reason.startswith("attend") for event in later.recompiles), later.recompiles
     with pytest.raises(AssertionError, match="recompile"):
         later.assert_clean()
 
 
-def track_object_counts(counts, monkeypatch) -> dict[int, int]:
+def track_object_counts(counts) -> dict[int, int]:
     """Sessions of each object count in turn, on one compiled predictor (clicks at distinct points of frame 0,
-    one tracked frame each): {count: graphs compiled for it}. Traced with aot_eager: what is under test is
-    dynamo's graphs and limits, and inductor's C++ compiling of every graph would take minutes here."""
-    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
-    torch._dynamo.reset()
+    one tracked frame each): {count: graphs compiled for it}. Call it under the aot_eager_compile fixture: what
+    is under test is dynamo's graphs and limits, and inductor's C++ compiling of every graph would take minutes."""
     predictor, clip, compiled = build("fp32+compile"), generate_clip(0, frames=2), {}
     with warnings.catch_warnings(), torch.inference_mode():
         warnings.simplefilter("ignore")
@@ -145,10 +147,10 @@ def track_object_counts(counts, monkeypatch) -> dict[int, int]:
                                                     labels=np.array([1], dtype=np.int32))
                 assert sum(1 for _ in predictor.propagate_in_video(state, start_frame_idx=0)) == 2
             compiled[count] = session.graphs_compiled
-    torch._dynamo.reset()
     return compiled
 
 
+@pytest.mark.usefixtures("aot_eager_compile")
 def test_object_counts_from_two_on_share_one_graph(monkeypatch):
     """The memory encoder and attention compile a static graph for one object and one for every larger
     count (samfast.sam2.memory.static_graphs): counts 1..9 in one process, nothing compiles after count 2.
@@ -156,21 +158,23 @@ def test_object_counts_from_two_on_share_one_graph(monkeypatch):
     (docs/history/sam2-video-speed.md)."""
     # dynamo's default, which the gate's ModelCache (parity.gate.models) raises for the whole process
     monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
-    compiled = track_object_counts(range(1, 10), monkeypatch)
+    compiled = track_object_counts(range(1, 10))
     assert compiled[1] > 0 and compiled[2] > 0, compiled
     assert {count: n for count, n in compiled.items() if count > 2 and n} == {}, f"graphs compiled per count: {compiled}"
 
 
+@pytest.mark.usefixtures("aot_eager_compile")
 def test_without_the_dynamic_object_dimension_every_count_compiles(monkeypatch):
     """Planted defect: no count gets the dynamic graph: counts 3 and 4 compile graphs of their own, which
     the test above would report."""
     from samfast.sam2.memory import static_graphs
 
     monkeypatch.setattr(static_graphs, "DYNAMIC_FROM_OBJECTS", 1000)
-    compiled = track_object_counts(range(1, 5), monkeypatch)
+    compiled = track_object_counts(range(1, 5))
     assert compiled[3] > 0 and compiled[4] > 0, compiled
 
 
+@pytest.mark.usefixtures("aot_eager_compile")
 def test_without_the_lifted_cap_shapes_past_dynamos_limit_crash(monkeypatch):
     """Planted defect: static graphs per count and the cap left at dynamo's (lowered to 2 here, for time):
     the third count fails, as the ninth did before the cap was lifted (the conditioning-frame counts still
@@ -181,4 +185,4 @@ def test_without_the_lifted_cap_shapes_past_dynamos_limit_crash(monkeypatch):
     monkeypatch.setattr(static_graphs, "GRAPHS_PER_FUNCTION", 2)
     monkeypatch.setattr(static_graphs, "DYNAMIC_FROM_OBJECTS", 1000)
     with pytest.raises(torch._dynamo.exc.FailOnRecompileLimitHit):
-        track_object_counts(range(1, 4), monkeypatch)
+        track_object_counts(range(1, 4))
