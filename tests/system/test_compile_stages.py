@@ -55,7 +55,7 @@ def _run_calls(predictor, calls=CALLS) -> list:
     return results
 
 
-# over 60 s on a 2-core CPU: inductor compiles the encoder and the decoder, since the logits compared are inductor's
+@pytest.mark.slow(reason="inductor compiles the encoder and the decoder: the logits compared with eager's are its code's")
 @pytest.mark.parametrize("stages", ["fp32+compile", "fp32+compile+sdpa", "fp32+compile+nt"])
 def test_compiled_stage_is_clean_and_equals_eager(stages):
     """Across batch sizes, image sizes and prompt counts the compiled stage never breaks the graph or

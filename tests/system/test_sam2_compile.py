@@ -29,6 +29,8 @@ def in_image_features_layout(feat: torch.Tensor) -> torch.Tensor:
     return feat.flatten(2).permute(2, 0, 1).contiguous().permute(1, 2, 0).view(b, c, h, w)
 
 
+@pytest.mark.slow(reason="inductor compiles the encoder and the decoder, whose point counts are dynamic: "
+                         "its lowering may add guards of its own")
 def test_sam2_compiles_once_for_every_image_and_point_count():
     gen = torch.Generator().manual_seed(0)
     embedding, high_res = torch.randn(1, 256, 64, 64, generator=gen), [torch.randn(1, 32, 256, 256, generator=gen),
@@ -58,6 +60,7 @@ def test_sam2_compiles_once_for_every_image_and_point_count():
     assert seen.graphs_compiled == 2 and used.exercised == ["compile: 2 graph(s) compiled"]
 
 
+@pytest.mark.slow(reason="seven decoder calls, each traced or run twice (compiled and eager) with the kernels' math in torch ops")
 @pytest.mark.usefixtures("triton_interpreted", "aot_eager_compile")
 def test_sam2_decoder_compiled_with_its_kernels_pads_to_the_widest_and_never_recompiles(monkeypatch):
     """The triton switch's fused graph takes prompts of 2..9 tokens in one graph (the kernels padded to their

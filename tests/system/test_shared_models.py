@@ -31,6 +31,7 @@ def _run(model) -> None:
     samfast.SamPredictor(model).predict_batch(images, prompts)
 
 
+@pytest.mark.slow(reason="two stages traced, and the first traced again after the switch back, each with its warm-up")
 @pytest.mark.usefixtures("aot_eager_compile")
 def test_switching_between_shared_compiled_models_never_shows_a_recompile():
     cache = ModelCache()

@@ -86,7 +86,7 @@ def track(predictor, clip, frames: int) -> tuple[list[torch.Tensor], CompileWatc
     return logits, first, later
 
 
-# over 60 s on a 2-core CPU: inductor compiles five graphs, whose logits over 17 frames are compared with eager's
+@pytest.mark.slow(reason="inductor compiles five graphs, whose logits over 17 frames are compared with eager's")
 def test_compiled_tracking_never_recompiles_and_equals_eager(compiled, clip):
     got, first, later = track(compiled, clip, NUM_FRAMES)
     first.assert_clean()
@@ -101,7 +101,7 @@ def test_compiled_tracking_never_recompiles_and_equals_eager(compiled, clip):
         assert (w[flipped].abs() <= LOGITS_ATOL).all(), f"frame {frame}: {int(flipped.sum())} pixels flipped"
 
 
-# over 60 s on a 2-core CPU: inductor compiles the bf16 graphs, since the strides at fault were those of its output
+@pytest.mark.slow(reason="inductor compiles the bf16 graphs: the strides at fault were those of its output")
 def test_frames_encoded_in_batches_of_every_size_never_recompile(clip):
     """bf16, frames encoded five at a time: frame 0 alone (prompted), then 5, 5, 5 and the last 1. The compiled
     bf16 encoder returns its position encoding with the batch innermost, so a frame of a batch of 5 had

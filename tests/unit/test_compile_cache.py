@@ -437,7 +437,7 @@ def killed_twice_then_finished(tmp_path_factory):
     return root, [compile_in_child(root, kill_after=1), compile_in_child(root, kill_after=2), compile_in_child(root)]
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="three child processes, each importing torch and compiling with inductor's C++ compiler")
 @ON_ONE_WORKER
 def test_a_compile_killed_with_sigkill_keeps_what_it_finished(killed_twice_then_finished):
     _, runs = killed_twice_then_finished
