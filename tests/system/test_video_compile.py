@@ -150,6 +150,7 @@ def track_object_counts(counts) -> dict[int, int]:
     return compiled
 
 
+@pytest.mark.slow(reason="a tracking session for each of nine object counts, each traced by dynamo and AOTAutograd")
 @pytest.mark.usefixtures("aot_eager_compile")
 def test_object_counts_from_two_on_share_one_graph(monkeypatch):
     """The memory encoder and attention compile a static graph for one object and one for every larger
@@ -163,6 +164,7 @@ def test_object_counts_from_two_on_share_one_graph(monkeypatch):
     assert {count: n for count, n in compiled.items() if count > 2 and n} == {}, f"graphs compiled per count: {compiled}"
 
 
+@pytest.mark.slow(reason="a tracking session for each of four object counts, every count tracing graphs of its own")
 @pytest.mark.usefixtures("aot_eager_compile")
 def test_without_the_dynamic_object_dimension_every_count_compiles(monkeypatch):
     """Planted defect: no count gets the dynamic graph: counts 3 and 4 compile graphs of their own, which
