@@ -22,7 +22,7 @@ from samfast.kernels.relpos_attention import (
     relpos_attention_from_tables,
     relpos_attention_reference,
 )
-from samfast.kernels.rotated_keys import rotated_keys, rotated_keys_reference
+from samfast.kernels.rotated_keys import rotated_keys
 from samfast.kernels.window_attention import window_attention, window_attention_reference
 
 __all__ = [
@@ -44,7 +44,6 @@ __all__ = [
     "relpos_attention_reference",
     "reset_fallback_counts",
     "rotated_keys",
-    "rotated_keys_reference",
     "token_to_image_attention",
     "token_to_image_attention_reference",
     "upscaled_masks",

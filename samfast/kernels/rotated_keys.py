@@ -2,7 +2,7 @@
 
 SAM 2's memory attention projects every memory token (the memory plus its encodings, mem_dim = 64
 channels) to its one head of 256 channels, then rotates each memory frame's tokens by the 2-D axial
-rotations of the feature map (samfast.sam2.memory.rope). Compiled, that was a GEMM writing the
+rotations of the feature map (samfast.modeling.rope). Compiled, that was a GEMM writing the
 (objects, frames x 4096, 256) keys and passes reading them back to rotate them
 (docs/measurements/video/video-profile-h200-hiera_l-objects-2026-11-28-11e1536.md). Here a program takes
 BLOCK_M token positions of one object in every memory frame: it loads the weights of each pair's first
@@ -16,25 +16,21 @@ path rounds the projection to it before rotating).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
-import torch.nn.functional as F
 
 from samfast.kernels.dispatch import TritonKernel, dot_precision, is_power_of_2, launcher, loop_bound, note_fallback, tl, triton, unsupported_reason
 
-__all__ = ["rotated_keys", "rotated_keys_reference"]
+__all__ = ["rotated_keys"]
 
 #: Token positions per program under the interpreter (no autotuning there). Tests may change it.
 _INTERPRET_BLOCK_M = 32
 
-
-def rotated_keys_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, rotations: torch.Tensor) -> torch.Tensor:
-    """linear(x, weight, bias) (B, frames x L, C), each frame's L tokens rotated by rotations (2, L, C):
-    the module path (RoPEAttention's k_proj, then apply_rotary_enc with repeat_freqs_k)."""
-    # imported here: samfast.sam2's memory attention imports this module, and the rope module's package
-    # import would otherwise run samfast.sam2's while this one is half made
-    from samfast.sam2.memory.rope import rotate_frames
-
-    return rotate_frames(F.linear(x, weight, bias), rotations)
+#: The module path the kernel stands in for, with the kernel's arguments: (x, weight, bias, rotations) -> keys.
+#: The caller passes its own (samfast.modeling.rope.rotated_keys_reference for SAM 2's memory attention),
+#: so that kernels/ imports no model code.
+KeysReference = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def _rotated_keys_fwd(
@@ -128,14 +124,15 @@ else:  # pragma: no cover - old torch: plain launch, still correct, not traceabl
     _run = _rotated_keys_kernel
 
 
-def rotated_keys(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, rotations: torch.Tensor) -> torch.Tensor:
+def rotated_keys(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, rotations: torch.Tensor, *,
+                 reference: KeysReference) -> torch.Tensor:
     """The rotated keys (B, frames x L, C) of memory tokens x (B, frames x L, K) (the memory plus its
     encodings), any strides: linear(x, weight (C, K), bias (C,)), every frame of L tokens rotated by
     rotations (2, L, C) (rope.axial_rotations).
 
     Runs the kernel on CUDA (fp16, bf16, fp32) or under TRITON_INTERPRET=1 (fp16, fp32) for K and C / 2
-    powers of 2 of at least 16; otherwise :func:`rotated_keys_reference`, the reason counted in
-    samfast.kernels.dispatch.
+    powers of 2 of at least 16; otherwise ``reference(x, weight, bias, rotations)``, the module path the
+    caller computes the same keys with, the reason counted in samfast.kernels.dispatch.
     """
     channels = weight.shape[0]
     if x.dim() != 3 or weight.shape != (channels, x.shape[2]) or bias.shape != (channels,) or (
@@ -152,5 +149,5 @@ def rotated_keys(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, rota
         reason = "a weight or rotations that are not contiguous"
     if reason is not None:
         note_fallback("rotated_keys", reason, "the linear and the rotation apart")
-        return rotated_keys_reference(x, weight, bias, rotations)
+        return reference(x, weight, bias, rotations)
     return _run(x, weight, bias, rotations)

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 import samfast
 from samfast.sam2.memory import attention as memory_attention
 from samfast.sam2.memory.attention import RoPEAttention, attention_by_memory_frame
-from samfast.sam2.memory.rope import axial_rotations
+from samfast.modeling.rope import axial_rotations
 
 QUERIES = 12  # tokens of a frame: the queries' and each memory frame's
 

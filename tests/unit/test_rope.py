@@ -1,4 +1,4 @@
-"""samfast.sam2.memory.rope: the rotary encoding in real arithmetic equals sam2's complex one, bit for bit
+"""samfast.modeling.rope: the rotary encoding in real arithmetic equals sam2's complex one, bit for bit
 on the CPU, and a compiled graph of it holds no complex tensor (inductor would run those eagerly)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from samfast.sam2.memory.rope import apply_rotary_enc, axial_rotations
+from samfast.modeling.rope import apply_rotary_enc, axial_rotations
 
 sam2_encoding = pytest.importorskip("sam2.modeling.position_encoding", reason="needs the sam2 package (test extra)")
 

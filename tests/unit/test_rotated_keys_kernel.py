@@ -20,13 +20,19 @@ import torch.nn.functional as F
 pytest.importorskip("triton", reason="Triton is not installed")
 
 import samfast  # noqa: E402
-from samfast.kernels import fallback_counts, rotated_keys  # noqa: E402
-from samfast.sam2.memory.rope import axial_rotations  # noqa: E402
+from samfast.kernels import fallback_counts  # noqa: E402
+from samfast.kernels import rotated_keys as rotated_keys_kernel  # noqa: E402
+from samfast.modeling.rope import axial_rotations, rotated_keys_reference  # noqa: E402
 from tests.kernel_accuracy import node_seed, relative_error  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("triton_interpreted")
 
 rk = importlib.import_module("samfast.kernels.rotated_keys")
+
+
+def rotated_keys(x, weight, bias, rotations):
+    """The kernel with the memory attention's module path as its fallback."""
+    return rotated_keys_kernel(x, weight, bias, rotations, reference=rotated_keys_reference)
 
 # max |kernel - fp64| relative to max |fp64|: fp32 (IEEE products) measured at 1.2e-7 to 2.8e-7, fp16 at
 # 2.9e-4 to 4.1e-4 (its rounding of x and of the keys); the planted defects at 0.39 and above, so a defect
@@ -118,14 +124,14 @@ def test_planted_defects_exceed_the_tolerance(request, monkeypatch, dtype, plant
 @torch.no_grad()
 def test_bf16_under_the_interpreter_falls_back_with_its_reason():
     inputs = memory_inputs(0, SHAPES[2], torch.bfloat16)
-    torch.testing.assert_close(rotated_keys(*inputs), rk.rotated_keys_reference(*inputs))
+    torch.testing.assert_close(rotated_keys(*inputs), rotated_keys_reference(*inputs))
     assert fallback_counts() == {"dtype bfloat16 not supported by the Triton interpreter": 1}
 
 
 @torch.no_grad()
 def test_widths_the_kernel_cannot_tile_take_the_reference_and_count_it():
     inputs = memory_inputs(0, (1, 2, 4, 24, 32), torch.float32)  # mem_dim 24: no power of 2
-    torch.testing.assert_close(rotated_keys(*inputs), rk.rotated_keys_reference(*inputs))
+    torch.testing.assert_close(rotated_keys(*inputs), rotated_keys_reference(*inputs))
     assert fallback_counts() == {"input channels or output pairs not powers of 2 >= 16": 1}
 
 

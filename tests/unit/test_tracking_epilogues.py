@@ -1,4 +1,4 @@
-"""The compile switch's fused paths in the tracker on a bf16 model (samfast.video.build.compile_tracking):
+"""The compile switch's fused paths in the tracker on a bf16 model (samfast.sam2.video_predictor.compile_tracking):
 the memory attention MLP's linear1 + ReLU as one GEMM (samfast.modeling.common.linear_relu) and the
 memory encoder's ConvNeXt blocks channels-last with their pwconv1 + GELU as one GEMM. Each path against
 the module path in fp64, compiled without a graph break, and set by exactly the stages that should set it.
@@ -15,7 +15,7 @@ from samfast.modeling.common import linear_relu
 from samfast.sam2.memory import attention as memory_attention
 from samfast.sam2.memory.attention import MemoryAttentionLayer
 from samfast.sam2.memory.encoder import CXBlock, MemoryEncoder
-from samfast.sam2.memory.rope import axial_rotations
+from samfast.modeling.rope import axial_rotations
 
 
 def test_linear_relu_is_the_relu_of_the_linear_and_compiles_whole():

@@ -32,7 +32,7 @@ from torch import nn
 
 from samfast.kernels.rotated_keys import rotated_keys
 from samfast.modeling.common import linear_relu
-from samfast.sam2.memory.rope import apply_rotary_enc, axial_rotations, rotate
+from samfast.modeling.rope import apply_rotary_enc, axial_rotations, rotate, rotated_keys_reference
 from samfast.sam2.memory.static_graphs import compile_per_object_count
 from samfast.sam2.position_encoding import made_for_inference_only
 
@@ -178,7 +178,8 @@ class RoPEAttention(nn.Module):
         v = v.unsqueeze(1) if folded else self._heads(self.v_proj(v))
         if self.key_impl == "triton" and self.rope_k_repeat and self.num_heads == 1:
             q = rotate(self._heads(self.q_proj(q)), rotations)
-            k_rope = rotated_keys(k[:, :num_k_rope], self.k_proj.weight, self.k_proj.bias, rotations).unsqueeze(1)
+            k_rope = rotated_keys(k[:, :num_k_rope], self.k_proj.weight, self.k_proj.bias, rotations,
+                                  reference=rotated_keys_reference).unsqueeze(1)
             pointer_keys = self._heads(self.k_proj(k[:, num_k_rope:]))
         else:
             q, k = self._heads(self.q_proj(q)), self._heads(self.k_proj(k))
@@ -225,7 +226,7 @@ class MemoryAttentionLayer(nn.Module):
         self.dropout2 = nn.Dropout(dropout)
         self.dropout3 = nn.Dropout(dropout)
         # "module" (as sam2 runs it) or "epilogue": linear1 and its ReLU as one GEMM (linear_relu), set by
-        # the compile switch's tracking half (samfast.video.build.compile_tracking)
+        # the compile switch's tracking half (samfast.sam2.video_predictor.compile_tracking)
         self.relu_impl = "module"
 
     def forward(

@@ -11,6 +11,7 @@ holds the tracker equal to sam2's, tests/unit/test_rope.py this module to its co
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 
 def axial_rotations(dim: int, end_x: int, end_y: int, theta: float = 10000.0) -> torch.Tensor:
@@ -57,3 +58,10 @@ def rotate_frames(xk: torch.Tensor, rotations: torch.Tensor) -> torch.Tensor:
     # the frames as a dimension of their own, each rotated by the same table
     frames = xk.unflatten(-2, (xk.shape[-2] // rotations.shape[-2], rotations.shape[-2]))
     return rotate(frames, rotations).flatten(-3, -2)
+
+
+def rotated_keys_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, rotations: torch.Tensor) -> torch.Tensor:
+    """linear(x, weight, bias) (B, frames x L, C), each frame's L tokens rotated by rotations (2, L, C):
+    the module path (RoPEAttention's k_proj, then apply_rotary_enc with repeat_freqs_k) that
+    samfast.kernels.rotated_keys computes in one kernel, and falls back to."""
+    return rotate_frames(F.linear(x, weight, bias), rotations)
