@@ -13,7 +13,7 @@ from samfast.errors import StageError
 from samfast.stages import LADDER
 from samfast.transforms import InputError
 from samfast.video import VideoPredictor
-from samfast.video.build import build_sam_video
+from samfast.build_video import build_sam_video
 
 __all__ = [
     "LADDER",

@@ -73,7 +73,7 @@ def track_windows(model, batch: WindowBatch) -> list[tuple[torch.Tensor, torch.T
     for t in range(num_frames):
         with torch.no_grad():  # the frozen image path: features only
             backbone_out = model.forward_image(batch.frames[:, t])
-            _, feats, pos, sizes = model._prepare_backbone_features(backbone_out)
+            feats, pos, sizes = model.frame_features(backbone_out)
         # each object reads its own window's frame
         feats = [level[:, batch.window] for level in feats]
         pos = [level[:, batch.window] for level in pos]

@@ -88,7 +88,7 @@ class SAM2Base(SAM2Tracking, nn.Module):
         return self.no_mem_embed.dtype
 
     # --- what the stage switches act on: the questions samfast.sam1.sam.Sam answers, for SAM 2's
-    # image path (the memory attention and encoder are video's: samfast.video.build.compile_tracking)
+    # image path (the memory attention and encoder are video's: samfast.sam2.video_predictor.compile_tracking)
     def attention_modules(self) -> dict[str, nn.Module]:
         """Every attention module with an `attn_impl` (the sdpa switch's): Hiera's, then the decoder's."""
         return {name: m for name, m in self.named_modules() if hasattr(m, "attn_impl")}

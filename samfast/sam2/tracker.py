@@ -3,12 +3,14 @@
 sam2.modeling.sam2_base.SAM2Base.track_step and everything it calls (_prepare_memory_conditioned_features,
 _forward_sam_heads, _use_mask_as_output, _encode_new_memory, object pointers), as a mixin that
 samfast's SAM2Base inherits: the methods keep sam2's names and arguments and run sam2's operations
-in sam2's order, so in fp32 they give sam2's bits.
+in sam2's order, so in fp32 they give sam2's bits. With them the mixin implements samfast.video.Tracker,
+the protocol samfast.VideoPredictor tracks through (its public methods below name sam2's private ones).
 
 The mixin reads the modules and parameters of SAM 2's layout (image_encoder, memory_attention,
 memory_encoder, sam_prompt_encoder, sam_mask_decoder, maskmem_tpos_enc, no_mem_embed, no_obj_ptr,
 no_obj_embed_spatial, obj_ptr_proj, obj_ptr_tpos_proj, mask_downsample) and `self.tracking`, the
-settings below. A tracker of the same design with another backbone (SAM 3's) mixes it in the same way.
+settings below. Another family's tracker (SAM 3's) implements samfast.video.Tracker on its own
+model, sharing the memory bank and the predictor, not this mixin.
 
 Each step reads one object's memory from a MemoryBank (samfast.video.memory_bank): the conditioning
 frames (those with prompts), the last num_maskmem - 1 tracked frames, and up to 16 object pointers.
@@ -83,7 +85,7 @@ class TrackingSettings:
 
 
 class SAM2Tracking:
-    """The tracking step of SAM 2's design; mixed into samfast.sam2.SAM2Base."""
+    """The tracking step of SAM 2's design; mixed into samfast.sam2.SAM2Base, which it makes a samfast.video.Tracker."""
 
     tracking: TrackingSettings
     # True: the memory attention reads the memory at its fixed capacity, padded and masked
@@ -91,6 +93,38 @@ class SAM2Tracking:
     fixed_capacity_memory: bool = False
     # set by compile_propagation_heads (the compile switch): _propagation_heads compiled
     compiled_propagation_heads = None
+
+    # --- samfast.video.Tracker: the predictor's and the video task's view, under public names
+
+    @property
+    def memory_stride(self) -> int:
+        return self.tracking.memory_temporal_stride_for_eval
+
+    @property
+    def batches_objects(self) -> bool:
+        # non_overlap_masks_for_mem_enc constrains a frame's objects against each other, which sam2
+        # (one object at a time) never applies across objects
+        return not self.tracking.non_overlap_masks_for_mem_enc
+
+    def frame_features(self, backbone_out: dict) -> tuple[list, list, list]:
+        return self._prepare_backbone_features(backbone_out)[1:]
+
+    def encode_memory(self, *args, **kwargs) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        # a call, not an alias: what replaces _encode_new_memory on the model (a test counting the
+        # encodings) sees the predictor's calls too
+        return self._encode_new_memory(*args, **kwargs)
+
+    def non_overlapping_masks(self, pred_masks: torch.Tensor) -> torch.Tensor:
+        return self._apply_non_overlapping_constraints(pred_masks)
+
+    def use_input_size(self, size: int) -> None:
+        """As sam2's ++model.image_size=size builds it: only the prompt encoder's sizes depend on it
+        (positional embeddings and RoPE follow the feature map)."""
+        self.image_size = size
+        encoder = self.sam_prompt_encoder
+        encoder.input_image_size = (size, size)
+        encoder.image_embedding_size = (size // 16, size // 16)
+        encoder.mask_input_size = (size // 4, size // 4)
 
     # --- the SAM heads on one frame
 

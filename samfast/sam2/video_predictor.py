@@ -15,6 +15,7 @@ import torch
 
 from samfast.sam2.build import build_sam2
 from samfast.sam2.sam2_base import SAM2Base
+from samfast.stages import compile_mode
 from samfast.video.predictor import VideoPredictor
 
 VIDEO_FILL_HOLE_AREA = 8  # build_sam2_video_predictor's ++model.fill_hole_area
@@ -69,3 +70,26 @@ def build_sam2_video_predictor(
         apply_video_postprocessing(model)
         predictor_options.setdefault("fill_hole_area", VIDEO_FILL_HOLE_AREA)
     return SAM2VideoPredictor(model, **predictor_options)
+
+
+def compile_tracking(model: SAM2Base) -> None:
+    """The compile switch's tracking half, which samfast.build_sam_video adds to build_sam2_model's
+    compiled image encoder and decoder: the memory read at its fixed capacity, so that neither the memory attention nor the memory encoder
+    recompiles as the video grows, and the heads of a frame tracked without prompts (prompt encoder,
+    decoder, object pointer) as one graph. Each compiles (fullgraph) a static graph for one object and one
+    graph for every larger batch of objects (samfast.sam2.memory.static_graphs), the attention one per number
+    of conditioning frames too. Mode: SAMFAST_COMPILE_MODE,
+    else max-autotune on a GPU and inductor's default on a CPU, as for images."""
+    model.fixed_capacity_memory = True
+    if "bf16" in model.switches:
+        # the epilogue GEMMs and the channels-last depthwise conv: within bf16's rounding, not fp32's
+        # (the GELU epilogue is the tanh form), as for the image encoder's MLPs
+        for layer in model.memory_attention.layers:
+            layer.relu_impl = "epilogue"
+        model.memory_encoder.channels_last = True
+        for block in model.memory_encoder.fuser.layers:
+            block.channels_last, block.gelu_impl = True, "epilogue"
+    mode = compile_mode(model.device)
+    model.memory_attention.compile_static(mode)
+    model.memory_encoder.compile_static(mode)
+    model.compile_propagation_heads(mode)

@@ -5,12 +5,7 @@ init_state, add_new_points_or_box, add_new_mask, propagate_in_video, clear_all_p
 remove_object, reset_state. It runs sam2's steps in sam2's order, so with the same weights its
 fp32 masks are sam2's. Unlike sam2's (a subclass of the model), it holds the model: any tracker
 of SAM 2's design serves it (SAM 2's SAM2Base; SAM 3's tracker, whose step is the same), through
-what the tracker mixin (samfast.sam2.tracker) offers:
-
-    image_size, device, num_maskmem, tracking (its memory_temporal_stride_for_eval),
-    forward_image(images) -> backbone_out, _prepare_backbone_features(backbone_out),
-    track_step(...) -> FrameOutput, memory_selection_key(...), _encode_new_memory(...),
-    _apply_non_overlapping_constraints(masks)
+the public methods of the samfast.video.Tracker protocol only.
 
 How it runs, as in sam2: a prompt runs the tracking step on its frame for its object only, without
 encoding the frame's memory, and keeps the result as pending; propagate_in_video first encodes the
@@ -42,6 +37,7 @@ import torch.nn.functional as F
 from samfast.transfer import to_device
 from samfast.video.frames import VideoSource, load_video_frames
 from samfast.video.memory_bank import NO_OBJ_SCORE, FrameOutput, MemoryBank, StackedMemoryBanks
+from samfast.video.tracker import FRAME_FEATURE_KEYS, Tracker
 
 
 @dataclass
@@ -63,11 +59,6 @@ class ObjectTrack:
         self.memory.clear()
         self.pending.clear()
         self.frames_tracked.clear()
-
-
-# what the tracking step reads of a frame's backbone_out (each a list of levels, batch first): the
-# features the state caches, expands to a batch of objects and concatenates across videos
-FRAME_FEATURE_KEYS = ("backbone_fpn", "vision_pos_enc")
 
 
 @dataclass
@@ -124,14 +115,14 @@ def fill_holes_in_mask_scores(mask: torch.Tensor, max_area: int) -> torch.Tensor
 class VideoPredictor:
     def __init__(
         self,
-        model,
+        model: Tracker,
         fill_hole_area: int = 0,
         non_overlap_masks: bool = False,
         clear_non_cond_mem_around_input: bool = False,
         add_all_frames_to_correct_as_cond: bool = False,
         frames_per_encode: int = 1,
     ) -> None:
-        """model: a tracker (samfast.sam2.SAM2Base). fill_hole_area: see fill_holes_in_mask_scores
+        """model: a samfast.video.Tracker (SAM 2's: samfast.sam2.SAM2Base). fill_hole_area: see fill_holes_in_mask_scores
         (warned and skipped). non_overlap_masks: keep only the highest-scoring object per pixel in
         the returned masks. clear_non_cond_mem_around_input: a correction click drops the object's
         tracked memories within num_maskmem frames of it. add_all_frames_to_correct_as_cond: a
@@ -376,7 +367,7 @@ class VideoPredictor:
         else:
             video_res_masks = F.interpolate(any_res_masks, size=(video_H, video_W), mode="bilinear", align_corners=False)
         if self.non_overlap_masks:
-            video_res_masks = self.model._apply_non_overlapping_constraints(video_res_masks)
+            video_res_masks = self.model.non_overlapping_masks(video_res_masks)
         return video_res_masks
 
     def _consolidate_temp_output_across_obj(
@@ -453,7 +444,7 @@ class VideoPredictor:
                         if out.maskmem_features is None:
                             pending_per_frame.setdefault(frame_idx, []).append((video, out))
         for frame_idx, members in sorted(pending_per_frame.items()):
-            batches = [members] if self._objects_batch else [[member] for member in members]
+            batches = [members] if self.model.batches_objects else [[member] for member in members]
             for batch in batches:
                 self._encode_prompted_memories(states, frame_idx, batch)
 
@@ -479,13 +470,6 @@ class VideoPredictor:
             for i, out in enumerate(video_outs):
                 out.maskmem_features = maskmem_features[i : i + 1]
                 out.maskmem_pos_enc = [x[i : i + 1] for x in maskmem_pos_enc]
-
-    @property
-    def _objects_batch(self) -> bool:
-        """Whether several objects may share a step or a memory encoding: not with the tracker's
-        non_overlap_masks_for_mem_enc, a constraint across the batch's objects where sam2 (one
-        object at a time) never applies it across objects."""
-        return not self.model.tracking.non_overlap_masks_for_mem_enc
 
     @torch.inference_mode()
     def propagate_in_video(
@@ -587,7 +571,7 @@ class VideoPredictor:
         reads from memory (memory_selection_key): a group takes one batched step. Objects prompted
         on the same frames and tracked together, the common case, form one group, of one video or
         of several; a group lists its members in the order given."""
-        if not self._objects_batch:
+        if not self.model.batches_objects:
             return [[member] for member in members]
         groups: dict[tuple, list[tuple[int, int]]] = {}
         for video, obj_idx in members:
@@ -703,7 +687,7 @@ class VideoPredictor:
         """Drop one object's tracked memories within num_maskmem (strided) frames of a prompted
         frame: they may hold the appearance the prompt corrected. (sam2 1.1.0 calls this method
         without defining it; this is sam2's later definition.)"""
-        r = self.model.tracking.memory_temporal_stride_for_eval
+        r = self.model.memory_stride
         frame_idx_begin = frame_idx - r * self.model.num_maskmem
         frame_idx_end = frame_idx + r * self.model.num_maskmem
         non_cond_frame_outputs = inference_state.objects[obj_idx].memory.non_cond_frame_outputs
@@ -759,7 +743,7 @@ class VideoPredictor:
                 key: [torch.cat(levels, dim=0) for levels in zip(*(out[key] for out in backbone_outs))]
                 for key in FRAME_FEATURE_KEYS
             }
-        return self.model._prepare_backbone_features(backbone_out)[1:]
+        return self.model.frame_features(backbone_out)
 
     def _run_single_frame_inference(
         self,
@@ -828,7 +812,7 @@ class VideoPredictor:
         """The memories of a frame of one or several videos, (video, its object count), from (B, 1, S, S)
         logits, B the counts' sum: per video (bf16 features on its storage device, their encoding)."""
         current_vision_feats, _, feat_sizes = self._group_image_features(object_counts, frame_idx)
-        maskmem_features, maskmem_pos_enc = self.model._encode_new_memory(
+        maskmem_features, maskmem_pos_enc = self.model.encode_memory(
             current_vision_feats=current_vision_feats,
             feat_sizes=feat_sizes,
             pred_masks_high_res=high_res_masks,

@@ -25,7 +25,7 @@ from parity.tasks.source import ModelSource
 from parity.tasks.video import runner
 from parity.tasks.video.track import DEFAULT_INPUT_SIZE, prompts
 from samfast.stages import parse_stages
-from samfast.video.build import VIDEO_STAGES
+from samfast.build_video import VIDEO_STAGES
 
 pytestmark = pytest.mark.gpu
 

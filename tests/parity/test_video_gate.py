@@ -165,7 +165,7 @@ def test_stage_not_built_for_tracking_is_refused_by_name(golden, tmp_path, capsy
     code = main(["check", *CLI_ARGS, "--seed", "0", "--golden", str(golden), "--stages", "bf16+nt",
                  "--report-dir", str(tmp_path)])
     assert code == 2
-    err = capsys.readouterr().err  # tracking builds no nt (samfast.video.build.VIDEO_STAGES), image SAM 2 does
+    err = capsys.readouterr().err  # tracking builds no nt (samfast.build_video.VIDEO_STAGES), image SAM 2 does
     assert "nt" in err and "not built" in err
 
 

@@ -11,7 +11,7 @@ import torch
 from bench import video
 from bench.timing import timed_compile_note
 from samfast.stages import SWITCHES
-from samfast.video.build import VIDEO_SWITCHES
+from samfast.build_video import VIDEO_SWITCHES
 
 pytest.importorskip("sam2", reason="the SAM 2 reference package sam2==1.1.0 is not installed")
 

@@ -86,17 +86,6 @@ def clip_dir(tmp_path_factory) -> Path:
     return folder
 
 
-def at_input_size(model, size: int):
-    """samfast's model on size x size inputs (what sam2's ++model.image_size=size builds): only
-    the prompt encoder's sizes depend on it; positional embeddings and RoPE follow the feature map."""
-    model.image_size = size
-    encoder = model.sam_prompt_encoder
-    encoder.input_image_size = (size, size)
-    encoder.image_embedding_size = (size // 16, size // 16)
-    encoder.mask_input_size = (size // 4, size // 4)
-    return model
-
-
 def build_pair(config: str, model_type: str, overrides: list[str], input_size: int | None):
     """(samfast VideoPredictor, sam2 SAM2VideoPredictor) with samfast's seeded weights in both,
     sam2's video settings (build_sam2_video_predictor's apply_postprocessing) on both."""
@@ -106,7 +95,7 @@ def build_pair(config: str, model_type: str, overrides: list[str], input_size: i
     # sam2's own attention path, so the same bits (the fp32 stage writes the softmax out)
     model = build_sam2_model(model_type, device="cpu", stages="fp32+sdpa")
     if input_size:
-        at_input_size(model, input_size)
+        model.use_input_size(input_size)  # what sam2's ++model.image_size=size builds
     apply_video_postprocessing(model)
     ours = VideoPredictor(model, fill_hole_area=8)
     ref = build_ref(config, None, device="cpu", hydra_overrides_extra=overrides + size_overrides)

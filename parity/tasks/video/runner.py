@@ -32,7 +32,7 @@ from parity.tasks.video.report import write_reports
 from parity.tasks.video.track import PROMPT_POLICY, at_input_size, track_all
 from samfast import InputError, StageError
 from samfast.stages import SWITCHES, canonical_name, parse_stages
-from samfast.video.build import VIDEO_STAGES, VIDEO_SWITCHES
+from samfast.build_video import VIDEO_STAGES, VIDEO_SWITCHES
 
 # switch -> why the video run never reads it (its reports say "not applicable"): objects tracked in one
 # step share its shapes (one prompt each), so there is no ragged batch of prompts to nest
@@ -107,7 +107,7 @@ def default_stages(device: torch.device) -> list[str]:
 
 
 def unbuilt(stage: str) -> list[str]:
-    """The stage's switches that video tracking is not built for (samfast/video/build.py)."""
+    """The stage's switches that video tracking is not built for (samfast/build_video.py)."""
     return sorted(parse_stages(stage) - VIDEO_SWITCHES, key=SWITCHES.index)
 
 

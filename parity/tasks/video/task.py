@@ -1,6 +1,6 @@
 """The video task: SAM 2's tracker over generated clips (--data scenes) or DAVIS-layout folders (--data davis),
 every stage's per-frame masks, logits and object scores against the fp32 golden's (J&F, drift, objects
-lost). The stages of fp32, bf16, compile, sdpa and triton are built for tracking (samfast.video.build.VIDEO_STAGES;
+lost). The stages of fp32, bf16, compile, sdpa and triton are built for tracking (samfast.build_video.VIDEO_STAGES;
 the compiled ones run by default on a GPU only, runner.default_stages): a stage with another switch asked
 for by name is refused (exit 2); left out of the default stages, it is named in the report as not built."""
 

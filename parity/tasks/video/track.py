@@ -22,7 +22,7 @@ import torch
 
 from parity.golden.data import centre_point
 from parity.golden.videos import Clip
-from samfast.video import NO_OBJ_SCORE
+from samfast.video import NO_OBJ_SCORE, Tracker
 
 PROMPT_POLICY = "video-first-visible-centre-click-v1"  # recorded: another policy is another golden
 LOGITS_FRAMES = 2  # per clip, the logits of every object on the clip's first and last frame (fp16 in the golden)
@@ -53,16 +53,11 @@ def prompts(clip: Clip) -> list[tuple[int, int, tuple[float, float]]]:
     return found
 
 
-def at_input_size(model: torch.nn.Module, size: int) -> torch.nn.Module:
-    """The SAM 2 model on size x size inputs, as sam2's ++model.image_size=size builds it: only the
-    prompt encoder's sizes depend on it (positional embeddings and RoPE follow the feature map).
-    256 instead of 1024 makes a tracking step ~10x cheaper on a CPU (16 x 16 features, memory
+def at_input_size(model: Tracker, size: int) -> Tracker:
+    """The tracker on size x size inputs (Tracker.use_input_size; SAM 2's as sam2's ++model.image_size=size
+    builds it). 256 instead of 1024 makes a tracking step ~10x cheaper on a CPU (16 x 16 features, memory
     attention 1/256), with every operation the same (tests/unit/test_sam2_video.py)."""
-    model.image_size = size
-    encoder = model.sam_prompt_encoder
-    encoder.input_image_size = (size, size)
-    encoder.image_embedding_size = (size // 16, size // 16)
-    encoder.mask_input_size = (size // 4, size // 4)
+    model.use_input_size(size)
     return model
 
 

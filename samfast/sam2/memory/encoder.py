@@ -50,7 +50,7 @@ class MaskDownSampler(nn.Module):
 class CXBlock(nn.Module):
     """ConvNeXt block: depthwise 7x7 conv, LayerNorm2d, pointwise MLP (as Linears), layer scale, residual.
 
-    The compile switch on a bf16 tracker (samfast.video.build.compile_tracking) sets two paths:
+    The compile switch on a bf16 tracker (samfast.sam2.video_predictor.compile_tracking) sets two paths:
     `channels_last`: the depthwise conv reads its input channels-last and the norm runs over the
     contiguous channels: cuDNN's channels-last depthwise kernel is the faster one
     (docs/measurements/video/memory-encoder-micro-h200-2026-11-27.md); the residual then stays
@@ -99,7 +99,7 @@ class MemoryEncoder(nn.Module):
         self.position_encoding = PositionEmbeddingSine(out_dim)
         self.out_proj = nn.Conv2d(in_dim, out_dim, kernel_size=1)
         self.compiled_encode = None  # set by compile_static (the compile switch)
-        # the compile switch on a bf16 tracker (samfast.video.build.compile_tracking): the map channels-last
+        # the compile switch on a bf16 tracker (samfast.sam2.video_predictor.compile_tracking): the map channels-last
         # from the frame's features to the memory, its 1x1 convs as the GEMMs they are (_pointwise), the
         # fuser's blocks channels-last too (CXBlock)
         self.channels_last = False

@@ -1,4 +1,7 @@
-"""build_sam_video: a VideoPredictor for a model type, as samfast.build_sam builds a model."""
+"""build_sam_video: a VideoPredictor for a model type, as samfast.build_sam builds a model.
+
+Beside samfast/build.py, above both samfast.video (the predictor, family-neutral) and the family that
+supplies the tracker, so that neither imports the other's builder."""
 
 from __future__ import annotations
 
@@ -10,15 +13,19 @@ import torch
 from samfast.errors import StageError
 from samfast.families import families_supporting, family_of
 from samfast.sam2.build import build_sam2_model
-from samfast.sam2.sam2_base import SAM2Base
-from samfast.sam2.video_predictor import VIDEO_FILL_HOLE_AREA, SAM2VideoPredictor, apply_video_postprocessing
-from samfast.stages import SWITCHES, compile_mode, parse_stages
+from samfast.sam2.video_predictor import (
+    VIDEO_FILL_HOLE_AREA,
+    SAM2VideoPredictor,
+    apply_video_postprocessing,
+    compile_tracking,
+)
+from samfast.stages import SWITCHES, parse_stages
 
 # The switches the tracking step is built for so far. bf16: weights in bf16 as for images; the step
 # casts what it makes in fp32 (masks into the memory encoder, the pointers' sine encodings) to the
 # model's dtype where sam2 leaves that to CUDA autocast. compile: the image encoder (a static batch
 # of frames_per_encode frames a call) and the decoder as for images, plus the memory attention, the
-# memory encoder and a propagated frame's heads with static shapes (compile_tracking): the memory read
+# memory encoder and a propagated frame's heads with static shapes (sam2.video_predictor.compile_tracking): the memory read
 # at its fixed capacity, padded and masked. sdpa: as for images, plus the memory cross-attention split
 # at its memory frames, each attended unmasked, its values at the memory's 64 channels
 # on a GPU (samfast.sam2.memory.attention; set by samfast.stages for every SAM 2 model, run only by tracking).
@@ -54,7 +61,7 @@ def build_sam_video(
         )
     if unbuilt := sorted(parse_stages(stages) - VIDEO_SWITCHES, key=SWITCHES.index):
         raise StageError(
-            f"stages={stages!r}: the {', '.join(unbuilt)} switch(es) are not built for video tracking yet "
+            f"stages={stages!r}: the {', '.join(unbuilt)} switch(es) are not built for video tracking yet"
             f"; build_sam_video takes {', '.join(map(repr, VIDEO_STAGES))}"
         )
     # the image encoder's static batch under the compile switch: the frames it takes in one call
@@ -64,26 +71,3 @@ def build_sam_video(
         compile_tracking(model)
     apply_video_postprocessing(model)
     return SAM2VideoPredictor(model, fill_hole_area=VIDEO_FILL_HOLE_AREA, frames_per_encode=frames_per_encode)
-
-
-def compile_tracking(model: SAM2Base) -> None:
-    """The compile switch's tracking half (build_sam2_model compiled the image encoder and the decoder):
-    the memory read at its fixed capacity, so that neither the memory attention nor the memory encoder
-    recompiles as the video grows, and the heads of a frame tracked without prompts (prompt encoder,
-    decoder, object pointer) as one graph. Each compiles (fullgraph) a static graph for one object and one
-    graph for every larger batch of objects (samfast.sam2.memory.static_graphs), the attention one per number
-    of conditioning frames too. Mode: SAMFAST_COMPILE_MODE,
-    else max-autotune on a GPU and inductor's default on a CPU, as for images."""
-    model.fixed_capacity_memory = True
-    if "bf16" in model.switches:
-        # the epilogue GEMMs and the channels-last depthwise conv: within bf16's rounding, not fp32's
-        # (the GELU epilogue is the tanh form), as for the image encoder's MLPs
-        for layer in model.memory_attention.layers:
-            layer.relu_impl = "epilogue"
-        model.memory_encoder.channels_last = True
-        for block in model.memory_encoder.fuser.layers:
-            block.channels_last, block.gelu_impl = True, "epilogue"
-    mode = compile_mode(model.device)
-    model.memory_attention.compile_static(mode)
-    model.memory_encoder.compile_static(mode)
-    model.compile_propagation_heads(mode)
