@@ -1,4 +1,8 @@
-"""Mask decoder: output tokens attend to the image embedding; hypernetworks turn them into masks."""
+"""Mask decoder: output tokens attend to the image embedding; hypernetworks turn them into masks.
+
+SAM 1's, and the base every family's decoder builds on (SAM 2's: samfast.sam2.sam.mask_decoder): the
+output tokens, the upscaling, the hypernetworks and the IoU head, and the padding that lets one
+compiled graph take any prompt count."""
 
 from __future__ import annotations
 
@@ -84,13 +88,7 @@ class MaskDecoder(nn.Module):
         num_prompts = sparse.shape[0]
         if image_index is None:  # one image for every prompt: the same as indexing image 0
             image_index = sparse.new_zeros(num_prompts, dtype=torch.long)
-        if image_embeddings.shape[0] < 2:
-            image_embeddings = torch.cat([image_embeddings, torch.zeros_like(image_embeddings)])
-        if num_prompts < 2:  # a copy of the prompt, decoded and dropped
-            sparse, image_index = torch.cat([sparse, sparse]), torch.cat([image_index, image_index])
-            # expand, not cat: the usual dense embedding (no mask input) is a broadcast with batch
-            # stride 0, and a contiguous copy here would fail the compiled graph's stride guard
-            dense = dense.expand(2, -1, -1, -1)
+        (image_embeddings,), sparse, dense, image_index = padded_to_two([image_embeddings], sparse, dense, image_index)
         for tensor in (image_embeddings, sparse, dense, image_index):
             torch._dynamo.mark_dynamic(tensor, 0)
         masks, iou_pred = self.compiled_predict_masks(image_embeddings, image_pe, sparse, dense, image_index)
@@ -105,9 +103,7 @@ class MaskDecoder(nn.Module):
         image_index: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         num_prompts = sparse_prompt_embeddings.shape[0]
-        output_tokens = torch.cat([self.iou_token.weight, self.mask_tokens.weight], dim=0)
-        output_tokens = output_tokens.unsqueeze(0).expand(num_prompts, -1, -1)
-        tokens = torch.cat((output_tokens, sparse_prompt_embeddings), dim=1)
+        tokens = torch.cat((self.output_tokens(num_prompts), sparse_prompt_embeddings), dim=1)
 
         if dense_prompt_embeddings.shape[0] == 1 or dense_prompt_embeddings.stride(0) == 0:
             # One dense embedding for every prompt (no mask inputs: the broadcast no-mask embedding),
@@ -129,9 +125,7 @@ class MaskDecoder(nn.Module):
         iou_token_out = hs[:, 0, :]
         mask_tokens_out = hs[:, 1 : (1 + self.num_mask_tokens), :]
 
-        hyper_in = torch.stack(
-            [mlp(mask_tokens_out[:, i, :]) for i, mlp in enumerate(self.output_hypernetworks_mlps)], dim=1
-        )
+        hyper_in = self.hypernetwork_inputs(mask_tokens_out)
         if self.upscale_impl == "triton":
             masks = kernels.upscaled_masks(src.view(b, h, w, c), self.output_upscaling, hyper_in)
         elif self.upscale_impl == "gemm":
@@ -141,6 +135,35 @@ class MaskDecoder(nn.Module):
             b, c, h, w = upscaled.shape
             masks = (hyper_in @ upscaled.view(b, c, h * w)).view(b, -1, h, w)
         return masks, self.iou_prediction_head(iou_token_out)
+
+    def output_token_weights(self) -> list[torch.Tensor]:
+        """The learned tokens put before the prompt's, in the order the transformer reads them."""
+        return [self.iou_token.weight, self.mask_tokens.weight]
+
+    def output_tokens(self, num_prompts: int) -> torch.Tensor:
+        """output_token_weights for each of the prompts, (P, tokens, C), without a copy."""
+        return torch.cat(self.output_token_weights(), dim=0).unsqueeze(0).expand(num_prompts, -1, -1)
+
+    def hypernetwork_inputs(self, mask_tokens_out: torch.Tensor) -> torch.Tensor:
+        """Each mask token (P, M, C) through its own hypernetwork MLP: (P, M, C / 8), what the masks are
+        the product of with the upscaled image tokens."""
+        return torch.stack([mlp(mask_tokens_out[:, i, :]) for i, mlp in enumerate(self.output_hypernetworks_mlps)], dim=1)
+
+
+def padded_to_two(
+    images: list[torch.Tensor], sparse: torch.Tensor, dense: torch.Tensor, image_index: torch.Tensor
+) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A compiled decoder's inputs with the image count (every tensor of `images`, batch first) and the
+    prompt count at least 2, which dynamo does not specialize: an image of zeros, never indexed, and a
+    copy of the prompt, decoded and dropped (the caller cuts its outputs back)."""
+    if images[0].shape[0] < 2:
+        images = [torch.cat([x, torch.zeros_like(x)]) for x in images]
+    if sparse.shape[0] < 2:
+        sparse, image_index = torch.cat([sparse, sparse]), torch.cat([image_index, image_index])
+        # expand, not cat: the usual dense embedding (no mask input) is a broadcast with batch
+        # stride 0, and a contiguous copy here would fail the compiled graph's stride guard
+        dense = dense.expand(2, -1, -1, -1)
+    return images, sparse, dense, image_index
 
 
 class MLP(nn.Module):

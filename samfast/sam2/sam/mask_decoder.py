@@ -1,11 +1,12 @@
 """SAM 2's mask decoder (sam2.modeling.sam.mask_decoder.MaskDecoder) as every SAM 2 config builds it.
 
-Over SAM 1's decoder it adds: an object-score token and a 3-layer MLP head that says whether the
-object is in the image; the high-resolution backbone levels (strides 4 and 8, projected by
-conv_s0 / conv_s1) added into the two upscaling steps; IoU predictions through a sigmoid; the
-multimask tokens as the object pointer tokens when three masks are asked for; and (build_sam2's
-apply_postprocessing) a single mask that falls back to the best of the three when it is
-unstable. Every config (2.0 and 2.1) turns all of these on, so they are not options here.
+Built on the shared decoder (samfast.modeling.mask_decoder.MaskDecoder: its tokens, upscaling,
+hypernetworks, IoU head and padding), it adds: an object-score token and a 3-layer MLP head that
+says whether the object is in the image; the high-resolution backbone levels (strides 4 and 8,
+projected by conv_s0 / conv_s1) added into the two upscaling steps; IoU predictions through a
+sigmoid; the multimask tokens as the object pointer tokens when three masks are asked for; and
+(build_sam2's apply_postprocessing) a single mask that falls back to the best of the three when it
+is unstable. Every config (2.0 and 2.1) turns all of these on, so they are not options here.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from torch import nn
 from samfast import kernels
 from samfast.kernels.decoder_attention import TOO_MANY_TOKENS, max_fused_tokens
 from samfast.kernels.dispatch import note_fallback
-from samfast.modeling.common import LayerNorm2d
+from samfast.modeling.mask_decoder import MaskDecoder, padded_to_two
 from samfast.sam2.config import (
     DYNAMIC_MULTIMASK_STABILITY_DELTA,
     DYNAMIC_MULTIMASK_STABILITY_THRESH,
@@ -31,7 +32,7 @@ from samfast.sam2.sam.transformer import Sam2TwoWayTransformer
 MIN_FUSED_PROMPTS = 32
 
 
-class Sam2MaskDecoder(nn.Module):
+class Sam2MaskDecoder(MaskDecoder):
     def __init__(
         self,
         *,
@@ -42,36 +43,18 @@ class Sam2MaskDecoder(nn.Module):
         iou_head_hidden_dim: int = 256,
         dynamic_multimask_via_stability: bool = True,
     ) -> None:
-        super().__init__()
-        self.transformer_dim = transformer_dim
-        self.transformer = transformer
-        self.num_multimask_outputs = num_multimask_outputs
-        self.iou_token = nn.Embedding(1, transformer_dim)
-        self.num_mask_tokens = num_multimask_outputs + 1
-        self.mask_tokens = nn.Embedding(self.num_mask_tokens, transformer_dim)
+        super().__init__(transformer_dim=transformer_dim, transformer=transformer,
+                         num_multimask_outputs=num_multimask_outputs, iou_head_depth=iou_head_depth,
+                         iou_head_hidden_dim=iou_head_hidden_dim)
         self.obj_score_token = nn.Embedding(1, transformer_dim)
-        self.output_upscaling = nn.Sequential(
-            nn.ConvTranspose2d(transformer_dim, transformer_dim // 4, kernel_size=2, stride=2),
-            LayerNorm2d(transformer_dim // 4),
-            nn.GELU(),
-            nn.ConvTranspose2d(transformer_dim // 4, transformer_dim // 8, kernel_size=2, stride=2),
-            nn.GELU(),
-        )
         self.conv_s0 = nn.Conv2d(transformer_dim, transformer_dim // 8, kernel_size=1)
         self.conv_s1 = nn.Conv2d(transformer_dim, transformer_dim // 4, kernel_size=1)
-        self.output_hypernetworks_mlps = nn.ModuleList(
-            MLP(transformer_dim, transformer_dim, transformer_dim // 8, 3) for _ in range(self.num_mask_tokens)
-        )
-        self.iou_prediction_head = MLP(transformer_dim, iou_head_hidden_dim, self.num_mask_tokens, iou_head_depth)
         self.pred_obj_score_head = MLP(transformer_dim, transformer_dim, 1, 3)
         self.dynamic_multimask_via_stability = dynamic_multimask_via_stability
         self.dynamic_multimask_stability_delta = DYNAMIC_MULTIMASK_STABILITY_DELTA
         self.dynamic_multimask_stability_thresh = DYNAMIC_MULTIMASK_STABILITY_THRESH
         # set by compile_for_any_prompt_count (the compile switch): {cross attentions fused: compiled graph}
         self.compiled_predict_masks: dict[bool, Callable] | None = None
-        # "conv" (sam2's transposed convolutions) or "gemm" (the compile switch: the same products as
-        # GEMMs on channels-last tokens, samfast.kernels.upscaled_masks_reference), as SAM 1's decoder
-        self.upscale_impl = "conv"
 
     def compile_for_any_prompt_count(self) -> None:
         """torch.compile predict_masks into one graph for every image count, prompt count and points per prompt.
@@ -146,13 +129,8 @@ class Sam2MaskDecoder(nn.Module):
             shared = repeat_image or image_embeddings.shape[0] == 1
             image_index = torch.zeros(num_prompts, dtype=torch.long, device=sparse.device) if shared else \
                 torch.arange(num_prompts, device=sparse.device)
-        if image_embeddings.shape[0] < 2:  # an image of zeros, never indexed
-            image_embeddings, *high_res_features = (torch.cat([x, torch.zeros_like(x)])
-                                                    for x in (image_embeddings, *high_res_features))
-        if num_prompts < 2:  # a copy of the prompt, decoded and dropped
-            sparse, image_index = torch.cat([sparse, sparse]), torch.cat([image_index, image_index])
-            # expand, not cat: the usual dense embedding (no mask input) is a broadcast with batch stride 0
-            dense = dense.expand(2, -1, -1, -1)
+        (image_embeddings, *high_res_features), sparse, dense, image_index = padded_to_two(
+            [image_embeddings, *high_res_features], sparse, dense, image_index)
         # one memory layout for the compiled graph, whatever produced the features: the image predictor's
         # embedding is channels-last with a batch stride of 256, the static batch's slice another one, and
         # dynamo guards on strides (a recompile on the H100 when they changed between calls)
@@ -214,9 +192,7 @@ class Sam2MaskDecoder(nn.Module):
         num_prompts = sparse_prompt_embeddings.shape[0]
         if fused_cross_attention is None:
             fused_cross_attention = self._fills_fused_kernels(num_prompts)
-        output_tokens = torch.cat([self.obj_score_token.weight, self.iou_token.weight, self.mask_tokens.weight])
-        output_tokens = output_tokens.unsqueeze(0).expand(num_prompts, -1, -1)
-        tokens = torch.cat((output_tokens, sparse_prompt_embeddings), dim=1)
+        tokens = torch.cat((self.output_tokens(num_prompts), sparse_prompt_embeddings), dim=1)
 
         per_image = image_index is not None and (dense_prompt_embeddings.shape[0] == 1 or dense_prompt_embeddings.stride(0) == 0)
         if per_image:
@@ -240,9 +216,7 @@ class Sam2MaskDecoder(nn.Module):
         iou_token_out = hs[:, 1, :]
         mask_tokens_out = hs[:, 2 : 2 + self.num_mask_tokens, :]
 
-        hyper_in = torch.stack(
-            [mlp(mask_tokens_out[:, i, :]) for i, mlp in enumerate(self.output_hypernetworks_mlps)], dim=1
-        )
+        hyper_in = self.hypernetwork_inputs(mask_tokens_out)
         masks = self._upscaled_masks(src, (h, w), hyper_in, high_res_features, image_index)
         iou_pred = torch.sigmoid(self.iou_prediction_head(iou_token_out))
         object_score_logits = self.pred_obj_score_head(hs[:, 0, :])
@@ -269,6 +243,10 @@ class Sam2MaskDecoder(nn.Module):
         upscaled = act2(dc2(upscaled) + feat_s0)
         b, c, h, w = upscaled.shape
         return (hyper_in @ upscaled.view(b, c, h * w)).view(b, -1, h, w)
+
+    def output_token_weights(self) -> list[torch.Tensor]:
+        """The object-score token first, then SAM 1's (sam2's order: hs[:, 0] is the object score's)."""
+        return [self.obj_score_token.weight, *super().output_token_weights()]
 
     def _get_stability_scores(self, mask_logits: torch.Tensor) -> torch.Tensor:
         """IoU of the mask thresholded at +delta and at -delta."""
