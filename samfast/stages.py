@@ -7,8 +7,11 @@ bf16 + compile + sdpa); names joined with "+" select exactly those switches ("bf
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from typing import Protocol
 
 import torch
+from torch import nn
 
 from samfast.errors import StageError
 from samfast.quantize import quantize_linears
@@ -23,6 +26,62 @@ LOSSLESS_STACK = "nt"
 # The ladder's `sparse` includes int8, and int8 + 2:4 needs torchao's int8 semi-sparse layout,
 # which torchao 0.18 no longer has: there 2:4 is measured on the lossless stack instead.
 SPARSE_WITHOUT_INT8 = "bf16+compile+sdpa+triton+nt+sparse"
+
+
+class SwitchTarget(Protocol):
+    """What a family's model offers for apply_stages to switch it (SAM 1's samfast.modeling.sam.Sam, SAM 2's
+    samfast.sam2.SAM2Base): each switch asks it for the modules it acts on and sets their flags, so a
+    family whose model answers these takes every switch unedited. A family without such a part (SAM 1 has
+    no memory) answers with an empty dict. parity.checks.switch_proofs checks what each switch left behind.
+
+    The modules answered carry the flags the switches set: attention modules `attn_impl` ("math", "sdpa",
+    "triton"); memory cross-attentions `split_by_memory_frame` and `key_impl`; mask downsamplers
+    `conv_impl`; bias-channel blocks `bias_as_channel`; encoder MLPs `gelu_impl`; the patch embedding
+    `as_gemm`; the prompt decoder `upscale_impl`, `transformer.fused_cross_attention` and
+    compile_for_any_prompt_count().
+    """
+
+    image_encoder: nn.Module  # compiled whole by the compile switch, its linears quantized in place
+    switches: frozenset[str]  # set by apply_stages: the switches the model was built with
+
+    @property
+    def device(self) -> torch.device: ...
+
+    def parameters(self) -> Iterator[nn.Parameter]:
+        """Every parameter (nn.Module's): the bf16 switch casts them; buffers stay fp32."""
+
+    def attention_modules(self) -> dict[str, nn.Module]:
+        """Every attention of the image path with an `attn_impl` (the sdpa switch's)."""
+
+    def triton_attention_modules(self) -> dict[str, nn.Module]:
+        """The encoder attentions the triton switch puts on a kernel (those whose shapes it takes)."""
+
+    def memory_cross_attentions(self) -> dict[str, nn.Module]:
+        """The memory attention's cross-attentions (tracking's; the sdpa and triton switches)."""
+
+    def mask_downsamplers(self) -> dict[str, nn.Module]:
+        """The memory encoder's mask downsamplers, whose convs the triton switch fuses."""
+
+    def bias_channel_blocks(self) -> dict[str, nn.Module]:
+        """The encoder blocks whose norm writes a channel of ones for the biases under the triton switch."""
+
+    def encoder_blocks(self) -> dict[str, nn.Module]:
+        """The image encoder's blocks, by qualified name: the bf16 switch's proof holds the dtype between them."""
+
+    def encoder_linears(self) -> dict[str, nn.Linear]:
+        """The encoder linears the int8, sparse and fp8 switches quantize, by name."""
+
+    def encoder_mlps(self) -> list[nn.Module]:
+        """The encoder blocks' MLPs, whose GELU path (`gelu_impl`) the compile and triton switches choose."""
+
+    def patch_embedding(self) -> nn.Module:
+        """The patch conv the compile switch runs as a GEMM (`as_gemm`)."""
+
+    def prompt_decoder(self) -> nn.Module:
+        """The mask decoder: its upscaling path, its fused cross attentions, its own compiled graph."""
+
+    def rewrite_encoder_for_compile(self) -> None:
+        """The family's rewrites of its encoder made as the compile switch compiles it (none: a no-op)."""
 
 
 def parse_stages(stages: str) -> frozenset[str]:
@@ -59,12 +118,12 @@ def canonical_name(switches: frozenset[str]) -> str:
     return joined if "+" in joined else f"fp32+{joined}"
 
 
-def apply_stages(model, switches: frozenset[str]) -> None:
+def apply_stages(model: SwitchTarget, switches: frozenset[str]) -> None:
     """Change `model` in place into the requested stage. Order matters: dtype, weights, then compile.
 
-    Each switch asks the model for the modules it acts on (Sam.attention_modules, encoder_linears,
-    prompt_decoder, ...), so a family that offers the same accessors takes every switch unedited.
-    What each switch must leave behind is checked by parity.checks.switch_proofs.
+    Each switch asks the model for the modules it acts on (SwitchTarget), so a family that offers the
+    same accessors takes every switch unedited. What each switch must leave behind is checked by
+    parity.checks.switch_proofs.
     """
     if "bf16" in switches:
         # Parameters only: the buffers (pixel mean/std, positional Gaussian) stay fp32 on purpose.
