@@ -1,5 +1,7 @@
 """The package layers: bench -> tinysam -> parity -> samfast, no import upward, no import circle in any of
-them; inside parity, its subpackages in layers of their own (PARITY_LAYERS) and no task importing another.
+them; inside parity, its subpackages in layers of their own (PARITY_LAYERS) and no task importing another;
+inside samfast, no circle between its folders (samfast.sam2 <-> samfast.video counts, whatever modules
+close it) and no family (FAMILIES) imported by the kernels or the shared modules (SHARED).
 No package imports tests, and no package nor tools/ uses another package's private (`_name`) names:
 what one needs of another is public there.
 
@@ -26,6 +28,11 @@ LAYERS = ("samfast", "parity", "tinysam", "bench")
 # never on another task; the CLI dispatches to tasks; the gate orchestrates the CLI and pytest.
 PARITY_LAYERS = ("parity.reference", "parity.golden", "parity.checks", "parity.compare", "parity.report", "parity.tasks",
                  "parity.cli", "parity.gate")
+# A model family's own code: what differs between families (trunk, neck, memory, builders).
+FAMILIES = ("samfast.sam1", "samfast.sam2", "samfast.sam3")
+# What every family builds on, so it never names one: a family subclasses or composes these, and a
+# kernel takes its reference path as an argument (samfast.kernels.rotated_keys).
+SHARED = ("samfast.kernels", "samfast.modeling", "samfast.video")
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -149,12 +156,24 @@ def parity_layer_violations(root: Path) -> list[str]:
     return problems
 
 
-def import_cycle(root: Path, package: str) -> list[str]:
-    """One import circle among the package's modules (as [a, b, ..., a]), or [] when there is none."""
-    graph = {}
+def folder_of(module: str) -> str:
+    """The folder (or top-level module) under the package a module belongs to: samfast.sam2.memory.rope -> samfast.sam2."""
+    return ".".join(module.split(".")[:2])
+
+
+def import_cycle(root: Path, package: str, by_folder: bool = False) -> list[str]:
+    """One import circle among the package's modules (as [a, b, ..., a]), or [] when there is none.
+    by_folder: among its folders (folder_of), leaving out the entry points run as `python -m` (no module
+    imports a __main__)."""
+    graph: dict[str, set[str]] = {}
     for path in (root / package).rglob("*.py"):
+        if by_folder and path.stem == "__main__":
+            continue
+        source = module_name(path, root)
         targets = {t for _, t in imports_of(path, root) if t.split(".")[0] == package}
-        graph[module_name(path, root)] = targets - {module_name(path, root)}
+        if by_folder:
+            source, targets = folder_of(source), {folder_of(t) for t in targets}
+        graph[source] = graph.get(source, set()) | (targets - {source})
     done: set[str] = set()
 
     def visit(node: str, trail: list[str]) -> list[str]:
@@ -174,6 +193,18 @@ def import_cycle(root: Path, package: str) -> list[str]:
     return []
 
 
+def family_imports(root: Path) -> list[str]:
+    """'file:line: a imports b (why)' for each import of a family (FAMILIES) by the kernels or a shared module."""
+    problems = []
+    for shared in SHARED:
+        for path in sorted((root / Path(*shared.split("."))).rglob("*.py")):
+            for line, target in imports_of(path, root):
+                if family := next((f for f in FAMILIES if target == f or target.startswith(f + ".")), None):
+                    problems.append(f"{path.relative_to(root)}:{line}: {shared} imports {target} ({family} is a "
+                                    "family: move what both need to a shared module, or pass it in)")
+    return problems
+
+
 def test_no_package_imports_a_layer_above_it():
     assert upward_imports(REPO) == []
 
@@ -189,6 +220,14 @@ def test_no_package_imports_the_tests():
 
 def test_no_package_uses_another_packages_private_names():
     assert private_names_used(REPO) == []
+
+
+def test_samfast_folders_have_no_import_circle():
+    assert import_cycle(REPO, "samfast", by_folder=True) == []
+
+
+def test_kernels_and_shared_modules_import_no_family():
+    assert family_imports(REPO) == []
 
 
 def test_parity_concerns_keep_their_layers():
@@ -316,4 +355,54 @@ def test_planted_imports_of_tests_and_private_names_are_reported(tmp_path):
         "tinysam/validation.py:1: tinysam uses parity.golden.data._index",
         "tinysam/validation.py:2: tinysam uses samfast._impl",
         "tools/capture.py:2: tools uses parity.checks.syncs._SYNC_CALL",
+    ]
+
+
+def test_planted_folder_circle_is_reported(tmp_path):
+    """The circle samfast.sam2 and samfast.video had: the tracker imported the bank, the video builder SAM 2's
+    builder; no module circle, a folder one; an entry point (amg's __main__ importing video) closes none."""
+    root = _tree(tmp_path, {
+        "samfast/__init__.py": "",
+        "samfast/sam2/__init__.py": "",
+        "samfast/sam2/tracker.py": "from samfast.video.memory_bank import MemoryBank\n",
+        "samfast/sam2/build.py": "",
+        "samfast/video/__init__.py": "",
+        "samfast/video/memory_bank.py": "",
+        "samfast/video/build.py": "from samfast.sam2.build import build_sam2_model\n",
+        "samfast/video/__main__.py": "",
+        "samfast/amg/__init__.py": "",
+        "samfast/amg/__main__.py": "from samfast.video import build\n",
+        "samfast/video/predictor.py": "def f():\n    from samfast.amg import generator\n",
+        "samfast/amg/generator.py": "",
+    })
+    assert import_cycle(root, "samfast") == []
+    assert import_cycle(root, "samfast", by_folder=True) == ["samfast.sam2", "samfast.video", "samfast.sam2"]
+
+
+def test_planted_family_imports_are_reported(tmp_path):
+    """The import rotated_keys had (the kernel's reference from SAM 2's rope), a shared decoder reaching into
+    a family, and a video module importing SAM 3 inside a function; a family importing shared code is fine."""
+    root = _tree(tmp_path, {
+        "samfast/__init__.py": "",
+        "samfast/kernels/__init__.py": "",
+        "samfast/kernels/rotated_keys.py": "def ref():\n    from samfast.sam2.memory.rope import rotate_frames\n",
+        "samfast/modeling/__init__.py": "",
+        "samfast/modeling/mask_decoder.py": "from samfast.sam1 import config\n",
+        "samfast/video/__init__.py": "",
+        "samfast/video/predictor.py": "import torch\n\ndef f():\n    import samfast.sam3.tracker\n",
+        "samfast/sam2/__init__.py": "",
+        "samfast/sam2/memory/__init__.py": "",
+        "samfast/sam2/memory/rope.py": "from samfast.modeling import mask_decoder\n",
+        "samfast/sam1/__init__.py": "",
+        "samfast/sam1/config.py": "",
+        "samfast/sam3/__init__.py": "",
+        "samfast/sam3/tracker.py": "from samfast.video import predictor\n",
+    })
+    assert family_imports(root) == [
+        "samfast/kernels/rotated_keys.py:2: samfast.kernels imports samfast.sam2.memory.rope (samfast.sam2 is a "
+        "family: move what both need to a shared module, or pass it in)",
+        "samfast/modeling/mask_decoder.py:1: samfast.modeling imports samfast.sam1.config (samfast.sam1 is a "
+        "family: move what both need to a shared module, or pass it in)",
+        "samfast/video/predictor.py:4: samfast.video imports samfast.sam3.tracker (samfast.sam3 is a "
+        "family: move what both need to a shared module, or pass it in)",
     ]
