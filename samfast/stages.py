@@ -29,7 +29,7 @@ SPARSE_WITHOUT_INT8 = "bf16+compile+sdpa+triton+nt+sparse"
 
 
 class SwitchTarget(Protocol):
-    """What a family's model offers for apply_stages to switch it (SAM 1's samfast.modeling.sam.Sam, SAM 2's
+    """What a family's model offers for apply_stages to switch it (SAM 1's samfast.sam1.sam.Sam, SAM 2's
     samfast.sam2.SAM2Base): each switch asks it for the modules it acts on and sets their flags, so a
     family whose model answers these takes every switch unedited. A family without such a part (SAM 1 has
     no memory) answers with an empty dict. parity.checks.switch_proofs checks what each switch left behind.
