@@ -141,6 +141,7 @@ def test_sam2_segment_everything_with_a_perturbed_decoder_fails(amg_golden, trai
     assert not results[0].passed and "union_iou_mean" in {g.metric for g in results[0].failures}
 
 
+@pytest.mark.slow(reason="one fp32 stage of check-sam2-amg: the nano over the 6 scenes of the committed golden")
 def test_the_gate_steps_committed_golden_is_reproduced_in_fp32(tmp_path, tf32_checked_off):
     """check-sam2-amg (parity.gate) reads the golden committed under golden/: made with the step's
     parameters from the shipped checkpoint, and fp32 on a CPU gives its masks again (a stale or missing
