@@ -4,11 +4,13 @@ IoU is counted, not failed."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
 import pytest
 from pycocotools import mask as mask_utils
+from scipy import ndimage
 
 from parity.compare.gates import load_thresholds
 from parity.tasks.amg.compare import compare
@@ -159,13 +161,14 @@ def test_masks_of_another_size_or_format_are_refused(golden):
 FILTERS = AmgParams(pred_iou_thresh=0.5, stability_score_thresh=0.6, box_nms_thresh=0.7)
 
 
-def _near(limits, key: str) -> dict:
-    """_record's scores for a mask half the stage's score tolerance above the filter of `key`, the other far above."""
+def _near(limits, key: str, distance: float = 0.5) -> dict:
+    """_record's scores for a mask `distance` of the stage's tolerance for `key` (its score's or its stability's)
+    above that filter, the other far above."""
     scores = {"predicted_iou": 0.95, "stability": 0.97}
     if key == "predicted_iou":
-        scores["predicted_iou"] = FILTERS.pred_iou_thresh + limits["max_score_abs_err"] / 2
+        scores["predicted_iou"] = FILTERS.pred_iou_thresh + distance * limits["max_score_abs_err"]
     else:
-        scores["stability"] = FILTERS.stability_score_thresh + limits["max_score_abs_err"] / 2
+        scores["stability"] = FILTERS.stability_score_thresh + distance * limits["max_stability_shift"]
     return scores
 
 
@@ -195,7 +198,7 @@ def test_planted_defect_a_mask_clear_of_the_filters_still_fails(golden, limits, 
     """A mask whose scores sit twice the tolerance above every filter cannot have crossed one by
     rounding: lost or new, it counts in the union mean and fails it."""
     clear = _record(_box_mask(10, 20, 80, 95), FILTERS.pred_iou_thresh + 2 * limits["max_score_abs_err"],
-                    FILTERS.stability_score_thresh + 2 * limits["max_score_abs_err"])
+                    FILTERS.stability_score_thresh + 2 * limits["max_stability_shift"])
     with_clear = {1: golden[1] + [clear], 2: golden[2]}
     outputs, reference = (golden, with_clear) if change == "lost" else (with_clear, golden)
     result = compare("stage", outputs, reference, limits, FILTERS)
@@ -351,3 +354,140 @@ def test_planted_defect_a_swapped_in_mask_with_the_wrong_score_fails_the_score_g
     result = compare("stage", outputs, golden, limits, FILTERS, {1: [dropped]})
     assert result.summary["swapped"] == 1
     assert "score_max_abs_err" in {g.metric for g in result.failures}
+
+
+# --- every decision of the generator: a stage whose decision moved further than rounding fails ---------
+
+
+@pytest.mark.parametrize("key", ["predicted_iou", "stability_score"])
+@pytest.mark.parametrize("raised_by", [0.5, 3.0])
+def test_planted_defect_a_filter_raised_beyond_the_tolerance_fails(golden, limits, key, raised_by):
+    """A stage whose filter of `key` sits `raised_by` of its tolerance above the golden's drops every golden mask
+    below it: raised by half the tolerance (what rounding may do) only near masks go, counted; raised by three
+    tolerances, a mask two tolerances above the filter goes too and fails the union mean."""
+    image = [_record(_box_mask(*box), **_near(limits, key, distance)) for box, distance in zip(BOXES, (0.25, 2, 3.5, 4, 5))]
+    thresh = FILTERS.pred_iou_thresh if key == "predicted_iou" else FILTERS.stability_score_thresh
+    tolerance = limits["max_score_abs_err"] if key == "predicted_iou" else limits["max_stability_shift"]
+    stage = [r for r in image if r[key] > thresh + raised_by * tolerance]
+    result = compare("stage", {1: stage, 2: golden[2]}, {1: image, 2: golden[2]}, limits, FILTERS)
+    s = result.summary
+    if raised_by < 1:
+        assert (s["lost"], s["lost_near_decision"]) == (1, 1) and result.passed
+    else:
+        assert (s["lost"], s["lost_near_decision"]) == (2, 1)
+        assert "union_iou_mean" in {g.metric for g in result.failures}
+
+
+def test_the_stability_filter_has_its_own_tolerance(golden, limits):
+    """A mask whose stability sits twice the stability tolerance above its filter is clear of it (failed when lost),
+    whatever the score tolerance."""
+    clear = _record(_box_mask(10, 20, 80, 95), **_near(limits, "stability_score", 2.0))
+    result = compare("stage", golden, {1: golden[1] + [clear], 2: golden[2]}, limits, FILTERS)
+    assert (result.summary["lost"], result.summary["lost_near_decision"]) == (1, 0) and not result.passed
+
+
+# A crop layer: the whole image and a crop of its left part, whose right border (x = 100) is not the image's.
+WHOLE, LEFT = [0, 0, WIDTH, HEIGHT], [0, 0, 100, HEIGHT]
+CROPS = dataclasses.replace(FILTERS, crop_n_layers=1, crop_nms_thresh=0.7)
+
+
+def _in_crop(record: dict, crop: list[int]) -> dict:
+    return {**record, "crop_box": list(crop)}
+
+
+def _golden_in_crops(index_in_left: int) -> list[dict]:
+    return [_in_crop(r, LEFT if i == index_in_left else WHOLE) for i, r in enumerate(_golden_image())]
+
+
+@pytest.mark.parametrize("distance, crop, near", [(0.5, WHOLE, True), (2.0, WHOLE, False), (0.5, LEFT, False)],
+                         ids=["near", "planted-clear-of-it", "planted-preferred-crop"])
+def test_crop_nms_decision(limits, distance, crop, near):
+    """NMS between crops drops the mask of the larger crop: a lost mask of the whole image whose box IoU with
+    golden mask 2 (of the smaller crop) sits half the box tolerance below crop_nms_thresh is counted near it;
+    twice the tolerance below, or a mask of the smaller crop itself (NMS would have kept it), fails."""
+    beside, _ = _nms_case(limits, distance)
+    golden_1 = [*_golden_in_crops(2), _in_crop(beside, crop)]
+    if crop == LEFT:  # then golden mask 2 is the whole image's: the beside mask would have been preferred
+        golden_1[2] = _in_crop(golden_1[2], WHOLE)
+    stage_1 = golden_1[:-1]
+    result = compare("stage", {1: stage_1}, {1: golden_1}, limits, CROPS)
+    s = result.summary
+    assert (s["lost"], s["lost_near_decision"]) == (1, int(near))
+    assert result.passed == near
+
+
+def test_crop_edge_decision():
+    """The crop-edge filter drops a box with an edge within 20 px of a crop border that is not the image's: a
+    lost mask of the left crop whose right edge is 20 px plus half of what the box tolerance lets that edge
+    move (the box's width times it) from the crop's border is counted near; three times that fails."""
+    limits = load_thresholds(table="amg")["bf16"]
+    width = 60
+
+    def lost_at(extra: float) -> dict:
+        x1 = 100 - 20 - round(extra * limits["max_box_iou_shift"] * width)  # the record's inclusive right edge
+        record = _in_crop(_record(_box_mask(70, 90, x1 - width, x1 + 1), 0.95, 0.97), LEFT)
+        assert record["bbox"][0] + record["bbox"][2] == x1 + 1  # pycocotools' width counts pixels: one more
+        return {**record, "bbox": [record["bbox"][0], record["bbox"][1], record["bbox"][2] - 1, record["bbox"][3] - 1]}
+
+    for extra, near in ((0.5, True), (3.0, False)):
+        golden_1 = [_in_crop(r, WHOLE) for r in _golden_image()[:4]] + [lost_at(extra)]
+        result = compare("stage", {1: golden_1[:-1]}, {1: golden_1}, limits, CROPS)
+        assert (result.summary["lost"], result.summary["lost_near_decision"]) == (1, int(near)), extra
+        assert result.passed == near
+
+
+def _with_hole(hole_area: int) -> np.ndarray:
+    """A 20 x 30 rectangle with one hole of `hole_area` pixels (a 2-pixel-high slot) inside."""
+    mask = _box_mask(66, 86, 90, 120)
+    mask[70:72, 94 : 94 + hole_area // 2] = False
+    return mask
+
+
+REGIONS = dataclasses.replace(FILTERS, min_mask_region_area=10)
+
+
+@pytest.mark.parametrize("hole_area, near", [(10, True), (20, False)], ids=["near", "planted-clear-of-it"])
+def test_small_region_decision(golden, limits, hole_area, near):
+    """min_mask_region_area fills holes smaller than it and prefers unchanged masks at the NMS after: a lost mask
+    with a hole of that area (which the other side may have filled) is counted near; a hole twice as large fails."""
+    lost = _record(_with_hole(hole_area), 0.95, 0.97)
+    golden_1 = [*golden[1][:4], lost]  # BOXES[4]'s place: disjoint from the others
+    result = compare("stage", {1: golden[1][:4], 2: golden[2]}, {1: golden_1, 2: golden[2]}, limits, REGIONS)
+    assert (result.summary["lost"], result.summary["lost_near_decision"]) == (1, int(near))
+    assert result.passed == near
+    # the control: without the clean-up nothing excuses it
+    assert not compare("stage", {1: golden[1][:4], 2: golden[2]}, {1: golden_1, 2: golden[2]}, limits, FILTERS).passed
+
+
+def test_the_nms_after_the_small_region_clean_up_prefers_no_score(golden, limits):
+    """That NMS prefers masks the clean-up left unchanged, not higher scores: a new mask just below its
+    threshold beside another is near it even when it outscores the other (which box NMS would not excuse)."""
+    outscoring, _ = _nms_case(limits, 0.5, score_above_neighbour=2 * limits["max_score_abs_err"])
+    outputs = _with_image_1(golden, golden[1] + [outscoring])
+    assert not compare("stage", outputs, golden, limits, FILTERS).passed
+    result = compare("stage", outputs, golden, limits, REGIONS)
+    assert (result.summary["new"], result.summary["new_near_decision"]) == (1, 1) and result.passed
+
+
+def _ring_of(mask: np.ndarray) -> np.ndarray:
+    return mask & ~ndimage.binary_erosion(mask)
+
+
+@pytest.mark.parametrize("stage_mask_near, score_below, passes",
+                         [(True, 0.0, True), (False, 0.0, False), (True, 2.0, False)],
+                         ids=["near", "planted-suppressor-clear", "planted-suppressor-outscored"])
+def test_a_mask_dropped_by_a_mask_near_a_decision(golden, limits, stage_mask_near, score_below, passes):
+    """The stage found a mask the golden did not, near a filter (counted), and its NMS then dropped the golden's
+    mask under it (their boxes alike, their masks not: no pair): that lost mask's fate hinged on the new one's,
+    counted near too. A new mask clear of every decision, or one the lost mask outscores by twice the score
+    tolerance (NMS would have dropped the new one), excuses nothing."""
+    full = _box_mask(10, 20, 80, 95)
+    lost = _record(_ring_of(full), 0.95, 0.97)
+    stability = _near(limits, "stability_score", 0.5 if stage_mask_near else 2.0)["stability"]
+    new = _record(full, 0.95 - score_below * limits["max_score_abs_err"], stability)
+    result = compare("stage", _with_image_1(golden, golden[1] + [new]), _with_image_1(golden, golden[1] + [lost]),
+                     limits, FILTERS)
+    s = result.summary
+    assert (s["lost"], s["new"]) == (1, 1)
+    assert (s["lost_near_decision"], s["new_near_decision"]) == ((1, 1) if passes else (0, int(stage_mask_near)))
+    assert result.passed == passes

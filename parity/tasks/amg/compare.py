@@ -30,18 +30,17 @@ def compare(stage: str, outputs: Mapping[int, Sequence[dict]], golden: Mapping[i
             limits: Mapping[str, float], params: AmgParams | None = None,
             alternates: Mapping[int, Sequence[dict]] | None = None) -> StageResult:
     """Match each image's stage records (generator records, COCO RLE) to the golden's and gate the figures.
-    params: the generator's, whose score filters and box NMS threshold decide which unmatched masks lie near
-    a decision (within limits' max_score_abs_err above a filter, or max_box_iou_shift below box_nms_thresh:
-    counted, not failed); None counts none so. alternates: per image, the masks the stage's NMS dropped at a
+    params: the generator's, whose decisions (score filters, box and crop NMS, crop-edge filter, small-region
+    clean-up) decide which unmatched masks lie near a decision (within limits' max_score_abs_err,
+    max_stability_shift or max_box_iou_shift of one: counted, not failed; parity.tasks.amg.matching.DecisionBand);
+    None counts none so. alternates: per image, the masks the stage's NMS dropped at a
     near tie (parity.tasks.amg.alternates), which a golden mask may be paired with (swapped at NMS; with
     params only)."""
     if set(outputs) != set(golden):
         return StageResult(stage, [], {}, error=(
             f"the stage ran on images {sorted(outputs)} but the golden has {sorted(golden)}: "
             "different data; regenerate the golden"))
-    band = None if params is None else DecisionBand(params.pred_iou_thresh, params.stability_score_thresh,
-                                                    params.box_nms_thresh, limits["max_score_abs_err"],
-                                                    limits["max_box_iou_shift"])
+    band = None if params is None else DecisionBand.of(params, limits)
     alternates = alternates or {}
     summary = summarize([match_image(image_id, golden[image_id], outputs[image_id], band, alternates.get(image_id, ()))
                          for image_id in sorted(golden)])

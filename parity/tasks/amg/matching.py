@@ -9,11 +9,16 @@ caught by the score error of matched pairs instead.
 The headline figure is the mean IoU over the *union* of both sets: every matched pair counts
 once with its IoU, every lost or new mask counts with IoU 0 - but one *near a decision*: a mask that
 one side kept and the other did not, which on the side that kept it sat within the stage's tolerance
-of one of the generator's decisions (DecisionBand): its own score just above a score filter, or its
-box's IoU with a mask of that side that outscores it (or nearly) just below box_nms_thresh, where NMS
-would have dropped it. Rounding alone may take such a mask across the decision, so it is counted
-(lost_near_decision, new_near_decision), not failed, as the point task counts a best-mask flip between
-near-tied scores; a stage that moves the scores further is failed by the score error of its matched pairs.
+of one of the generator's decisions (DecisionBand): its predicted IoU just above pred_iou_thresh, its
+stability just above stability_score_thresh, its box's IoU with a mask of its crop that outscores it
+(or nearly) just below box_nms_thresh, its box's IoU with a mask of a crop no larger just below
+crop_nms_thresh, a box edge about CROP_EDGE_PIXELS from a crop border, and with min_mask_region_area a
+hole or island of about that area or a box just below the NMS threshold after that clean-up. A lost
+(new) mask whose box a mask near a decision on the other side overlaps above box_nms_thresh, less the
+box tolerance, and outscores or nearly, may have been dropped there by that mask: near too. Rounding
+alone may take such a mask across the decision, so it is counted (lost_near_decision,
+new_near_decision), not failed, as the point task counts a best-mask flip between near-tied scores; a
+stage that moves the scores further is failed by the score error of its matched pairs.
 Where NMS itself decided between two masks of near-tied scores, rounding may swap which one is kept:
 given the masks the stage's NMS dropped at such a tie (its *alternates*, parity.tasks.amg.alternates),
 a golden mask that one of them fits better than the stage's kept masks is paired with it (*swapped at
@@ -33,6 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from pycocotools import mask as mask_utils
+from scipy import ndimage
 from scipy.optimize import linear_sum_assignment
 
 # Above 0.5 a pair is unambiguous: two disjoint masks cannot both overlap a third by more than half
@@ -50,40 +56,120 @@ def box_iou(a: Sequence[float], b: Sequence[float]) -> float:
     return inter / union if union > 0 else 0.0
 
 
+# What the generator's crop-edge filter (samfast.amg.masks.near_crop_edge) drops: a box within this many
+# pixels of a crop border that is not the image's.
+CROP_EDGE_PIXELS = 20.0
+# samfast.amg.small_regions' connectivity (that module imports the model stack, which matching must not)
+EIGHT_CONNECTED = np.ones((3, 3), dtype=bool)
+
+
 @dataclass(frozen=True)
 class DecisionBand:
-    """The generator's score filters and box NMS threshold, and how far a stage may move a score (its
-    max_score_abs_err) and the box IoU between two of its masks (its max_box_iou_shift)."""
+    """The generator's decisions (its parameters: score filters, box NMS, crop NMS, crop-edge filter,
+    min_mask_region_area's clean-up and the NMS after it) and how far a stage may move what each decides on:
+    a predicted IoU (score_tolerance: its max_score_abs_err), a stability score (stability_tolerance: its
+    max_stability_shift) and a box (box_iou_tolerance: its max_box_iou_shift, the box IoU between two masks;
+    an edge of a box of side n moves by up to n times it, a region's area by ((1 + it) ** 2 - 1) times it)."""
 
     pred_iou_thresh: float
     stability_score_thresh: float
     box_nms_thresh: float
     score_tolerance: float
+    stability_tolerance: float
     box_iou_tolerance: float
+    crop_nms_thresh: float = 0.7
+    min_mask_region_area: int = 0
+
+    @classmethod
+    def of(cls, params, limits) -> DecisionBand:
+        """The band of a generator's parameters (parity.tasks.amg.generate.AmgParams) at a stage's limits."""
+        return cls(params.pred_iou_thresh, params.stability_score_thresh, params.box_nms_thresh,
+                   limits["max_score_abs_err"], limits["max_stability_shift"], limits["max_box_iou_shift"],
+                   params.crop_nms_thresh, params.min_mask_region_area)
 
     def holds(self, index: int, kept: Sequence[dict]) -> bool:
-        """Whether kept[index] (one side's records of an image) sat near a filter or near box NMS on that side."""
-        return self._near_a_filter(kept[index]) or self._near_nms(index, kept)
+        """Whether kept[index] (one side's records of an image) sat near one of the generator's decisions on that side."""
+        return (self._near_a_filter(kept[index]) or self._near_nms(index, kept) or self._near_crop_nms(index, kept)
+                or self._near_crop_edge(kept[index]) or self._near_region_cleanup(index, kept))
 
     def _near_a_filter(self, record: dict) -> bool:
-        return any(thresh < float(record[key]) <= thresh + self.score_tolerance
-                   for key, thresh in (("predicted_iou", self.pred_iou_thresh),
-                                       ("stability_score", self.stability_score_thresh)))
+        # the generator keeps predicted_iou > pred_iou_thresh and stability_score >= stability_score_thresh
+        return (self.pred_iou_thresh < float(record["predicted_iou"]) <= self.pred_iou_thresh + self.score_tolerance
+                or self.stability_score_thresh <= float(record["stability_score"])
+                <= self.stability_score_thresh + self.stability_tolerance)
+
+    def _below(self, thresh: float, a: dict, b: dict) -> bool:
+        return thresh - self.box_iou_tolerance < box_iou(a["bbox"], b["bbox"]) <= thresh
 
     def _near_nms(self, index: int, kept: Sequence[dict]) -> bool:
-        # NMS drops the lower-scored of two boxes above box_nms_thresh: a mask kept with a box IoU just
-        # below it, beside a mask that outscores it or nearly (the order may flip too), is one box
-        # shift of rounding from being dropped
+        # NMS (within a crop) drops the lower-scored of two boxes above box_nms_thresh: a mask kept with a box
+        # IoU just below it, beside a mask of its crop that outscores it or nearly (the order may flip too), is
+        # one box shift of rounding from being dropped
         record = kept[index]
         score = float(record["predicted_iou"]) - self.score_tolerance
-        return any(self.box_nms_thresh - self.box_iou_tolerance < box_iou(record["bbox"], other["bbox"]) <= self.box_nms_thresh
-                   for i, other in enumerate(kept) if i != index and float(other["predicted_iou"]) >= score)
+        return any(self._below(self.box_nms_thresh, record, other)
+                   for i, other in enumerate(kept) if i != index and other.get("crop_box") == record.get("crop_box")
+                   and float(other["predicted_iou"]) >= score)
+
+    def _near_crop_nms(self, index: int, kept: Sequence[dict]) -> bool:
+        # NMS between crops drops the mask of the larger crop (1 / crop area is its score; equal areas tie)
+        record = kept[index]
+        area = _crop_area(record)
+        return any(self._below(self.crop_nms_thresh, record, other) for i, other in enumerate(kept)
+                   if i != index and other.get("crop_box") != record.get("crop_box") and _crop_area(other) <= area)
+
+    def _near_crop_edge(self, record: dict) -> bool:
+        # the generator drops a box with an edge within CROP_EDGE_PIXELS of a crop border that is not the image's:
+        # an edge that far from one, give or take how far the stage may move it, sits on that decision
+        if "crop_box" not in record:
+            return False
+        height, width = record["segmentation"]["size"]
+        x, y, w, h = record["bbox"]
+        cx, cy, cw, ch = record["crop_box"]
+        edges = ((x, cx, 0, w), (y, cy, 0, h), (x + w, cx + cw, width, w), (y + h, cy + ch, height, h))
+        return any(border != image_border and abs(abs(coord - border) - CROP_EDGE_PIXELS) <= self.box_iou_tolerance * side
+                   for coord, border, image_border, side in edges)
+
+    def _near_region_cleanup(self, index: int, kept: Sequence[dict]) -> bool:
+        # min_mask_region_area fills holes and removes islands smaller than it (SAM 1's generator), then NMS
+        # at the larger NMS threshold prefers the masks it left unchanged: a mask with a region of little more
+        # than that area may have been changed on the other side, and a box just below that NMS threshold
+        # beside any mask (the preference is not a score) may have been dropped there
+        if self.min_mask_region_area <= 0:
+            return False
+        thresh = max(self.box_nms_thresh, self.crop_nms_thresh)
+        if any(self._below(thresh, kept[index], other) for i, other in enumerate(kept) if i != index):
+            return True
+        area = self.min_mask_region_area
+        upper = area * (1.0 + self.box_iou_tolerance) ** 2
+        mask = mask_utils.decode(kept[index]["segmentation"]).astype(bool)
+        return any(area <= size <= upper for size in _region_sizes(mask))
 
     def kept_in_place_of(self, record: dict, alternate: dict) -> bool:
         """Whether NMS may have kept `record` over `alternate` at a near tie (parity.tasks.amg.alternates): their
         boxes overlap above box_nms_thresh and their scores lie within the score tolerance."""
         return (box_iou(record["bbox"], alternate["bbox"]) > self.box_nms_thresh
                 and abs(float(record["predicted_iou"]) - float(alternate["predicted_iou"])) <= self.score_tolerance)
+
+    def suppressed_by(self, record: dict, other: dict) -> bool:
+        """Whether `other` (the other side's mask) may have had box NMS drop `record` there: their boxes overlap
+        above box_nms_thresh less the box tolerance and `other` scores at least `record`'s less the score tolerance."""
+        return (box_iou(record["bbox"], other["bbox"]) > self.box_nms_thresh - self.box_iou_tolerance
+                and float(other["predicted_iou"]) >= float(record["predicted_iou"]) - self.score_tolerance)
+
+
+def _crop_area(record: dict) -> float:
+    crop = record.get("crop_box")
+    return float(crop[2] * crop[3]) if crop else 0.0
+
+
+def _region_sizes(mask: np.ndarray) -> list[int]:
+    """Pixel counts of the mask's 8-connected holes and islands (samfast.amg.small_regions' regions)."""
+    sizes = []
+    for regions in (mask, ~mask):
+        labels, n = ndimage.label(regions, structure=EIGHT_CONNECTED)
+        sizes += np.bincount(labels.ravel(), minlength=n + 1)[1:].tolist()
+    return sizes
 
 
 @dataclass(frozen=True)
@@ -166,15 +252,30 @@ def match_image(image_id: int, golden: Sequence[dict], stage: Sequence[dict], ba
             if eligible[s, g] > 0.0:
                 pairs[int(g)] = _pair(int(g), int(s), float(iou[s, g]), golden, stage)
     swapped_in = _swap_at_nms(golden, golden_rles, alternates, pairs, image_id) if band and alternates and golden_rles else []
-    near = band.holds if band else (lambda index, kept: False)
-
-    def new_near(s: int) -> bool:  # near a decision, or kept in place of a swapped-in alternate
-        return near(s, stage) or any(band.kept_in_place_of(stage[s], a) for a in swapped_in)
-
     paired_stage = {p.stage for p in pairs.values() if not p.swapped}
+    lost = [g for g in range(len(golden)) if g not in pairs]
+    new = [s for s in range(len(stage)) if s not in paired_stage]
+    lost_near, new_near = set(), set()
+    if band:
+        lost_near = {g for g in lost if band.holds(g, golden)}
+        # near a decision, or kept in place of a swapped-in alternate
+        new_near = {s for s in new if band.holds(s, stage) or any(band.kept_in_place_of(stage[s], a) for a in swapped_in)}
+        _near_through_nms(band, golden, stage, lost, new, lost_near, new_near)
     return ImageMatch(image_id, len(golden_rles), len(stage_rles), tuple(pairs[g] for g in sorted(pairs)),
-                      lost_near_decision=sum(near(g, golden) for g in range(len(golden)) if g not in pairs),
-                      new_near_decision=sum(new_near(s) for s in range(len(stage)) if s not in paired_stage))
+                      lost_near_decision=len(lost_near), new_near_decision=len(new_near))
+
+
+def _near_through_nms(band: DecisionBand, golden: Sequence[dict], stage: Sequence[dict], lost: list[int],
+                      new: list[int], lost_near: set[int], new_near: set[int]) -> None:
+    """Add to lost_near (new_near) the lost (new) masks that a mask near a decision on the other side may have
+    dropped there by box NMS (DecisionBand.suppressed_by): their fate hinged on that mask's, until none is added."""
+    while True:
+        more_lost = {g for g in lost if g not in lost_near and any(band.suppressed_by(golden[g], stage[s]) for s in new_near)}
+        more_new = {s for s in new if s not in new_near and any(band.suppressed_by(stage[s], golden[g]) for g in lost_near)}
+        if not (more_lost or more_new):
+            return
+        lost_near |= more_lost
+        new_near |= more_new
 
 
 def _swap_at_nms(golden: Sequence[dict], golden_rles: list[dict], alternates: Sequence[dict], pairs: dict[int, Pair],

@@ -57,8 +57,9 @@ def facts(header: dict) -> list[str]:
         f"generator: {params}",
         f"masks matched one to one per image by mask IoU (pairs at IoU <= {MATCH_IOU:g} unmatched); "
         "the union mean counts every lost and new mask as IoU 0 but those near a decision (on the side that kept "
-        "them, a score within the stage's score tolerance above pred_iou_thresh or stability_score_thresh, or a "
-        "box IoU with a mask scored as high within its box tolerance below box_nms_thresh: counted, not failed); "
+        "them, within the stage's tolerance of one of the generator's decisions: pred_iou_thresh, "
+        "stability_score_thresh, box NMS, crop NMS, the crop-edge filter, min_mask_region_area's clean-up and "
+        "its NMS, or dropped by NMS there for a mask near one on the other side: counted, not failed); "
         "a golden mask fitted better by a mask the stage's NMS dropped at a near tie is paired with that one "
         "(swapped at NMS) and the stage's mask kept in its place counted near a decision; "
         "no image is left out of any figure",
