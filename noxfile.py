@@ -71,19 +71,17 @@ def parity(session: nox.Session) -> None:
 
 @nox.session(python=False)
 def golden(session: nox.Session) -> None:
-    """Regenerate golden fp32 outputs (default: the embedded goldens, point and AMG for vit_tiny and the SAM 2 nano; arguments after -- override)."""
+    """Regenerate golden fp32 outputs (default: every task's embedded goldens, parity.tasks.registry: point,
+    AMG and video, for vit_tiny and the SAM 2 nano; arguments after -- override)."""
     _install(session)
     if session.posargs:
         session.run("python", "-m", "parity", "golden", *session.posargs)
         return
-    from parity.tasks.amg.embedded import EMBEDDED_GOLDEN as EMBEDDED_AMG
-    from parity.tasks.amg.embedded import EMBEDDED_SAM2_GOLDEN as EMBEDDED_SAM2_AMG
-    from parity.tasks.point.embedded import EMBEDDED, EMBEDDED_SAM2
+    from parity.tasks.registry import TASKS
 
-    session.run("python", "-m", "parity", "golden", *EMBEDDED)
-    session.run("python", "-m", "parity", "golden", *EMBEDDED_SAM2)
-    session.run("python", "-m", "parity", "golden", *EMBEDDED_AMG, "--device", "cpu")
-    session.run("python", "-m", "parity", "golden", *EMBEDDED_SAM2_AMG, "--device", "cpu")
+    for task in TASKS.values():
+        for check in task.embedded:
+            session.run("python", "-m", "parity", "golden", *check.golden_args())
 
 
 @nox.session(python=False)

@@ -144,7 +144,7 @@ def make_clip(folder: Path, frames: int, height: int, width: int, max_objects: i
 # --- the predictors ------------------------------------------------------------------------------
 def samfast_predictor(model_type: str, stage: str, device: torch.device, input_size: int | None, frames_per_encode: int):
     """build_sam_video at the stage (its StageError says why a stage is not built for video)."""
-    from parity.tasks.video.track import at_input_size
+    from parity.tasks.video.produce import at_input_size
 
     predictor = samfast.build_sam_video(model_type, seed=SEED, device=device, stages=stage,
                                         frames_per_encode=frames_per_encode)

@@ -92,16 +92,16 @@ def zero_object_pointers(monkeypatch) -> None:
 
 def swap_first_two_clicks(monkeypatch) -> None:
     """Object 1 gets object 2's click (frame and point) and the other way round."""
-    from parity.tasks.video import track
+    from parity.tasks.video import produce
 
-    prompts = track.prompts
+    prompts = produce.prompts
 
     def swapped(clip):
         found = prompts(clip)
         (a, fa, pa), (b, fb, pb) = found[:2]
         return [(a, fb, pb), (b, fa, pa), *found[2:]]
 
-    monkeypatch.setattr(track, "prompts", swapped)
+    monkeypatch.setattr(produce, "prompts", swapped)
 
 
 def failed_gates(result) -> set[str]:

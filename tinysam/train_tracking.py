@@ -12,7 +12,7 @@ on a window's first frame and tracked through the rest, at input size 256, the v
 tracks ~10x faster there than at 1024). The loop is the image run's (tinysam.loop.run_schedule).
 
 Validation tracks held-out clips (seed tinysam.clips.HELDOUT_SEED) through samfast's video predictor
-as the gate does (parity.tasks.video.track: one centre click per object on its first visible frame,
+as the gate does (parity.tasks.video.produce: one centre click per object on its first visible frame,
 one forward propagation) and reports J&F against the ground truth (J region IoU, F the DAVIS
 boundary F, parity.compare), over every object and frame, and J over the tracked frames alone.
 Like the image run, the whole run fits --minutes: after a short calibration the step count is fixed
@@ -43,7 +43,7 @@ from parity.compare.boundary import boundary_f  # noqa: E402
 from parity.compare.metrics import mask_iou  # noqa: E402
 from parity.golden.manifest import no_tf32  # noqa: E402
 from parity.golden.videos import generate_clip  # noqa: E402
-from parity.tasks.video.track import at_input_size, prompts, track_clip  # noqa: E402
+from parity.tasks.video.produce import at_input_size, prompts, track_clip  # noqa: E402
 from samfast import build_sam_video  # noqa: E402
 from samfast.checkpoint import TRAINED_CHECKPOINTS  # noqa: E402
 from tinysam.clips import (  # noqa: E402

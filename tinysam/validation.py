@@ -14,7 +14,7 @@ import torch
 from parity.compare.metrics import mask_iou, miou_vs_ground_truth
 from parity.golden.data import index_dataset
 from parity.golden.scenes import generate_scenes
-from parity.tasks.point.evaluate import prompts_for
+from parity.tasks.point.produce import prompts_for
 from samfast import SamPredictor
 from tinysam.frames import LONGEST_SIDE
 

@@ -11,12 +11,12 @@
    - every other test (`pytest -m "not gpu"`: unit, parity on vit_tiny, the CPU compile checks) with
      CUDA hidden, over one xdist worker per core but one (niced), exactly as the CPU job runs them
      (tests that share a module fixture on one worker: parity.gate.worker_groups);
-   - `python -m parity check` on the embedded default (CHECK ARGS override, e.g. --stages fp32 bf16)
-     and `python -m parity check --task amg` (segment everything, parity.tasks.amg) on its embedded
-     default, every default GPU stage when there is a GPU (the pytest test that runs the same is
-     then left to this step). Not inside pytest: their models (the trained vit_tiny) are not the
-     GPU layers' (the two-block vit_b_2block and, in perf, vit_b and vit_h, seeded), so they would share no build, and their exit codes keep
-     their meaning (2 = bad input);
+   - `python -m parity check` on every task's embedded defaults (parity.tasks.registry: point prompts,
+     segment everything, video; CHECK ARGS override, e.g. --stages fp32 bf16), every default GPU stage
+     when there is a GPU (the pytest test that runs the same is then left to this step). Not inside
+     pytest: their models (the trained vit_tiny and sam2.1_hiera_nano) are not the GPU layers' (the
+     two-block vit_b_2block and, in perf, vit_b and vit_h, seeded), so they would share no build, and
+     their exit codes keep their meaning (2 = bad input);
    - with a GPU, perf's rows built and compiled, not timed (`pytest tests/perf --perf-warm-up`), so
      that perf loads its graphs from the cache instead of compiling them on its two cores;
    the CPU layers run at CPU_LAYERS_NICENESS (perf waits for the GPU steps, not for them); the
@@ -52,18 +52,10 @@ from parity.gate import timing as gate_time
 from parity.gate import verdict as final_verdict
 from parity.gate.devices import WORKERS_PER_GPU_ENV, cpu_model, gpu_names, visible_gpus
 from parity.report.verdicts import REPORT_FILES
-from parity.tasks.amg.embedded import EMBEDDED as EMBEDDED_AMG
-from parity.tasks.amg.embedded import EMBEDDED_GOLDEN as EMBEDDED_AMG_ALL_STAGES
-from parity.tasks.amg.embedded import EMBEDDED_SAM2 as EMBEDDED_SAM2_AMG
-from parity.tasks.amg.embedded import EMBEDDED_SAM2_GOLDEN as EMBEDDED_SAM2_AMG_ALL_STAGES
-from parity.tasks.point.embedded import EMBEDDED as EMBEDDED_CHECK
-from parity.tasks.point.embedded import EMBEDDED_SAM2 as EMBEDDED_SAM2_CHECK
+from parity.tasks.registry import TASKS
 
-# Everything a gate run leaves in its report folder (the workflow uploads these).
 # The gate's three pytest runs, in the order their layers appear in the table.
 PYTEST_RUNS = ("gpu", "cpu", "perf")
-OUTPUTS = (*REPORT_FILES, *(f"junit-{run}.xml" for run in PYTEST_RUNS), "pytest-cpu.log", "check.log", "check-amg.log",
-           "check-sam2.log", "check-sam2-amg.log", "perf-warm-up.log", "gate-time.md", "gate-time.json")
 
 
 @dataclass(frozen=True)
@@ -73,27 +65,27 @@ class CheckStep:
     layer: str  # its row in the time table and its line in the verdict
     args: tuple[str, ...]
     report_dir: str = ""  # below the gate's --report-dir: two checks of one task must not share a folder
-    task_dir: str = ""  # the folder its task writes into below that (the AMG task's amg/)
+    task_dir: str = ""  # the folder its task writes into below that (Task.report_folder: the AMG task's amg/)
 
     def report(self, root: Path) -> Path:
         """Where its report.json lands under the gate's report folder root."""
         return root / self.report_dir / self.task_dir / "report.json"
 
 
-# The checks step 3 runs, each in its own process: point prompts and segment everything, for SAM 1 and
-# SAM 2 (on a CPU two stages of segment everything, ~6 s (SAM 1) and ~10 s (SAM 2) per image and stage on
-# 2 cores; with a GPU every default GPU stage, below).
-EMBEDDED_CHECKS = {"check": CheckStep("python -m parity check", tuple(EMBEDDED_CHECK)),
-                   "check-amg": CheckStep("python -m parity check --task amg", tuple(EMBEDDED_AMG), task_dir="amg"),
-                   "check-sam2": CheckStep("python -m parity check (SAM 2)", tuple(EMBEDDED_SAM2_CHECK), report_dir="sam2"),
-                   "check-sam2-amg": CheckStep("python -m parity check --task amg (SAM 2)", tuple(EMBEDDED_SAM2_AMG),
-                                               report_dir="sam2", task_dir="amg")}
-# With a GPU the segment-everything checks run every default GPU stage (SAM 2's since the
-# check learned to count the masks bf16 may flip at a filter or at NMS: parity.tasks.amg.embedded).
-GPU_CHECKS = {**EMBEDDED_CHECKS,
-              "check-amg": CheckStep("python -m parity check --task amg", tuple(EMBEDDED_AMG_ALL_STAGES), task_dir="amg"),
-              "check-sam2-amg": CheckStep("python -m parity check --task amg (SAM 2)", tuple(EMBEDDED_SAM2_AMG_ALL_STAGES),
-                                          report_dir="sam2", task_dir="amg")}
+def check_steps(gpu: bool) -> dict[str, CheckStep]:
+    """Every task's embedded checks (parity.tasks.registry), by step name: point prompts, segment everything
+    and video, for SAM 1 and SAM 2 as each task lists them (on a CPU a few stages of segment everything
+    and video, with a GPU every default GPU stage: the tasks' embedded.py)."""
+    return {check.step: CheckStep(check.layer, check.check_args(gpu), check.report_dir, task.report_folder)
+            for task in TASKS.values() for check in task.embedded}
+
+
+# The checks step 2 runs, each in its own process.
+EMBEDDED_CHECKS = check_steps(gpu=False)
+GPU_CHECKS = check_steps(gpu=True)
+# Everything a gate run leaves in its report folder (the workflow uploads these).
+OUTPUTS = (*REPORT_FILES, *(f"junit-{run}.xml" for run in PYTEST_RUNS), "pytest-cpu.log",
+           *(f"{step}.log" for step in EMBEDDED_CHECKS), "perf-warm-up.log", "gate-time.md", "gate-time.json")
 CACHE_STATES = {"cold": "empty: cold", "warm": "sealed: warm", "resumed": "a killed run's entries: resumed"}
 # Tests that run what a check step runs (with a GPU): the gate leaves them to the step.
 COVERED_BY_GPU_CHECKS = ["tests/parity/test_amg_gate.py::test_embedded_amg_golden_passes_every_stage_on_the_gpu",

@@ -160,7 +160,7 @@ class WorkFolder:
     """Finished batches of one run on disk: identity.json plus one shard file per rank.
 
     Payloads are bytes whose first line is a JSON header holding the batch index (see
-    parity.tasks.point.evaluate.BatchOutputs); this class reads only that index.
+    parity.tasks.point.produce.BatchOutputs); this class reads only that index.
     """
 
     def __init__(self, path: Path, identity: dict, ranks: Ranks):

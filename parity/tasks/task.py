@@ -1,10 +1,13 @@
-"""The one shape every task of the gate has (point prompts, segment everything, and video next).
+"""The one shape every task of the gate has (point prompts, segment everything, video).
 
-A task lives in parity/tasks/<name>/ and owns four things there: what its golden stores (golden.py),
-how a stage's outputs are compared with it (compare.py), what its report shows (report.py) and its
-planted defects (tests that make its comparison fail). It reaches the CLI through one `Task` value in
-its task.py, listed in parity/tasks/registry.py: `python -m parity golden|check --task <name>`
-dispatches there, and adding a task touches no other task.
+A task lives in parity/tasks/<name>/, in modules of the same names in every task: what its golden stores
+(golden.py), how a stage makes its outputs (produce.py), how they are compared with the golden's
+(compare.py), its pictures of a stage's worst items (pictures.py), what its report shows (report.py), its
+golden and its part of the one check loop (runner.py, parity/tasks/check.py), its embedded default checks
+(embedded.py), and its planted defects (tests that make its comparison fail). It reaches the CLI, the gate
+and `nox -s golden` through one `Task` value in its task.py, listed in parity/tasks/registry.py:
+`python -m parity golden|check --task <name>` dispatches there, the gate runs its embedded checks, and
+adding a task touches no other task.
 """
 
 from __future__ import annotations
@@ -42,6 +45,26 @@ def positive_int(text: str) -> int:
 
 
 @dataclass(frozen=True)
+class EmbeddedCheck:
+    """One of a task's embedded default checks (its arguments in the task's embedded.py): the gate runs
+    `python -m parity check` with them beside its pytest layers (parity.gate.run), `nox -s golden` remakes
+    their golden. Each argument list names the task (the point task's by leaving --task out)."""
+
+    step: str  # the gate's name for it: its log reports/<step>.log, its [gate_time.*] budget key
+    layer: str  # its row in the gate's time table and its line in the verdict
+    golden: tuple[str, ...]  # `python -m parity golden` arguments; with a GPU the check's (every default GPU stage)
+    check: tuple[str, ...] | None = None  # `python -m parity check` arguments without a GPU; None: the golden's
+    golden_on_cpu: bool = False  # nox -s golden makes the golden with --device cpu
+    report_dir: str = ""  # below the gate's --report-dir: two checks of one task must not share a folder
+
+    def check_args(self, gpu: bool) -> tuple[str, ...]:
+        return self.golden if gpu or self.check is None else self.check
+
+    def golden_args(self) -> tuple[str, ...]:
+        return (*self.golden, *(("--device", "cpu") if self.golden_on_cpu else ()))
+
+
+@dataclass(frozen=True)
 class Task:
     name: str
     help: str  # one line for `--task`'s help
@@ -57,6 +80,8 @@ class Task:
     # switch -> why its run never reads it: "not applicable" in its reports, never proven (its run_check
     # hands the same mapping to parity.checks.exercised.watch_switches)
     ignored_switches: Mapping[str, str] = field(default_factory=dict)
+    report_folder: str = ""  # below --report-dir, where its check writes its reports ("amg": reports/amg/)
+    embedded: tuple[EmbeddedCheck, ...] = ()  # what the gate checks and `nox -s golden` remakes
 
     @property
     def switches(self) -> frozenset[str]:

@@ -2,7 +2,7 @@
 that grow by a fixed number per tracked frame and never with the memory, and the compiled tracker over
 100 frames without a recompile after its first frames.
 
-Seeded sam2.1_hiera_nano at the video gate's 256 input (parity.tasks.video.track), the gate's generated
+Seeded sam2.1_hiera_nano at the video gate's 256 input (parity.tasks.video.produce), the gate's generated
 clips, compile mode `default` (as the other GPU layers: max-autotune's search costs minutes and gates no
 threshold), but for one test of the full stack replaying CUDA graphs (reduce-overhead). The CPU layers
 hold the same predictor to sam2's (tests/unit/test_sam2_video.py), the fp32 stages to the video golden
@@ -23,7 +23,7 @@ from parity.checks.syncs import find_syncs, profile_region
 from parity.golden.videos import generate_clip
 from parity.tasks.source import ModelSource
 from parity.tasks.video import runner
-from parity.tasks.video.track import DEFAULT_INPUT_SIZE, prompts
+from parity.tasks.video.produce import DEFAULT_INPUT_SIZE, prompts
 from samfast.stages import parse_stages
 from samfast.build_video import VIDEO_STAGES
 

@@ -17,7 +17,7 @@ from parity.report.pictures import PANEL
 from parity.tasks.amg import golden as amg_golden
 from parity.tasks.amg import runner as amg_runner
 from parity.tasks.amg.embedded import EMBEDDED_GOLDEN
-from parity.tasks.amg.generate import AmgParams, Generated
+from parity.tasks.amg.produce import AmgParams, Generated
 from parity.tasks.amg.report import picture_name
 from parity.tasks.source import ModelSource, release_gpu_cache
 from samfast.checkpoint import NAMED_CHECKPOINTS

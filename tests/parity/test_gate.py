@@ -150,7 +150,7 @@ def test_stage_is_held_to_the_precision_it_runs_in(stages, precision):
 
 def _outputs(scores: list[float], masks: list[np.ndarray]):
     from parity.golden.rle import encode_rle
-    from parity.tasks.point.evaluate import AnnotationOutput, StageOutputs
+    from parity.tasks.point.produce import AnnotationOutput, StageOutputs
 
     ann = AnnotationOutput(ann_id=1, image_id=1, category_id=1, scores=scores, best=int(np.argmax(scores)),
                            rles=[encode_rle(m) for m in masks], gt_iou=0.5)

@@ -21,7 +21,7 @@ from parity.tasks.amg import golden as amg_golden_store
 from parity.tasks.amg import runner as amg_runner
 from parity.tasks.amg.compare import compare
 from parity.tasks.amg.embedded import EMBEDDED_SAM2_GOLDEN
-from parity.tasks.amg.generate import AmgParams, generate, make_generator, plain_record
+from parity.tasks.amg.produce import AmgParams, generate, make_generator, plain_record
 from parity.tasks.amg.matching import box_iou
 from parity.tasks.point.runner import make_golden, run_check
 from parity.tasks.source import ModelSource

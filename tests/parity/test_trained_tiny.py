@@ -14,7 +14,7 @@ from parity.golden import manifest as golden_io
 from parity.golden.data import load_dataset
 from parity.golden.rle import decode_rle
 from parity.tasks.point import golden as point_golden
-from parity.tasks.point.evaluate import evaluate
+from parity.tasks.point.produce import evaluate
 from parity.tasks.point.runner import golden_folder
 from parity.tasks.source import ModelSource
 from samfast.checkpoint import TRAINED_CHECKPOINTS

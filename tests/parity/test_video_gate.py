@@ -28,7 +28,7 @@ from parity.golden.videos import generate_clip
 from parity.report.pictures import PANEL
 from parity.tasks.source import ModelSource
 from parity.tasks.video import golden as video_golden
-from parity.tasks.video import runner, track
+from parity.tasks.video import produce, runner
 from parity.tasks.video.report import picture_name
 from samfast.sam2.tracker import SAM2Tracking
 from tests.planted import drop_oldest_memory, failed_gates, swap_first_two_clicks, zero_object_pointers
@@ -69,7 +69,7 @@ def test_clips_have_the_events_the_task_is_for():
 def test_golden_is_stored_with_its_identity(golden):
     manifest, outputs = video_golden.read(golden, "regenerate")
     assert manifest["task"] == "video" and manifest["input_size"] == 256
-    assert manifest["prompt_policy"] == track.PROMPT_POLICY and manifest["model_type"] == SOURCE.model_type
+    assert manifest["prompt_policy"] == produce.PROMPT_POLICY and manifest["model_type"] == SOURCE.model_type
     assert sorted(p.name for p in golden.iterdir()) == ["logits.npz", "manifest.json", "tracks.json.gz"]
     [clip] = outputs
     assert clip.masks.shape == (3, 4, 240, 320) and sorted(clip.logits) == [0, 3]

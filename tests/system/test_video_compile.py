@@ -2,7 +2,7 @@
 decoder, memory attention, memory encoder) neither breaks the graph nor recompiles as the video grows; its
 masks are the eager predictor's; and without the padding the same check fails.
 
-Seeded sam2.1_hiera_nano at a 256 input (the video gate's model and size, parity.tasks.video.track), the
+Seeded sam2.1_hiera_nano at a 256 input (the video gate's model and size, parity.tasks.video.produce), the
 gate's generated clip of 17 frames (parity.golden.videos), its three objects clicked on frame 0 and tracked
 as one batch of three. Unpadded, the memory grows on every one of those frames: the recent memories over
 the first 7, the object pointers over all 17 (the step on frame 16 is the first to read 16).
@@ -28,7 +28,7 @@ import torch
 import samfast
 from parity.checks.compile import CompileWatch, watch
 from parity.golden.videos import generate_clip
-from parity.tasks.video.track import at_input_size, prompts
+from parity.tasks.video.produce import at_input_size, prompts
 
 pytestmark = pytest.mark.slow
 

@@ -20,7 +20,7 @@ import torch
 
 import samfast
 from parity.golden.videos import generate_clip
-from parity.tasks.video.track import at_input_size, prompts
+from parity.tasks.video.produce import at_input_size, prompts
 from samfast.kernels import fallback_counts
 
 pytest.importorskip("triton", reason="Triton is not installed")

@@ -14,7 +14,7 @@ from scipy import ndimage
 
 from parity.compare.gates import load_thresholds
 from parity.tasks.amg.compare import compare
-from parity.tasks.amg.generate import AmgParams
+from parity.tasks.amg.produce import AmgParams
 from parity.tasks.amg.matching import box_iou, match_image, summarize
 
 HEIGHT, WIDTH = 96, 128

@@ -277,7 +277,7 @@ def test_compiled_sam2_decoder_routes_prompts_the_kernels_cannot_take_to_its_mod
     for their eager functions here, the attention kernels for their math in torch ops (their arithmetic is
     tested above) and the input is 256 (16 x 16 image tokens): 32 prompts on the interpreted kernels at
     1024 took minutes."""
-    from parity.tasks.video.track import at_input_size
+    from parity.tasks.video.produce import at_input_size
     from tests.decoder_kernel_ops import kernels_as_torch_ops
     from tests.sam2_decoder_inputs import sam2_decoder_inputs
 

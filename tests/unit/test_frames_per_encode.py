@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from parity.golden.videos import generate_clip
-from parity.tasks.video.track import prompts
+from parity.tasks.video.produce import prompts
 from tests.system.test_video_compile import build
 from tests.unit.test_sam2_video import BATCHED_TOLERANCE
 

@@ -305,7 +305,7 @@ def test_planted_parity_layer_violations_are_reported(tmp_path):
     root = _tree(tmp_path, {
         "parity/__init__.py": "",
         "parity/golden/__init__.py": "",
-        "parity/golden/manifest.py": "from parity.tasks.point.evaluate import StageOutputs\n",
+        "parity/golden/manifest.py": "from parity.tasks.point.produce import StageOutputs\n",
         "parity/report/__init__.py": "",
         "parity/report/html.py": "def f():\n    from parity.gate import run\n",
         "parity/gate/__init__.py": "",
@@ -313,13 +313,13 @@ def test_planted_parity_layer_violations_are_reported(tmp_path):
         "parity/tasks/__init__.py": "",
         "parity/tasks/source.py": "",
         "parity/tasks/point/__init__.py": "",
-        "parity/tasks/point/evaluate.py": "from parity.tasks.source import ModelSource\n",
+        "parity/tasks/point/produce.py": "from parity.tasks.source import ModelSource\n",
         "parity/tasks/point/runner.py": "from parity.tasks.amg.runner import POINTS\n",
         "parity/tasks/amg/__init__.py": "",
         "parity/tasks/amg/runner.py": "from parity.golden import manifest\n",
     })
     assert parity_layer_violations(root) == [
-        "parity/golden/manifest.py:1: parity.golden.manifest imports parity.tasks.point.evaluate "
+        "parity/golden/manifest.py:1: parity.golden.manifest imports parity.tasks.point.produce "
         "(parity.tasks is a layer above parity.golden)",
         "parity/report/html.py:2: parity.report.html imports parity.gate.run (parity.gate is a layer above parity.report)",
         "parity/tasks/point/runner.py:1: parity.tasks.point.runner imports parity.tasks.amg.runner "

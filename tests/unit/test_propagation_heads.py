@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from parity.tasks.video.track import at_input_size
+from parity.tasks.video.produce import at_input_size
 from samfast.sam2.build import build_sam2_model
 
 OBJECTS, SIDE = 3, 16

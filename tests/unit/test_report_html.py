@@ -140,7 +140,7 @@ def test_chromium_renders_a_failing_video_report(tmp_path):
     decaying over the last 10 of 100 frames (tests/unit/test_video_compare.py), fails on drift."""
     from parity.golden.videos import Clip
     from parity.tasks.video.report import write_reports
-    from parity.tasks.video.runner import worst_frame_picture
+    from parity.tasks.video.pictures import worst_frame_picture
     from tests.unit.test_video_compare import run, shrunk, square
 
     failing = run(100, 90, shrunk(), stage="bf16")

@@ -80,3 +80,32 @@ def test_a_new_task_plugs_in_through_the_registry_alone(monkeypatch, tmp_path, c
     with pytest.raises(SystemExit):  # and its flag is its own
         cli.main(["check", "--frames", "3"])
 
+
+
+@pytest.mark.parametrize("task", registry.TASKS.values(), ids=lambda t: t.name)
+def test_each_task_has_embedded_checks_the_gate_runs_and_nox_remakes(task):
+    from parity.gate.run import EMBEDDED_CHECKS, GPU_CHECKS
+
+    assert task.embedded, f"task {task.name} has no embedded check: the gate would never run it"
+    for embedded in task.embedded:
+        assert EMBEDDED_CHECKS[embedded.step].args == embedded.check_args(gpu=False)
+        assert GPU_CHECKS[embedded.step].args == embedded.golden
+        for args in (embedded.golden, embedded.check_args(gpu=False), embedded.golden_args()):
+            named = args[args.index("--task") + 1] if "--task" in args else registry.DEFAULT_TASK
+            assert named == task.name, f"{embedded.step}: {args} run --task {named}, not {task.name}"
+    noxfile = (REPO / "noxfile.py").read_text()
+    assert "parity.tasks.registry" in noxfile and "embedded import" not in noxfile
+
+
+def test_a_new_tasks_embedded_check_becomes_a_gate_step(monkeypatch):
+    from parity.gate import run as gate
+    from parity.tasks.task import EmbeddedCheck
+
+    standin = Task(name="standin", help="a stand-in", golden_files=("frames.json.gz",), add_arguments=lambda parser: [],
+                   make_golden=None, run_check=None, planted_defects=(), report_folder="standin",
+                   embedded=(EmbeddedCheck("check-standin", "python -m parity check --task standin",
+                                           ("--task", "standin"), ("--task", "standin", "--stages", "fp32")),))
+    monkeypatch.setattr(gate, "TASKS", {**registry.TASKS, "standin": standin})
+    cpu, gpu = gate.check_steps(gpu=False)["check-standin"], gate.check_steps(gpu=True)["check-standin"]
+    assert cpu.args == ("--task", "standin", "--stages", "fp32") and gpu.args == ("--task", "standin")
+    assert cpu.report(Path("reports")) == Path("reports/standin/report.json")

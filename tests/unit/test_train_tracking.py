@@ -15,7 +15,7 @@ import torch
 from parity.compare.metrics import mask_iou
 from parity.golden import manifest as golden_io
 from parity.golden.videos import generate_clip
-from parity.tasks.video.track import at_input_size, prompts, track_clip
+from parity.tasks.video.produce import at_input_size, prompts, track_clip
 from samfast import build_sam_video
 from samfast.checkpoint import TRAINED_CHECKPOINTS
 from samfast.sam2.checkpoint import synthetic_state_dict

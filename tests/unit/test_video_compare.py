@@ -10,7 +10,7 @@ import pytest
 from parity.compare.gates import load_thresholds, thresholds_for
 from parity.golden.videos import Clip
 from parity.tasks.video.compare import compare
-from parity.tasks.video.track import ClipOutputs
+from parity.tasks.video.produce import ClipOutputs
 
 SIDE = 20  # a 20 x 20 frame; each object a square of 10 x 10
 

@@ -14,7 +14,7 @@ from parity.compare.gates import Gate, StageResult
 from parity.tasks.amg.matching import DecisionBand, MatchSummary, match_image, summarize
 
 if TYPE_CHECKING:  # the generator's module imports the model stack; matching needs only its thresholds
-    from parity.tasks.amg.generate import AmgParams
+    from parity.tasks.amg.produce import AmgParams
 
 
 def gates(summary: MatchSummary, limits: Mapping[str, float]) -> list[Gate]:

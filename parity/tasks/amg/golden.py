@@ -2,7 +2,7 @@
 
 A golden folder (named like the point goldens, with an `amg` marker) holds manifest.json and
 masks.json.gz: {"images": [{"image_id", "file_name", "height", "width", "masks": [record, ...]}]}
-with the generator's records (parity.tasks.amg.generate.RECORD_KEYS). The bytes are reproducible:
+with the generator's records (parity.tasks.amg.produce.RECORD_KEYS). The bytes are reproducible:
 sorted keys, compact separators, gzip with mtime 0 and no file name.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 from parity.golden import manifest as golden_io
 from parity.golden import store
 from parity.golden.data import Dataset
-from parity.tasks.amg.generate import RECORD_KEYS, AmgParams, Generated
+from parity.tasks.amg.produce import RECORD_KEYS, AmgParams, Generated
 
 MARKER = "amg"
 MASKS_FILE = "masks.json.gz"

@@ -1,5 +1,6 @@
 """Segment everything's picture of one image: the whole image, each matched golden/stage pair in one
-colour of its own, a golden mask with no match (lost) and a stage mask with no match (new) in plain red.
+colour of its own, a golden mask with no match (lost) and a stage mask with no match (new) in plain red;
+and those pictures of a failed or near-failing stage's worst images (worst_pictures).
 
     png = amg_comparison_png(image, golden_masks, stage_masks, pairs, title="image 3: 2 lost")
 """
@@ -8,6 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from parity.compare.gates import StageResult
+from parity.golden.data import Dataset
+from parity.golden.rle import decode_rle
 from parity.report.pictures import as_rgb, difference, panel_sheet, png_bytes
 
 # Matched AMG pairs, one colour each (a pair shares its colour), none of them near UNMATCHED's red.
@@ -43,3 +47,18 @@ def amg_comparison_png(image: np.ndarray, golden: list[np.ndarray], stage: list[
               difference(rgb, np.logical_or.reduce([empty, *golden]), np.logical_or.reduce([empty, *stage]))]
     labels = ("image", "golden (red: lost)", "stage (red: new)", "diff: green golden, red stage")
     return png_bytes(panel_sheet(panels, labels, title)[0])
+
+
+def worst_pictures(result: StageResult, dataset: Dataset, golden: dict[int, list[dict]],
+                   stage: dict[int, list[dict]]) -> dict[int, bytes]:
+    """image id -> PNG of the golden's and the stage's masks on the image, for each of the stage's worst images."""
+    pictures = {}
+    for w in result.worst:
+        image_id = w["image_id"]
+        image = dataset.samples[dataset.samples.image_ids.index(image_id)].image  # read only the worst images
+        title = (f"image {image_id}: union IoU {w['union_iou_mean']:.3f}, {w['golden_masks']} golden / "
+                 f"{w['stage_masks']} stage masks, {w['lost']} lost, {w['new']} new")
+        pictures[image_id] = amg_comparison_png(
+            image, [decode_rle(r["segmentation"]) for r in golden[image_id]],
+            [decode_rle(r["segmentation"]) for r in stage[image_id]], [(g, s) for g, s, _ in w["pairs"]], title)
+    return pictures

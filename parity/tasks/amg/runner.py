@@ -6,24 +6,22 @@ with `--task amg`. Images go through the generator one at a time, so models are 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import torch
 
-from parity.checks.exercised import watch_switches
-from parity.compare.gates import StageResult, load_thresholds, thresholds_for
+from parity.compare.gates import StageResult
 from parity.golden import manifest as golden_io
 from parity.golden.data import Dataset
-from parity.golden.rle import decode_rle
-from parity.report.verdicts import remove_reports
+from parity.tasks import check
+from parity.tasks.amg import compare, report
 from parity.tasks.amg import golden as amg_golden
-from parity.tasks.amg.compare import compare
-from parity.tasks.amg.generate import IGNORED_SWITCHES, AmgParams, Generated, generate, make_generator
-from parity.tasks.amg.pictures import amg_comparison_png
-from parity.tasks.amg.report import write_reports
-from parity.tasks.source import ModelSource, default_device, release_gpu_cache
-from samfast.stages import canonical_name, parse_stages
+from parity.tasks.amg.pictures import worst_pictures
+from parity.tasks.amg.produce import IGNORED_SWITCHES, AmgParams, Generated, generate, make_generator
+from parity.tasks.check import GoldenRef, TaskCheck
+from parity.tasks.source import ModelSource, default_device
 
 POINTS_PER_BATCH = 64  # the reference's default; it splits work into decoder calls, never changes masks
 
@@ -46,21 +44,6 @@ def _run(model: torch.nn.Module, params: AmgParams, points_per_batch: int, datas
     return generate(make_generator(model, params, points_per_batch, alternates_within), dataset, desc)
 
 
-def worst_pictures(result: StageResult, dataset: Dataset, golden: dict[int, list[dict]],
-                   stage: dict[int, list[dict]]) -> dict[int, bytes]:
-    """image id -> PNG of the golden's and the stage's masks on the image, for each of the stage's worst images."""
-    pictures = {}
-    for w in result.worst:
-        image_id = w["image_id"]
-        image = dataset.samples[dataset.samples.image_ids.index(image_id)].image  # read only the worst images
-        title = (f"image {image_id}: union IoU {w['union_iou_mean']:.3f}, {w['golden_masks']} golden / "
-                 f"{w['stage_masks']} stage masks, {w['lost']} lost, {w['new']} new")
-        pictures[image_id] = amg_comparison_png(
-            image, [decode_rle(r["segmentation"]) for r in golden[image_id]],
-            [decode_rle(r["segmentation"]) for r in stage[image_id]], [(g, s) for g, s, _ in w["pairs"]], title)
-    return pictures
-
-
 def make_golden(source: ModelSource, dataset: Dataset, params: AmgParams, *, device=None,
                 points_per_batch: int = POINTS_PER_BATCH, root: Path | None = None) -> Path:
     device = torch.device(device) if device else default_device()
@@ -73,6 +56,68 @@ def make_golden(source: ModelSource, dataset: Dataset, params: AmgParams, *, dev
     manifest.update(fp32_settings=settings, masks_meaningful=source.masks_meaningful, amg_params=params.as_dict(),
                     points_per_batch=points_per_batch)
     return amg_golden.publish(golden_folder(source, sha, dataset, root), generated, manifest)
+
+
+@dataclass
+class AmgCheck(TaskCheck):
+    """The segment-everything task's part of the check loop (parity.tasks.check): the generator over every
+    image, one at a time, its masks matched one to one with the golden's."""
+
+    source: ModelSource
+    dataset: Dataset
+    params: AmgParams
+    data_args: str
+    device: torch.device
+    points_per_batch: int
+    golden: Path | None
+    custom_build: Callable[[str], torch.nn.Module] | None
+
+    thresholds_table = "amg"
+    ignored_switches = IGNORED_SWITCHES
+
+    def locate_golden(self) -> GoldenRef:
+        sha = self.source.sha256()
+        folder = Path(self.golden) if self.golden else golden_folder(self.source, sha, self.dataset)
+        expected = {"model_type": self.source.model_type, "checkpoint_sha256": sha,
+                    "dataset_fingerprint": self.dataset.fingerprint, "prompt_policy": amg_golden.GRID_POLICY}
+        return GoldenRef(folder, regenerate_command(self.source, self.data_args, self.params), expected)
+
+    def read_golden(self, folder: Path, regenerate: str) -> tuple[dict, dict[int, list[dict]]]:
+        return amg_golden.read(folder, regenerate)
+
+    def verify_golden(self, manifest: dict, ref: GoldenRef) -> None:
+        amg_golden.verify_params(manifest, self.params, ref.folder, ref.regenerate)
+
+    def build(self, stage: str) -> torch.nn.Module:
+        return _build(self.source, stage, self.device, self.custom_build)
+
+    def produce(self, model: torch.nn.Module, stage: str, limits: dict) -> Generated:
+        # with the masks NMS dropped at a near tie, which rounding may have swapped with the golden's
+        return _run(model, self.params, self.points_per_batch, self.dataset, f"AMG check {stage}",
+                    alternates_within=limits["max_score_abs_err"])
+
+    def compare(self, stage: str, generated: Generated, golden: dict[int, list[dict]], limits: dict) -> StageResult:
+        result = compare.compare(stage, generated.images, golden, limits, self.params, generated.alternates)
+        if result.summary:
+            result.summary.update(seconds=generated.seconds, ms_per_image=generated.ms_per_image)
+        return result
+
+    def pictures(self, result: StageResult, generated: Generated, golden: dict[int, list[dict]]) -> dict[int, bytes]:
+        return worst_pictures(result, self.dataset, golden, generated.images)
+
+    def header(self, ref: GoldenRef, manifest: dict) -> dict:
+        return {
+            "model_type": self.source.model_type,
+            "checkpoint": self.source.label,
+            "dataset": f"{self.dataset.name} ({len(self.dataset.samples)} images)",
+            "amg_params": self.params.as_dict(),
+            "points_per_batch": self.points_per_batch,
+            "golden_masks": manifest.get("masks"),
+            **golden_io.provenance(ref.folder, manifest, self.device),
+        }
+
+    def write_reports(self, folder: Path, header: dict, results: list[StageResult]) -> dict[str, Path]:
+        return report.write_reports(folder, header, results)
 
 
 def run_check(
@@ -89,50 +134,8 @@ def run_check(
     build: Callable[[str], torch.nn.Module] | None = None,
     require_gpu: bool = False,
 ) -> tuple[list[StageResult], dict[str, Path]]:
-    """Check each stage's generated masks against the AMG golden; write report.md/json, junit.xml and a plot.
-    A stage whose switch did not run (parity.checks.exercised) is "not exercised", or failed with `require_gpu`."""
-    remove_reports(Path(report_dir))  # first of all: a check that stops on bad input leaves no earlier PASS behind
+    """Check each stage's generated masks against the AMG golden (parity.tasks.check.run_check); write
+    report.md/json, junit.xml and a plot. `build(stage)` replaces the model (tests plant defects through it)."""
     device = torch.device(device) if device else default_device()
-    golden_io.no_tf32()  # the stages' own switches set the precision; fp32 is compared as the golden ran it
-    sha = source.sha256()
-    folder = Path(golden) if golden else golden_folder(source, sha, dataset)
-    regenerate = regenerate_command(source, data_args, params)
-    manifest, golden_images = amg_golden.read(folder, regenerate)
-    expected = {"model_type": source.model_type, "checkpoint_sha256": sha,
-                "dataset_fingerprint": dataset.fingerprint, "prompt_policy": amg_golden.GRID_POLICY}
-    golden_io.verify_matches(manifest, expected, folder, regenerate)
-    amg_golden.verify_params(manifest, params, folder, regenerate)
-    thresholds = load_thresholds(table="amg")
-    results = []
-    for stage in stages:
-        release_gpu_cache()
-        switches = parse_stages(stage)
-        name = canonical_name(switches)
-        limits = thresholds_for(stage, thresholds)
-        try:
-            with watch_switches(switches, IGNORED_SWITCHES) as used:
-                model = used.watch(_build(source, stage, device, build))
-                # the masks NMS dropped at a near tie, which rounding may have swapped with the golden's
-                generated = _run(model, params, points_per_batch, dataset, f"AMG check {name}",
-                                 alternates_within=limits["max_score_abs_err"])
-        except Exception as err:  # a stage that cannot run here is a failed stage, reported with its reason
-            results.append(StageResult(name, [], {}, error=f"{type(err).__name__}: {err}"))
-            continue
-        result = compare(name, generated.images, golden_images, limits, params, generated.alternates)
-        if result.summary:
-            result.summary.update(seconds=generated.seconds, ms_per_image=generated.ms_per_image,
-                                  kernel_fallbacks=used.kernel_fallbacks)
-        used.record(result, require_gpu)
-        if result.failures or result.near_failing:
-            result.pictures = worst_pictures(result, dataset, golden_images, generated.images)
-        results.append(result)
-    header = {
-        "model_type": source.model_type,
-        "checkpoint": source.label,
-        "dataset": f"{dataset.name} ({len(dataset.samples)} images)",
-        "amg_params": params.as_dict(),
-        "points_per_batch": points_per_batch,
-        "golden_masks": manifest.get("masks"),
-        **golden_io.provenance(folder, manifest, device),
-    }
-    return results, write_reports(Path(report_dir), header, results)
+    task = AmgCheck(source, dataset, params, data_args, device, points_per_batch, golden, build)
+    return check.run_check(task, stages, report_dir=report_dir, require_gpu=require_gpu)

@@ -13,9 +13,13 @@ from parity.golden.data import Dataset
 from parity.golden.distributed import Ranks
 from parity.tasks.amg import golden as amg_golden
 from parity.tasks.amg import runner
-from parity.tasks.amg.generate import IGNORED_SWITCHES, AmgParams
+from parity.tasks.amg.embedded import EMBEDDED, EMBEDDED_GOLDEN, EMBEDDED_SAM2, EMBEDDED_SAM2_GOLDEN
+from parity.tasks.amg.produce import IGNORED_SWITCHES, AmgParams
 from parity.tasks.source import ModelSource
-from parity.tasks.task import Task, positive_int
+from parity.tasks.task import EmbeddedCheck, Task, positive_int
+
+
+REPORT_FOLDER = "amg"
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> list[str]:
@@ -42,7 +46,7 @@ def _make_golden(args, source: ModelSource, dataset: Dataset, device: torch.devi
 def _run_check(args, source: ModelSource, dataset: Dataset, data_args: str, stages: list[str], device: torch.device,
                ranks: Ranks):
     return runner.run_check(source, dataset, stages, _params(args), data_args=data_args, device=device,
-                            golden=args.golden, report_dir=args.report_dir / "amg", require_gpu=args.require_gpu,
+                            golden=args.golden, report_dir=args.report_dir / REPORT_FOLDER, require_gpu=args.require_gpu,
                             **_batch(args))
 
 
@@ -68,4 +72,10 @@ AMG = Task(
     ),
     one_process=True,
     ignored_switches=IGNORED_SWITCHES,
+    report_folder=REPORT_FOLDER,
+    # without a GPU two stages (parity.tasks.amg.embedded says why); with one every default GPU stage
+    embedded=(EmbeddedCheck("check-amg", "python -m parity check --task amg", tuple(EMBEDDED_GOLDEN), tuple(EMBEDDED),
+                            golden_on_cpu=True),
+              EmbeddedCheck("check-sam2-amg", "python -m parity check --task amg (SAM 2)", tuple(EMBEDDED_SAM2_GOLDEN),
+                            tuple(EMBEDDED_SAM2), golden_on_cpu=True, report_dir="sam2")),
 )

@@ -11,7 +11,7 @@ import numpy as np
 from parity.compare.gates import WORST_SHOWN, Gate, StageResult
 from parity.compare.metrics import logits_error, mask_iou, miou_vs_ground_truth, summarize_ious
 from parity.golden.rle import decode_rle
-from parity.tasks.point.evaluate import StageOutputs
+from parity.tasks.point.produce import StageOutputs
 
 
 def compare(stage: str, outputs: StageOutputs, golden: StageOutputs, limits: dict, masks_meaningful: bool) -> StageResult:

@@ -22,7 +22,7 @@ import numpy as np
 
 from parity.golden import store
 from parity.golden.manifest import IDENTITY_FIELDS, GoldenMismatch, gzip_json, is_int, is_number, npz
-from parity.tasks.point.evaluate import AnnotationOutput, StageOutputs
+from parity.tasks.point.produce import AnnotationOutput, StageOutputs
 
 FORMAT_VERSION = 2  # 2: the manifest lists each file's sha256 (parity/golden/store.py); 1 had no checksums
 PREDICTIONS, LOGITS = "predictions.json.gz", "logits.npz"

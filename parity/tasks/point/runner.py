@@ -6,6 +6,8 @@ The CLI (python -m parity) is a thin layer over these; tests call them directly,
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Callable
 
@@ -13,20 +15,17 @@ import numpy as np
 import torch
 
 import samfast
-from parity.checks.exercised import watch_switches
-from parity.compare.gates import StageResult, load_thresholds, thresholds_for
+from parity.compare.gates import StageResult
 from parity.golden import manifest as golden_io
 from parity.golden.data import Dataset
 from parity.golden.distributed import SINGLE_PROCESS, RankFailure, Ranks, WorkFolder, failure, raise_first_failure
-from parity.golden.rle import decode_rle
-from parity.report.pictures import mask_comparison_png
-from parity.report.verdicts import remove_reports
+from parity.tasks import check
+from parity.tasks.check import GoldenRef, TaskCheck
+from parity.tasks.point import compare, report
 from parity.tasks.point import golden as point_golden
-from parity.tasks.point.compare import compare
-from parity.tasks.point.evaluate import StageOutputs, evaluate
-from parity.tasks.point.report import write_reports
-from parity.tasks.source import ModelSource, default_device, release_gpu_cache
-from samfast.stages import canonical_name, parse_stages
+from parity.tasks.point.pictures import worst_pictures
+from parity.tasks.point.produce import StageOutputs, evaluate
+from parity.tasks.source import ModelSource, default_device
 
 
 def golden_folder(source: ModelSource, sha: str, dataset: Dataset, prompt: str, root: Path | None = None) -> Path:
@@ -88,24 +87,89 @@ def refuse_useless(outputs: StageOutputs, source: ModelSource) -> None:
                 f"{source.label}: the weights or the input are broken; no golden written")
 
 
-def worst_pictures(result: StageResult, dataset: Dataset, prompt: str) -> dict[int, bytes]:
-    """ann_id -> PNG of the golden and the stage's mask on the image, for each of the stage's worst annotations."""
-    pictures = {}
-    for w in result.worst:
-        sample = dataset.samples[dataset.samples.image_ids.index(w["image_id"])]
-        ann = next(a for a in sample.annotations if a.ann_id == w["ann_id"])
-        golden_rle, stage_rle = result.worst_masks[w["ann_id"]]
-        title = (f"annotation {w['ann_id']} (image {w['image_id']}): IoU vs golden "
-                 f"{w['iou_vs_golden']:.3f}, mask {w['best']} / golden {w['golden_best']}"
-                 + (" (near tie)" if w["near_tie"] else ""))
-        pictures[w["ann_id"]] = mask_comparison_png(
-            sample.image, decode_rle(golden_rle), decode_rle(stage_rle), title=title,
-            point=ann.point if prompt == "point" else None, box=ann.box if prompt == "box" else None)
-    return pictures
-
-
 def regenerate_command(source: ModelSource, data_args: str, prompt: str) -> str:
     return f"python -m parity golden {source.cli_args()} {data_args}" + (f" --prompt {prompt}" if prompt != "point" else "")
+
+
+@dataclass
+class PointCheck(TaskCheck):
+    """The point task's part of the check loop (parity.tasks.check): one prompt per annotation through the
+    batched predictor, its batches shared among ranks and kept in report_dir/.<stage>.work/ until the
+    reports are written, so a re-run after a kill resumes (a custom `custom_build` is not resumable:
+    nothing identifies it)."""
+
+    source: ModelSource
+    dataset: Dataset
+    data_args: str
+    prompt: str
+    device: torch.device
+    batch_size: int
+    golden: Path | None
+    report_dir: Path
+    custom_build: Callable[[str], torch.nn.Module] | None
+    ranks: Ranks
+    works: list[WorkFolder] = field(default_factory=list)
+
+    @cached_property
+    def sha(self) -> str:
+        return self.source.sha256()
+
+    def locate_golden(self) -> GoldenRef:
+        folder = Path(self.golden) if self.golden else golden_folder(self.source, self.sha, self.dataset, self.prompt)
+        expected = {
+            "model_type": self.source.model_type,
+            "checkpoint_sha256": self.sha,
+            "dataset_fingerprint": self.dataset.fingerprint,
+            "prompt_policy": self.dataset.manifest()["prompt_policy" if self.prompt == "point" else "box_policy"],
+        }
+        return GoldenRef(folder, regenerate_command(self.source, self.data_args, self.prompt), expected)
+
+    def read_golden(self, folder: Path, regenerate: str) -> tuple[dict, StageOutputs]:
+        return point_golden.read_golden(folder, regenerate)
+
+    def build(self, stage: str) -> torch.nn.Module:
+        build = self.custom_build or (lambda stages: self.source.build(stages, self.device, self.batch_size))
+        return _build_on_every_rank(build, stage, self.ranks)
+
+    def produce(self, model: torch.nn.Module, stage: str, limits: dict) -> StageOutputs:
+        work = None
+        if self.custom_build is None:
+            work = WorkFolder(Path(self.report_dir) / f".{stage}.work",
+                              run_identity("check", self.source, self.sha, self.dataset, self.prompt, self.batch_size,
+                                           stage, self.device), self.ranks)
+            self.works.append(work)
+        return evaluate(model, self.dataset, prompt=self.prompt, batch_size=self.batch_size, desc=f"check {stage}",
+                        ranks=self.ranks, work=work)
+
+    def compare(self, stage: str, outputs: StageOutputs, golden: StageOutputs, limits: dict) -> StageResult:
+        return compare.compare(stage, outputs, golden, limits, self.source.masks_meaningful)
+
+    def pictures(self, result: StageResult, outputs: StageOutputs, golden: StageOutputs) -> dict[int, bytes]:
+        return worst_pictures(result, self.dataset, self.prompt)
+
+    def header(self, ref: GoldenRef, manifest: dict) -> dict:
+        return {
+            "model_type": self.source.model_type,
+            "checkpoint": self.source.label,
+            "dataset": f"{self.dataset.name} ({len(self.dataset.samples)} images)",
+            "annotations": self.dataset.num_annotations,
+            "prompt": self.prompt,
+            **golden_io.provenance(ref.folder, manifest, self.device),
+            "masks_meaningful": self.source.masks_meaningful,
+        }
+
+    def write_reports(self, folder: Path, header: dict, results: list[StageResult]) -> dict[str, Path]:
+        return report.write_reports(folder, header, results)
+
+    def stage_error(self, err: Exception) -> str | None:
+        # a stage that cannot run here fails alone; bad data, or a rank that lost its peers, stops the check
+        if isinstance(err, RankFailure) and err.agreed and not err.bad_input:
+            return str(err)
+        return None
+
+    def finish(self) -> None:
+        for work in self.works:
+            work.remove()
 
 
 def run_check(
@@ -123,74 +187,12 @@ def run_check(
     ranks: Ranks = SINGLE_PROCESS,
     require_gpu: bool = False,
 ) -> tuple[list[StageResult], dict[str, Path]] | None:
-    """Check each stage against the golden; write report.md/json/html, junit.xml and a plot (rank 0; the
-    other ranks return None). Each stage's finished batches wait in report_dir/.<stage>.work/ until
-    the reports are written, so a re-run after a kill resumes; a custom `build` is not resumable
-    (nothing identifies it). A stage whose switch did not run (parity.checks.exercised) is "not exercised",
-    or failed with `require_gpu`."""
-    if ranks.is_main:  # first of all: a check that stops on bad input or crashes leaves no earlier PASS behind
-        remove_reports(Path(report_dir))
+    """Check each stage against the golden (parity.tasks.check.run_check); write report.md/json/html,
+    junit.xml and a plot (rank 0; the other ranks return None). `build(stage)` replaces the model (tests
+    plant defects through it)."""
     device = torch.device(device) if device else default_device()
-    golden_io.no_tf32()  # the stages' own switches set the precision; fp32 is compared as the golden ran it
-    sha = source.sha256()
-    folder = Path(golden) if golden else golden_folder(source, sha, dataset, prompt)
-    regenerate = regenerate_command(source, data_args, prompt)
-    manifest, golden_outputs = point_golden.read_golden(folder, regenerate)
-    expected = {
-        "model_type": source.model_type,
-        "checkpoint_sha256": sha,
-        "dataset_fingerprint": dataset.fingerprint,
-        "prompt_policy": dataset.manifest()["prompt_policy" if prompt == "point" else "box_policy"],
-    }
-    golden_io.verify_matches(manifest, expected, folder, regenerate)
-    thresholds = load_thresholds()
-    resumable = build is None
-    build = build or (lambda stages: source.build(stages, device, batch_size))
-    results, works = [], []
-    for stage in stages:
-        release_gpu_cache()
-        switches = parse_stages(stage)
-        name = canonical_name(switches)
-        work = None
-        if resumable:
-            work = WorkFolder(Path(report_dir) / f".{name}.work",
-                              run_identity("check", source, sha, dataset, prompt, batch_size, name, device), ranks)
-            works.append(work)
-        try:
-            with watch_switches(switches) as used:  # the point task reads every switch
-                outputs = evaluate(used.watch(_build_on_every_rank(build, stage, ranks)), dataset, prompt=prompt,
-                                   batch_size=batch_size, desc=f"check {name}", ranks=ranks, work=work)
-        except RankFailure as err:  # a stage that cannot run here is a failed stage, reported with its reason
-            if err.bad_input or not err.agreed:  # bad data, or this rank lost its peers: no later stage can run
-                raise
-            results.append(StageResult(name, [], {}, error=str(err)))
-            continue
-        if not ranks.is_main:
-            continue
-        result = compare(name, outputs, golden_outputs, thresholds_for(stage, thresholds), source.masks_meaningful)
-        # Visible, not silent: calls the fused kernel could not serve and sent to the slow path.
-        result.summary["kernel_fallbacks"] = used.kernel_fallbacks
-        used.record(result, require_gpu)
-        if result.failures or result.near_failing:
-            result.pictures = worst_pictures(result, dataset, prompt)
-        result.worst_masks = {}  # the pictures are made: nothing else needs the masks
-        results.append(result)
-    header = {
-        "model_type": source.model_type,
-        "checkpoint": source.label,
-        "dataset": f"{dataset.name} ({len(dataset.samples)} images)",
-        "annotations": dataset.num_annotations,
-        "prompt": prompt,
-        **golden_io.provenance(folder, manifest, device),
-        "masks_meaningful": source.masks_meaningful,
-    }
-    if not ranks.is_main:
-        return None
-    paths = write_reports(Path(report_dir), header, results)
-    for work in works:
-        work.remove()
-    return results, paths
-
+    task = PointCheck(source, dataset, data_args, prompt, device, batch_size, golden, report_dir, build, ranks)
+    return check.run_check(task, stages, report_dir=report_dir, require_gpu=require_gpu, ranks=ranks)
 
 def _build_on_every_rank(build: Callable[[str], torch.nn.Module], stage: str, ranks: Ranks) -> torch.nn.Module:
     """The stage's model; when any rank cannot build it, every rank raises RankFailure alike."""

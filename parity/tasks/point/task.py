@@ -10,9 +10,10 @@ import torch
 from parity.golden.data import Dataset
 from parity.golden.distributed import Ranks
 from parity.tasks.point import golden as point_golden
+from parity.tasks.point.embedded import EMBEDDED, EMBEDDED_SAM2
 from parity.tasks.point.runner import make_golden, run_check
 from parity.tasks.source import ModelSource
-from parity.tasks.task import Task
+from parity.tasks.task import EmbeddedCheck, Task
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> list[str]:
@@ -44,4 +45,6 @@ POINT = Task(
         "tests/parity/test_gate.py::test_planted_defect_fails_on_synthetic_weights_through_logits",
         "tests/parity/test_not_exercised.py::test_kernel_that_fell_back_is_not_exercised_and_require_gpu_fails_it",
     ),
+    embedded=(EmbeddedCheck("check", "python -m parity check", tuple(EMBEDDED)),
+              EmbeddedCheck("check-sam2", "python -m parity check (SAM 2)", tuple(EMBEDDED_SAM2), report_dir="sam2")),
 )

@@ -24,7 +24,7 @@ from parity.compare.boundary import boundary_f
 from parity.compare.gates import WORST_SHOWN, Gate, StageResult
 from parity.compare.metrics import logits_error, mask_iou
 from parity.golden.videos import Clip
-from parity.tasks.video.track import ClipOutputs
+from parity.tasks.video.produce import ClipOutputs
 
 LOST_J = 0.5
 

@@ -23,7 +23,7 @@ import numpy as np
 from parity.golden import manifest as golden_io
 from parity.golden import store
 from parity.golden.rle import decode_rle, encode_rle
-from parity.tasks.video.track import ClipOutputs
+from parity.tasks.video.produce import ClipOutputs
 
 MARKER = "video"
 TRACKS, LOGITS = "tracks.json.gz", "logits.npz"

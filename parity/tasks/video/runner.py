@@ -4,7 +4,7 @@ Mirrors parity.tasks.amg.runner and shares its ModelSource. The data is generate
 (parity.golden.videos): `--data scenes` names them, as it names the generated images for the other
 tasks; or a DAVIS-layout folder (parity.golden.davis): `--data davis` is $SAMFAST_DATA/davis, as
 `--data coco-mini` is $SAMFAST_DATA/coco-mini, and any other value is the folder's path. Models run at
-VideoSpec.input_size (256 by default, parity.tasks.video.track.at_input_size).
+VideoSpec.input_size (256 by default, parity.tasks.video.produce.at_input_size).
 """
 
 from __future__ import annotations
@@ -12,31 +12,27 @@ from __future__ import annotations
 import shlex
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from functools import cached_property
 from pathlib import Path
 
 import torch
 
 import samfast
-from parity.checks.exercised import watch_switches
-from parity.compare.gates import StageResult, load_thresholds, thresholds_for
+from parity.compare.gates import StageResult
 from parity.golden import manifest as golden_io
 from parity.golden.davis import DAVIS_NAME, DAVIS_READER, davis_folder, read_davis
 from parity.golden.settings import DATA_ENV
-from parity.report.pictures import mask_comparison_png
-from parity.report.verdicts import remove_reports
 from parity.golden.videos import VIDEOS_VERSION, Clip, clip_fingerprint, generate_clips
-from parity.tasks.source import ModelSource, default_device, release_gpu_cache
+from parity.tasks import check
+from parity.tasks.check import GoldenRef, TaskCheck
+from parity.tasks.source import ModelSource, default_device
+from parity.tasks.video import compare, report
 from parity.tasks.video import golden as video_golden
-from parity.tasks.video.compare import compare
-from parity.tasks.video.report import write_reports
-from parity.tasks.video.track import PROMPT_POLICY, at_input_size, track_all
+from parity.tasks.video.pictures import worst_frame_picture
+from parity.tasks.video.produce import IGNORED_SWITCHES, PROMPT_POLICY, ClipOutputs, at_input_size, track_all
 from samfast import InputError, StageError
-from samfast.stages import SWITCHES, canonical_name, parse_stages
 from samfast.build_video import VIDEO_STAGES, VIDEO_SWITCHES
-
-# switch -> why the video run never reads it (its reports say "not applicable"): objects tracked in one
-# step share its shapes (one prompt each), so there is no ragged batch of prompts to nest
-IGNORED_SWITCHES = {"nt": "the tracker decodes one prompt per object per step: no ragged batch of prompts to nest"}
+from samfast.stages import SWITCHES, parse_stages
 
 
 @dataclass(frozen=True)
@@ -140,17 +136,76 @@ def make_golden(source: ModelSource, spec: VideoSpec, *, device=None, root: Path
     return video_golden.publish(golden_folder(source, sha, spec, root), outputs, manifest)
 
 
-def worst_frame_picture(result: StageResult, clips: list[Clip]) -> dict[int, bytes]:
-    """{0: PNG} of the stage's worst object-frame: the frame, the golden's mask and the stage's over it, and
-    where they differ (parity.report.pictures); {} when the stage tracked nothing."""
-    if not result.worst_masks:
-        return {}
-    w = result.worst[0]
-    frame = next(c for c in clips if c.video_id == w["video_id"]).frames[w["frame"]]
-    golden_mask, stage_mask = result.worst_masks[0]
-    title = (f"{result.stage}: clip {w['video_id']}, object {w['object_id']}, frame {w['frame']}: J {w['j']:.3f}, "
-             f"F {w['f']:.3f} vs golden (J&F vs ground truth {w['jf_gt']:.3f}, the golden's {w['golden_jf_gt']:.3f})")
-    return {0: mask_comparison_png(frame, golden_mask, stage_mask, title=title, image_label=f"frame {w['frame']}")}
+@dataclass
+class VideoCheck(TaskCheck):
+    """The video task's part of the check loop (parity.tasks.check): the tracker over every clip, its
+    masks, logits and object scores against the golden's."""
+
+    source: ModelSource
+    spec: VideoSpec
+    device: torch.device
+    golden: Path | None
+    custom_build: Callable[[str], object] | None
+    not_built: tuple[str, ...]
+
+    thresholds_table = "video"
+    ignored_switches = IGNORED_SWITCHES
+
+    @cached_property
+    def clips(self) -> list[Clip]:
+        return self.spec.clips()
+
+    def refuse_stages(self, stages: list[str]) -> None:
+        refuse_unbuilt(stages)
+
+    def locate_golden(self) -> GoldenRef:
+        sha = self.source.sha256()
+        folder = Path(self.golden) if self.golden else golden_folder(self.source, sha, self.spec)
+        expected = {"model_type": self.source.model_type, "checkpoint_sha256": sha,
+                    "dataset_fingerprint": clip_fingerprint(self.clips), "prompt_policy": PROMPT_POLICY}
+        return GoldenRef(folder, regenerate_command(self.source, self.spec), expected)
+
+    def read_golden(self, folder: Path, regenerate: str) -> tuple[dict, list[ClipOutputs]]:
+        return video_golden.read(folder, regenerate)
+
+    def verify_golden(self, manifest: dict, ref: GoldenRef) -> None:
+        if manifest.get("input_size") != self.spec.input_size:
+            raise golden_io.GoldenMismatch(
+                f"golden {ref.folder} was made at input size {manifest.get('input_size')!r}, this run uses "
+                f"{self.spec.input_size}: comparing them would measure the input size, not the model. Regenerate "
+                f"the golden with:\n  {ref.regenerate}")
+
+    def build(self, stage: str):
+        if self.custom_build:
+            return self.custom_build(stage)
+        return build_predictor(self.source, stage, self.device, self.spec.input_size)
+
+    def model_of(self, predictor) -> torch.nn.Module:
+        return predictor.model
+
+    def produce(self, predictor, stage: str, limits: dict) -> list[ClipOutputs]:
+        return track_all(lambda: predictor, self.clips)
+
+    def compare(self, stage: str, outputs: list[ClipOutputs], golden: list[ClipOutputs], limits: dict) -> StageResult:
+        return compare.compare(stage, outputs, golden, self.clips, limits, self.source.masks_meaningful)
+
+    def pictures(self, result: StageResult, outputs: list[ClipOutputs], golden: list[ClipOutputs]) -> dict[int, bytes]:
+        return worst_frame_picture(result, self.clips)
+
+    def header(self, ref: GoldenRef, manifest: dict) -> dict:
+        return {
+            "model_type": self.source.model_type,
+            "checkpoint": self.source.label,
+            "dataset": self.spec.description(self.clips),
+            "input_size": self.spec.input_size,
+            "prompt_policy": PROMPT_POLICY,
+            **golden_io.provenance(ref.folder, manifest, self.device),
+            "masks_meaningful": self.source.masks_meaningful,
+            "not_built": list(self.not_built),
+        }
+
+    def write_reports(self, folder: Path, header: dict, results: list[StageResult]) -> dict[str, Path]:
+        return report.write_reports(folder, header, results)
 
 
 def run_check(
@@ -165,55 +220,10 @@ def run_check(
     require_gpu: bool = False,
     not_built: tuple[str, ...] = (),
 ) -> tuple[list[StageResult], dict[str, Path]]:
-    """Check each stage's tracks against the video golden; write report.md/json, junit.xml and a plot.
-    `build(stage)` replaces the predictor (tests plant defects through it); `not_built` names default
-    stages left out because video tracking has no build of them yet (said in the report)."""
-    remove_reports(Path(report_dir))  # first of all: a check that stops on bad input leaves no earlier PASS behind
-    refuse_unbuilt(stages)
+    """Check each stage's tracks against the video golden (parity.tasks.check.run_check); write
+    report.md/json, junit.xml and a plot. `build(stage)` replaces the predictor (tests plant defects
+    through it); `not_built` names default stages left out because video tracking has no build of them
+    yet (said in the report)."""
     device = torch.device(device) if device else default_device()
-    golden_io.no_tf32()  # the stages' own switches set the precision; fp32 is compared as the golden ran it
-    sha = source.sha256()
-    folder = Path(golden) if golden else golden_folder(source, sha, spec)
-    regenerate = regenerate_command(source, spec)
-    manifest, golden_outputs = video_golden.read(folder, regenerate)
-    clips = spec.clips()
-    expected = {"model_type": source.model_type, "checkpoint_sha256": sha,
-                "dataset_fingerprint": clip_fingerprint(clips), "prompt_policy": PROMPT_POLICY}
-    golden_io.verify_matches(manifest, expected, folder, regenerate)
-    if manifest.get("input_size") != spec.input_size:
-        raise golden_io.GoldenMismatch(
-            f"golden {folder} was made at input size {manifest.get('input_size')!r}, this run uses {spec.input_size}: "
-            f"comparing them would measure the input size, not the model. Regenerate the golden with:\n  {regenerate}")
-    thresholds = load_thresholds(table="video")
-    results = []
-    for stage in stages:
-        release_gpu_cache()
-        switches = parse_stages(stage)
-        name = canonical_name(switches)
-        try:
-            with watch_switches(switches, IGNORED_SWITCHES) as used:
-                def make(stage=stage):
-                    predictor = build(stage) if build else build_predictor(source, stage, device, spec.input_size)
-                    used.watch(predictor.model)
-                    return predictor
-                outputs = track_all(make, clips)
-        except Exception as err:  # noqa: BLE001 (a stage that cannot run here is a failed stage, reported with its reason)
-            results.append(StageResult(name, [], {}, error=f"{type(err).__name__}: {err}"))
-            continue
-        result = compare(name, outputs, golden_outputs, clips, thresholds_for(stage, thresholds), source.masks_meaningful)
-        used.record(result, require_gpu)
-        if result.failures or result.near_failing:
-            result.pictures = worst_frame_picture(result, clips)
-        result.worst_masks = {}  # the picture is made: nothing else needs the masks
-        results.append(result)
-    header = {
-        "model_type": source.model_type,
-        "checkpoint": source.label,
-        "dataset": spec.description(clips),
-        "input_size": spec.input_size,
-        "prompt_policy": PROMPT_POLICY,
-        **golden_io.provenance(folder, manifest, device),
-        "masks_meaningful": source.masks_meaningful,
-        "not_built": list(not_built),
-    }
-    return results, write_reports(Path(report_dir), header, results)
+    task = VideoCheck(source, spec, device, golden, build, not_built)
+    return check.run_check(task, stages, report_dir=report_dir, require_gpu=require_gpu)

@@ -13,9 +13,14 @@ import torch
 from parity.golden.data import Dataset
 from parity.golden.distributed import Ranks
 from parity.tasks.source import ModelSource
-from parity.tasks.task import Task, positive_int
+from parity.tasks.task import EmbeddedCheck, Task, positive_int
 from parity.tasks.video import golden as video_golden
 from parity.tasks.video import runner
+from parity.tasks.video.embedded import EMBEDDED, EMBEDDED_GOLDEN
+from parity.tasks.video.produce import IGNORED_SWITCHES
+
+
+REPORT_FOLDER = "video"
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> list[str]:
@@ -48,7 +53,7 @@ def _run_check(args, source: ModelSource, dataset: Dataset | None, data_args: st
         not_built = tuple(s for s in stages if runner.unbuilt(s))
         stages = runner.default_stages(device)
     return runner.run_check(source, spec(args), stages, device=device, golden=args.golden,
-                            report_dir=args.report_dir / "video", require_gpu=args.require_gpu, not_built=not_built)
+                            report_dir=args.report_dir / REPORT_FOLDER, require_gpu=args.require_gpu, not_built=not_built)
 
 
 VIDEO = Task(
@@ -65,5 +70,8 @@ VIDEO = Task(
     ),
     one_process=True,
     reads_coco=False,  # VideoSpec.clips() reads --data
-    ignored_switches=runner.IGNORED_SWITCHES,
+    ignored_switches=IGNORED_SWITCHES,
+    report_folder=REPORT_FOLDER,
+    embedded=(EmbeddedCheck("check-video", "python -m parity check --task video", tuple(EMBEDDED_GOLDEN), tuple(EMBEDDED),
+                            golden_on_cpu=True),),
 )
