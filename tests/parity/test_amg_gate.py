@@ -14,6 +14,7 @@ from PIL import Image
 from parity.cli import DEFAULT_GPU_STAGES, main
 from parity.golden.data import load_dataset
 from parity.report.pictures import PANEL
+from parity.tasks import check
 from parity.tasks.amg import golden as amg_golden
 from parity.tasks.amg import runner as amg_runner
 from parity.tasks.amg.embedded import EMBEDDED_GOLDEN
@@ -73,9 +74,9 @@ def test_fp32_passes_with_iou_one(golden, trained, scene, tmp_path, tf32_checked
 
 def test_each_stage_first_hands_the_freed_gpu_memory_back(golden, trained, scene, tmp_path, monkeypatch):
     """The gate runs its checks beside its GPU pytest workers on one GPU: each stage starts by returning
-    what the last one freed (parity.tasks.source.release_gpu_cache; the point and video runners alike)."""
+    what the last one freed (parity.tasks.source.release_gpu_cache, in the check loop of every task)."""
     released = []
-    monkeypatch.setattr(amg_runner, "release_gpu_cache", lambda: released.append(len(released)))
+    monkeypatch.setattr(check, "release_gpu_cache", lambda: released.append(len(released)))
     results, _ = amg_runner.run_check(trained, scene, ["fp32", "fp32+sdpa"], PARAMS, data_args=DATA_ARGS, device="cpu",
                                       golden=golden, report_dir=tmp_path)
     assert len(results) == len(released) == 2

@@ -395,11 +395,11 @@ def test_a_damaged_budgets_file_is_bad_input_but_a_defect_of_ours_is_not(tmp_pat
     """Exit 2 means bad input only: a budgets.toml that is not TOML says so in one line, while a plain
     ValueError from our own code keeps its traceback (exit 1) instead of passing for bad input."""
     from parity.compare.gates import load_thresholds
-    from parity.tasks.point import runner
+    from parity.tasks import check
 
     broken = tmp_path / "budgets.toml"
     broken.write_text("[accuracy.fp32\nmin_mean_iou = ")
-    monkeypatch.setattr(runner, "load_thresholds", lambda **k: load_thresholds(broken, **k))
+    monkeypatch.setattr(check, "load_thresholds", lambda **k: load_thresholds(broken, **k))
     argv = ["check", "--stages", "fp32", "--report-dir", str(tmp_path / "reports")]
     code, err = _main(argv, capsys)
     assert code == 2 and f"{broken}: not valid TOML" in err and "Traceback" not in err
@@ -407,6 +407,6 @@ def test_a_damaged_budgets_file_is_bad_input_but_a_defect_of_ours_is_not(tmp_pat
     def defect(*args, **kwargs):
         raise ValueError("an internal mistake")
 
-    monkeypatch.setattr(runner, "load_thresholds", defect)
+    monkeypatch.setattr(check, "load_thresholds", defect)
     with pytest.raises(ValueError, match="an internal mistake"):
         cli.main(argv)

@@ -194,6 +194,7 @@ def run_check(
     task = PointCheck(source, dataset, data_args, prompt, device, batch_size, golden, report_dir, build, ranks)
     return check.run_check(task, stages, report_dir=report_dir, require_gpu=require_gpu, ranks=ranks)
 
+
 def _build_on_every_rank(build: Callable[[str], torch.nn.Module], stage: str, ranks: Ranks) -> torch.nn.Module:
     """The stage's model; when any rank cannot build it, every rank raises RankFailure alike."""
     model = problem = None
