@@ -1,4 +1,6 @@
-"""Every task the gate knows, by the name `--task` takes. The first is the default."""
+"""Every task the gate knows, by the name `--task` takes; the first is the default. The CLI dispatches
+`--task` here, and the gate (parity.gate.run) and `nox -s golden` take every task's embedded checks
+(Task.embedded) from here: they name no task."""
 
 from __future__ import annotations
 
