@@ -12,6 +12,15 @@ from bench import ladder
 from parity.reference import sam2_reference_config
 
 
+@pytest.fixture
+def two_prompts_an_image(monkeypatch):
+    """Two prompts an image instead of the bench's 5..15 (14 for its seeded image): the quick runs check that
+    rows, tables and charts get written, and the decoder's calls on 14 prompts took about a third of their
+    time; two keep several prompts through one decoder call."""
+    monkeypatch.setattr(ladder, "PROMPTS_PER_IMAGE", (2, 2))
+
+
+@pytest.mark.usefixtures("two_prompts_an_image")
 def test_quick_cpu_run_writes_markdown_json_and_chart(tmp_path):
     # one samfast stage beside the reference: the plumbing is the same for every stage (each costs ~20 s here)
     assert ladder.main(["--quick", "--cpu", "--models", "vit_tiny", "--batches", "1", "--stages", "fp32+nt",
@@ -19,6 +28,7 @@ def test_quick_cpu_run_writes_markdown_json_and_chart(tmp_path):
                         "--out", str(tmp_path)]) == 0
     results = json.loads((tmp_path / "bench.json").read_text())["results"]
     assert [r["stage"] for r in results] == ["reference fp32", "fp32+nt"]
+    assert all(r["notes"]["prompts"] == 2 for r in results)
     for r in results:
         assert r["error"] is None and r["encoder_img_s"] > 0 and r["e2e_img_s"] > 0, r
         assert r["notes"]["compiled_while_timed"] == 0, r  # counted around both timed calls (bench.timing)
@@ -32,6 +42,7 @@ def test_quick_cpu_run_writes_markdown_json_and_chart(tmp_path):
     assert "fp32+nt, encoder" in table and "fp32+nt, e2e" in table
 
 
+@pytest.mark.usefixtures("two_prompts_an_image")
 def test_quick_cpu_run_of_a_sam2_model_beside_sam2(tmp_path):
     """SAM 2 (the small nano config) beside the reference sam2 with the same seeded weights; sam2's
     compiled bf16 path is recorded as skipped on a CPU, a stage not built for SAM 2 as not built."""

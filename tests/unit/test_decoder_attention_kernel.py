@@ -275,8 +275,9 @@ def test_compiled_sam2_decoder_routes_prompts_the_kernels_cannot_take_to_its_mod
     second with the fallback counted, as the kernels count it outside a compiled graph; a call of fewer than
     MIN_FUSED_PROMPTS prompts takes the module graph by choice, no fallback. The compiled graphs are swapped
     for their eager functions here, the attention kernels for their math in torch ops (their arithmetic is
-    tested above) and the input is 256 (16 x 16 image tokens): 32 prompts on the interpreted kernels at
-    1024 took minutes."""
+    tested above), the upscaling is its GEMM form (the interpreted upscaling kernel is tested in
+    tests/unit/test_decoder_upscale.py and took most of this test's time) and the input is 256 (16 x 16 image
+    tokens): 32 prompts on the interpreted kernels at 1024 took minutes."""
     from parity.tasks.video.produce import at_input_size
     from tests.decoder_kernel_ops import kernels_as_torch_ops
     from tests.sam2_decoder_inputs import sam2_decoder_inputs
@@ -284,6 +285,8 @@ def test_compiled_sam2_decoder_routes_prompts_the_kernels_cannot_take_to_its_mod
     kernels_as_torch_ops(monkeypatch)
     model = at_input_size(samfast.build_sam("sam2.1_hiera_nano", device="cpu", stages="fp32+compile+triton"), 256)
     decoder, taken = model.sam_mask_decoder, []
+    assert decoder.upscale_impl == "triton"  # the stage's choice, swapped below for its GEMM form
+    decoder.upscale_impl = "gemm"
     decoder.compiled_predict_masks = {
         route: (lambda *args, route=route, eager=eager: taken.append(route) or eager(*args))
         for route, eager in ((True, decoder._predict_masks_fused), (False, decoder._predict_masks_unfused))

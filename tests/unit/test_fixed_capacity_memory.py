@@ -71,18 +71,29 @@ def conditioned(model, bank: MemoryBank, frame_idx: int, features, *, fixed: boo
         model.fixed_capacity_memory = False
 
 
-def recording_shapes(model, monkeypatch) -> list[tuple]:
-    """(memory shape, pointer tokens, key mask's real tokens) of every memory attention call from now on."""
-    shapes = []
+def recording_calls(model, bank, features, *, fixed: bool) -> list[tuple]:
+    """(memory shape, pointer tokens, key mask) of every memory attention call as frames 1..23 are tracked."""
+    calls = []
     attend = model.memory_attention.attend
 
     def recording(curr, memory, curr_pos, memory_pos, rotations, num_obj_ptr_tokens, memory_mask):
-        real = None if memory_mask is None else memory_mask.sum(dim=1).tolist()
-        shapes.append((tuple(memory.shape), num_obj_ptr_tokens, real))
+        kept = None if memory_mask is None else memory_mask.clone()  # as it was at this call
+        calls.append((tuple(memory.shape), num_obj_ptr_tokens, kept))
         return attend(curr, memory, curr_pos, memory_pos, rotations, num_obj_ptr_tokens, memory_mask)
 
-    monkeypatch.setattr(model.memory_attention, "attend", recording)
-    return shapes
+    model.memory_attention.attend = recording
+    try:
+        for frame_idx in range(1, NUM_FRAMES):
+            conditioned(model, bank, frame_idx, features, fixed=fixed)
+    finally:
+        del model.memory_attention.attend
+    return calls
+
+
+@pytest.fixture(scope="module")
+def fixed_calls(model, bank, features) -> list[tuple]:
+    """The padded steps' calls, recorded once: the two tests below read the same 23 steps, tracked once."""
+    return recording_calls(model, bank, features, fixed=True)
 
 
 @pytest.fixture(params=[False, True], ids=["one-call", "by-frame"])
@@ -97,32 +108,23 @@ def split(request, model, monkeypatch):
         layer.cross_attn_image.split_by_memory_frame = False
 
 
-def test_padding_fills_whole_frame_slots(model, bank, features, monkeypatch):
+def test_padding_fills_whole_frame_slots(fixed_calls):
     """What attention_by_memory_frame relies on: each frame slot of the key mask is all memory or all padding."""
-    masks = []
-    attend = model.memory_attention.attend
-    monkeypatch.setattr(model.memory_attention, "attend", lambda *args: masks.append(args[-1]) or attend(*args))
-    for frame_idx in range(1, NUM_FRAMES):
-        conditioned(model, bank, frame_idx, features, fixed=True)
-    for mask in masks:
+    assert len(fixed_calls) == NUM_FRAMES - 1
+    for _, _, mask in fixed_calls:
         slots = mask[:, : 7 * SIDE * SIDE].reshape(BATCH, 7, SIDE * SIDE)
         assert torch.equal(slots.all(dim=-1), slots.any(dim=-1))
 
 
-def test_the_memory_attention_sees_one_shape_as_the_bank_fills(model, bank, features, monkeypatch):
-    shapes = recording_shapes(model, monkeypatch)
-    for frame_idx in range(1, NUM_FRAMES):
-        conditioned(model, bank, frame_idx, features, fixed=True)
-    assert {shape for shape, _, _ in shapes} == {(CAPACITY, BATCH, 64)}
-    assert {ptr_tokens for _, ptr_tokens, _ in shapes} == {16 * 4}
+def test_the_memory_attention_sees_one_shape_as_the_bank_fills(model, bank, features, fixed_calls):
+    assert {shape for shape, _, _ in fixed_calls} == {(CAPACITY, BATCH, 64)}
+    assert {ptr_tokens for _, ptr_tokens, _ in fixed_calls} == {16 * 4}
     # the real tokens: the conditioning frame and up to 6 recent ones, a pointer per frame read, up to 16
     real = [(1 + min(t - 1, 6)) * SIDE * SIDE + min(t, 16) * 4 for t in range(1, NUM_FRAMES)]
-    assert [count for _, _, count in shapes] == [[n] * BATCH for n in real]
+    assert [mask.sum(dim=1).tolist() for _, _, mask in fixed_calls] == [[n] * BATCH for n in real]
     # what the padding replaces: sam2's memory grows over the first 16 frames
-    shapes.clear()
-    for frame_idx in range(1, NUM_FRAMES):
-        conditioned(model, bank, frame_idx, features, fixed=False)
-    assert [shape for shape, _, _ in shapes] == [(n, BATCH, 64) for n in real]
+    unpadded = recording_calls(model, bank, features, fixed=False)
+    assert [shape for shape, _, _ in unpadded] == [(n, BATCH, 64) for n in real]
 
 
 @pytest.mark.parametrize("frame_idx", [1, 3, 8, 20])
