@@ -491,3 +491,37 @@ def test_a_mask_dropped_by_a_mask_near_a_decision(golden, limits, stage_mask_nea
     assert (s["lost"], s["new"]) == (1, 1)
     assert (s["lost_near_decision"], s["new_near_decision"]) == ((1, 1) if passes else (0, int(stage_mask_near)))
     assert result.passed == passes
+
+
+# --- scores compare one prediction made twice: masks of the same prompt ---------------------------------
+
+
+def _prompted(record: dict, point: tuple[float, float], crop=(0, 0, WIDTH, HEIGHT)) -> dict:
+    return {**record, "point_coords": [list(point)], "crop_box": list(crop)}
+
+
+def test_a_swap_across_prompts_is_matched_but_not_scored(golden, limits):
+    """The stage's NMS near tie kept another grid point's mask of the object: its score is another
+    prediction, so its difference from the golden's is no error of the stage (measured: 0.107 on the SAM 2
+    nano's int8 stage, identically on the CPU and an H200, every same-prompt pair within 0.011)."""
+    outputs, (dropped,) = _swap(limits, _ring(*BOXES[2]))
+    golden = {i: [_prompted(r, (10.0 * i, 5.0 * k)) for k, r in enumerate(records)] for i, records in golden.items()}
+    golden[1][2] = {**golden[1][2], "predicted_iou": dropped["predicted_iou"] + 2 * limits["max_score_abs_err"]}
+    outputs = {i: [_prompted(r, (10.0 * i, 5.0 * k)) for k, r in enumerate(records)] for i, records in outputs.items()}
+    result = compare("stage", outputs, golden, limits, FILTERS, {1: [_prompted(dropped, (99.0, 99.0))]})
+    assert result.summary["swapped"] == 1 and result.summary["other_prompt"] == 1
+    assert result.passed, [g.describe() for g in result.failures]
+    # the planted defect: the same score on the golden's own prompt is an error of the stage, and fails
+    result = compare("stage", outputs, golden, limits, FILTERS, {1: [_prompted(dropped, (10.0, 10.0))]})
+    assert result.summary["other_prompt"] == 0
+    assert "score_max_abs_err" in {g.metric for g in result.failures}
+
+
+def test_the_prompt_is_the_grid_point_and_the_crop():
+    from parity.tasks.amg.matching import same_prompt
+
+    a = {"point_coords": [[284.625, 277.375]], "crop_box": [0, 0, 256, 256]}
+    assert same_prompt(a, {**a, "point_coords": [[284.6252, 277.375]]})  # stored rounded
+    assert not same_prompt(a, {**a, "point_coords": [[284.625, 198.125]]})
+    assert not same_prompt(a, {**a, "crop_box": [0, 0, 128, 128]})
+    assert same_prompt(a, {"predicted_iou": 0.9})  # records without prompts (hand-made) compare their scores

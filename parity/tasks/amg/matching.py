@@ -180,6 +180,10 @@ class Pair:
     predicted_iou_err: float  # |stage predicted_iou - golden predicted_iou|
     stability_err: float  # |stage stability_score - golden stability_score|
     swapped: bool = False  # paired with a mask the stage's NMS dropped at a near tie
+    # Both masks answer the same prompt (point and crop), so their scores are one prediction made twice.
+    # Across prompts (an NMS near tie that kept another point's mask) the scores are two predictions: their
+    # difference is no error of the stage, and the score gates leave it out.
+    same_prompt: bool = True
 
 
 @dataclass(frozen=True)
@@ -224,8 +228,17 @@ def _rles(records: Sequence[dict], image_id: int, side: str) -> list[dict]:
     return rles
 
 
+PROMPT_KEYS = ("point_coords", "crop_box")  # what the generator prompted a mask with; absent in hand-made records
+
+
+def same_prompt(a: dict, b: dict) -> bool:
+    # a grid point's coordinates to within a thousandth of a pixel: the golden may store them rounded
+    return all(np.shape(a[key]) == np.shape(b[key]) and np.allclose(a[key], b[key], rtol=0, atol=1e-3)
+               for key in PROMPT_KEYS if key in a and key in b)
+
+
 def _pair(g: int, s: int, iou: float, golden: Sequence[dict], stage: Sequence[dict], swapped: bool = False) -> Pair:
-    return Pair(golden=g, stage=s, iou=iou, swapped=swapped,
+    return Pair(golden=g, stage=s, iou=iou, swapped=swapped, same_prompt=same_prompt(stage[s], golden[g]),
                 predicted_iou_err=abs(float(stage[s]["predicted_iou"]) - float(golden[g]["predicted_iou"])),
                 stability_err=abs(float(stage[s]["stability_score"]) - float(golden[g]["stability_score"])))
 
@@ -307,11 +320,12 @@ class MatchSummary:
     lost_near_decision: int  # of the lost, those near a decision on the golden's side: not in the union mean
     new_near_decision: int  # of the new, those near one on the stage's side or kept in a swap's place
     swapped: int  # of the matched, those paired with a mask the stage's NMS dropped at a near tie
+    other_prompt: int  # of the matched, those whose masks answer different prompts: matched, not scored
     count_changed_images: int  # images whose number of masks differs from the golden's
     union_iou_mean: float  # matched IoUs over matched + lost + new but those near a decision (unmatched count as 0)
     matched_iou_mean: float  # over matched pairs only; NaN when nothing matched (fails any gate)
     matched_iou_p5: float
-    predicted_iou_max_err: float  # over matched pairs; NaN when nothing matched
+    predicted_iou_max_err: float  # over matched pairs of the same prompt; NaN when there is none
     stability_max_err: float
     worst: list[dict]  # the WORST_IMAGES images of lowest union mean
 
@@ -325,6 +339,7 @@ def summarize(matches: Sequence[ImageMatch]) -> MatchSummary:
         raise ValueError("neither the golden nor the stage has a single mask: there is nothing to compare")
     union = sum(m.union for m in matches)
     pairs = [p for m in matches for p in m.pairs]
+    scored = [p for p in pairs if p.same_prompt]
     ious = np.array([p.iou for p in pairs], dtype=np.float64)
     nan = math.nan
     worst = sorted(matches, key=lambda m: (m.union_iou_mean, -m.union, m.image_id))[:WORST_IMAGES]
@@ -338,13 +353,14 @@ def summarize(matches: Sequence[ImageMatch]) -> MatchSummary:
         lost_near_decision=sum(m.lost_near_decision for m in matches),
         new_near_decision=sum(m.new_near_decision for m in matches),
         swapped=sum(m.swapped for m in matches),
+        other_prompt=len(pairs) - len(scored),
         count_changed_images=sum(m.golden_count != m.stage_count for m in matches),
         # every unmatched mask near a decision and nothing matched: NaN, which fails the gate
         union_iou_mean=float(ious.sum()) / union if union else nan,
         matched_iou_mean=float(ious.mean()) if pairs else nan,
         matched_iou_p5=float(np.percentile(ious, 5)) if pairs else nan,
-        predicted_iou_max_err=max((p.predicted_iou_err for p in pairs), default=nan),
-        stability_max_err=max((p.stability_err for p in pairs), default=nan),
+        predicted_iou_max_err=max((p.predicted_iou_err for p in scored), default=nan),
+        stability_max_err=max((p.stability_err for p in scored), default=nan),
         worst=[{"image_id": m.image_id, "union_iou_mean": m.union_iou_mean, "golden_masks": m.golden_count,
                 "stage_masks": m.stage_count, "lost": m.lost, "new": m.new,
                 "lost_near_decision": m.lost_near_decision, "new_near_decision": m.new_near_decision,

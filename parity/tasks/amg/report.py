@@ -29,7 +29,7 @@ from parity.tasks.amg.matching import MATCH_IOU
 
 COLUMNS = ("union IoU mean", "matched IoU mean", "matched p5", "golden / stage masks", "matched (swapped at NMS)",
            "lost (near a decision)", "new (near a decision)",
-           "images with another count", "score err", "stability err (not gated)", "ms/img")
+           "images with another count", "score err (same prompt)", "stability err (not gated)", "ms/img")
 
 
 def picture_name(stage: str, image_id: int) -> str:
@@ -44,7 +44,8 @@ def _row(r: StageResult) -> str:
              f"{s['golden_masks']} / {s['stage_masks']}", f"{s['matched']} ({s['swapped']})",
              f"{s['lost']} ({s['lost_near_decision']})",
              f"{s['new']} ({s['new_near_decision']})",
-             f"{s['count_changed_images']} of {s['images']}", fmt(s["predicted_iou_max_err"]),
+             f"{s['count_changed_images']} of {s['images']}",
+             fmt(s["predicted_iou_max_err"]) + (f" ({s['other_prompt']} across prompts)" if s["other_prompt"] else ""),
              fmt(s["stability_max_err"]), fmt(s.get("ms_per_image"), 1)]
     return f"| {r.stage} | {stage_verdict(r)} | " + " | ".join(str(c) for c in cells) + " |"
 
@@ -62,6 +63,8 @@ def facts(header: dict) -> list[str]:
         "its NMS, or dropped by NMS there for a mask near one on the other side: counted, not failed); "
         "a golden mask fitted better by a mask the stage's NMS dropped at a near tie is paired with that one "
         "(swapped at NMS) and the stage's mask kept in its place counted near a decision; "
+        "scores are compared between masks of the same prompt (grid point and crop) only: a pair whose masks "
+        "answer different prompts holds two predictions, matched but not scored; "
         "no image is left out of any figure",
     ]
 
