@@ -152,7 +152,8 @@ class TextEncoder(nn.Module):
         """(B, L) token ids (0 pads) -> (B, L) bool mask, True at padding (PyTorch's key_padding_mask
         convention); (L, B, d_model) features; (L, B, width) token embeddings. Sequence first, as sam3
         returns them: the features contiguous in that order (the resizer writes them so), the embeddings
-        a transposed view."""
+        a transposed view. Id 0 is also the BPE piece '!' inside a word ("!@!"): sam3 masks it as
+        padding too, and so does this, for equal outputs."""
         embeds, features = self.encoder(tokens)
         return tokens == 0, self.resizer(features.transpose(0, 1)), embeds.transpose(0, 1)
 

@@ -149,6 +149,17 @@ def test_encoder_equals_sam3s(encoders):
 
 
 @torch.no_grad()
+def test_text_transformer_equals_sam3s_on_sequences_shorter_than_the_context(encoders, tokenizer):
+    """sam3 slices its positions and its causal mask to the tokens' length; SDPA's is_causal is that slice."""
+    ours, ref = encoders
+    tokens = tokenizer(PHRASES)[:, :9]
+    embeds, features = ours.encoder(tokens)
+    _, ref_tokens = ref.encoder(tokens)  # the first output, tokens @ text_projection, sam3 discards
+    torch.testing.assert_close(embeds, ref.encoder.token_embedding(tokens), rtol=0, atol=0)
+    torch.testing.assert_close(features, ref_tokens, rtol=1e-5, atol=1e-5)
+
+
+@torch.no_grad()
 def test_encoder_comparison_catches_planted_defects(encoders):
     """A perturbed attention weight in the last block, and the positional embedding dropped."""
     ours, ref = encoders
@@ -166,6 +177,26 @@ def test_encoder_comparison_catches_planted_defects(encoders):
         finally:
             param.copy_(kept)
     assert_same_encoding(ours(PHRASES), expected)
+
+
+@torch.no_grad()
+def test_encode_compiles_to_one_graph_without_breaks(encoders, tokenizer):
+    """The tensor part traces whole (no host syncs, no data-dependent shapes): one graph for every batch
+    of the same size (dynamo only; inductor's CPU codegen would cost this suite tens of seconds)."""
+    from parity.checks.compile import watch
+
+    ours, _ = encoders
+    torch._dynamo.reset()
+    compiled = torch.compile(ours.encode, backend="eager", fullgraph=True, dynamic=False)
+    batches = [tokenizer(PHRASES[i : i + 4]) for i in (0, 4, 8)]
+    with watch() as seen:
+        outputs = [compiled(tokens) for tokens in batches]
+    torch._dynamo.reset()
+    seen.assert_clean()
+    assert seen.graphs_compiled == 1
+    for got, tokens in zip(outputs, batches):
+        for out, expected in zip(got, ours.encode(tokens)):
+            assert torch.equal(out, expected)
 
 
 def test_state_dict_layout_equals_sam3s_at_real_size(sam3_tokenizer, tokenizer):
@@ -200,8 +231,8 @@ def test_one_block_equals_sam3s_at_real_width():
         torch.testing.assert_close(ours(x), expected, rtol=1e-5, atol=1e-5)
 
 
-def test_seeded_fill_is_reproducible_and_replaces_empty_memory():
-    first, second = (TextEncoder(32, tokenizer=None, width=16, heads=2, layers=1) for _ in range(2))
+def test_seeded_fill_is_reproducible_and_replaces_empty_memory(tokenizer):
+    first, second = (TextEncoder(32, tokenizer, width=16, heads=2, layers=1) for _ in range(2))
     for module in (first, second):
         torch.manual_seed(3)
         fill_unset_text_parameters(module)
