@@ -88,7 +88,7 @@ def tiled_abs_pos(pos_embed: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
     grid = pos_embed[:, 1:].reshape(1, size, size, -1)
     if (size, size) == (h, w):
         return grid
-    return grid.repeat(1, -(-h // size), -(-w // size), 1)[:, :h, :w]
+    return grid.repeat(1, math.ceil(h / size), math.ceil(w / size), 1)[:, :h, :w]
 
 
 class Block(nn.Module):
@@ -107,6 +107,7 @@ class Block(nn.Module):
         super().__init__()
         self.norm1 = nn.LayerNorm(dim)
         attended = (window_size, window_size) if window_size > 0 else input_size
+        # RoPE positions scaled by the trained size over the attended one (sam3's use_interp_rope)
         self.attn = Attention(dim, num_heads, attended, rope_scale=rope_pt_size / attended[0])
         self.norm2 = nn.LayerNorm(dim)
         self.mlp = Mlp(dim, int(dim * mlp_ratio))
@@ -150,6 +151,7 @@ class Attention(nn.Module):
 
 
 def _rotations_from_loaded_table(module: Attention, incompatible_keys) -> None:
+    """load_state_dict's post-hook: the real rotations of the freqs_cis just loaded."""
     module.rotations = rotations_of(module.freqs_cis)
 
 
