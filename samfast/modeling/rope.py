@@ -1,4 +1,5 @@
-"""2-D axial rotary position encoding of the memory attention (sam2.modeling.position_encoding).
+"""2-D axial rotary position encoding of SAM 2's memory attention (sam2.modeling.position_encoding) and
+SAM 3's ViT (sam3.model.vitdet), which share the same rotations.
 
 sam2 keeps the rotations as complex numbers and rotates through torch.view_as_complex; inductor has
 no complex code generation, so inside the compiled memory attention those multiplications ran as
@@ -19,13 +20,24 @@ def axial_rotations(dim: int, end_x: int, end_y: int, theta: float = 10000.0) ->
     rotation's cosine twice (for the pair's re and im), row 1 its sine as (-sin, sin); the first half of
     each token's rotations by x, the second by y. Made whole here, outside the compiled graph, so that the
     kernels rotating the memory keys load one value of each (they built the pairs per element: 4 masked loads)."""
+    return rotations_of(axial_cis(dim, end_x, end_y, theta))
+
+
+def axial_cis(dim: int, end_x: int, end_y: int, theta: float = 10000.0, scale: float = 1.0) -> torch.Tensor:
+    """The (end_x * end_y, dim / 2) complex rotations of sam2's and sam3's compute_axial_cis, in their
+    operation order: token positions (x, y) times `scale` (sam3's ViT interpolates its RoPE from the
+    24 x 24 grid it was trained on by scaling positions; 1.0 elsewhere, which leaves the positions' bits)."""
     freqs = 1.0 / (theta ** (torch.arange(0, dim, 4)[: (dim // 4)].float() / dim))
     t = torch.arange(end_x * end_y, dtype=torch.float32)
-    t_x, t_y = (t % end_x).float(), torch.div(t, end_x, rounding_mode="floor").float()
+    t_x, t_y = (t % end_x).float() * scale, torch.div(t, end_x, rounding_mode="floor").float() * scale
     freqs_x, freqs_y = torch.outer(t_x, freqs), torch.outer(t_y, freqs)
     cis_x = torch.polar(torch.ones_like(freqs_x), freqs_x)
     cis_y = torch.polar(torch.ones_like(freqs_y), freqs_y)
-    cis = torch.cat([cis_x, cis_y], dim=-1)
+    return torch.cat([cis_x, cis_y], dim=-1)
+
+
+def rotations_of(cis: torch.Tensor) -> torch.Tensor:
+    """The (2, L, 2 * P) real table (axial_rotations' layout) of (L, P) complex rotations."""
     cos, sin = cis.real, cis.imag
     return torch.stack([torch.stack([cos, cos], dim=-1).flatten(-2), torch.stack([-sin, sin], dim=-1).flatten(-2)])
 
