@@ -10,6 +10,7 @@ writes the softmax out, and hoists sums out of the layer loop; that reorders fp3
 (measured max abs diff: encoder 0.0, decoder 1.3e-6 on states of magnitude 3.6), hence
 rtol = atol = 1e-5. The planted-defect
 tests show the same comparison fails on a perturbed weight, a dropped term and a wrong layout.
+Each module also traces under dynamo as one graph (no host sync): a planted .item() breaks it.
 """
 
 from __future__ import annotations
@@ -317,3 +318,42 @@ def test_state_dicts_at_real_sizes_have_sam3s_keys_and_shapes():
     for ours, ref in pairs:
         ours_shapes = {k: v.shape for k, v in ours.state_dict().items()}
         assert ours_shapes == {k: v.shape for k, v in ref.state_dict().items()}
+
+
+def as_tuple(out) -> tuple:
+    return out if isinstance(out, tuple) else (out,)
+
+
+def traced_cleanly(module: torch.nn.Module, *inputs) -> None:
+    """module traced by dynamo (eager backend: the graph capture without inductor's CPU codegen) as one
+    graph with no break and no recompile: no host sync, no data-dependent Python, for the compile switch."""
+    from parity.checks.compile import watch
+
+    torch._dynamo.reset()
+    compiled = torch.compile(module, backend="eager")
+    with torch.no_grad(), watch() as seen:
+        out = compiled(*inputs)
+    seen.assert_clean()
+    assert seen.graphs_compiled == 1
+    with torch.no_grad():
+        expected = module(*inputs)
+    for a, b in zip(as_tuple(out), as_tuple(expected), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_fusion_encoder_traces_as_one_graph(encoders, encoder_inputs):
+    traced_cleanly(encoders[0], *encoder_inputs.values())
+
+
+def test_detr_decoder_traces_as_one_graph(decoders, decoder_inputs):
+    traced_cleanly(decoders[0], *decoder_inputs.values())
+
+
+def test_scoring_traces_as_one_graph_and_a_planted_sync_breaks_it(monkeypatch):
+    scoring = DotProductScoring(d_model=64, d_proj=64, mlp_dim=128).eval()
+    inputs = (tokens(LAYERS, BATCH, QUERIES, 64, seed=20), tokens(TOKENS, BATCH, 64, seed=21), prompt_padding())
+    traced_cleanly(scoring, *inputs)
+    forward = DotProductScoring.forward
+    monkeypatch.setattr(DotProductScoring, "forward", lambda self, *a: forward(self, *a) * a[1].abs().max().item())
+    with pytest.raises(AssertionError, match="graph break"):
+        traced_cleanly(scoring, *inputs)
