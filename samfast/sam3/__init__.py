@@ -1,0 +1,1 @@
+"""SAM 3 (Segment Anything with Concepts) on samfast's stack."""
