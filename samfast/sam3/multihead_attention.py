@@ -50,3 +50,10 @@ def padding_bias(key_padding_mask: torch.Tensor, dtype: torch.dtype) -> torch.Te
     bias (B, 1, 1, Lk): -inf on padding keys, 0 elsewhere."""
     bias = torch.zeros(key_padding_mask.shape, dtype=dtype, device=key_padding_mask.device)
     return bias.masked_fill(key_padding_mask, float("-inf"))[:, None, None, :]
+
+
+def seq_first(attn: MultiheadAttention, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+              key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """`attn` over sequence-first (L, B, C) tensors, the layout sam3's nn.MultiheadAttention modules take."""
+    bias = None if key_padding_mask is None else padding_bias(key_padding_mask, query.dtype)
+    return attn(query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1), bias).transpose(0, 1)
