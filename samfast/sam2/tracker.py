@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from samfast.sam2.memory.static_graphs import compile_per_object_count
-from samfast.sam2.position_encoding import get_1d_sine_pe
+from samfast.modeling.position_encoding import get_1d_sine_pe
 from samfast.transfer import to_device
 from samfast.video.memory_bank import NO_OBJ_SCORE, FrameOutput, MemoryBank
 

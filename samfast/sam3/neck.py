@@ -4,7 +4,7 @@ Each scale factor is one branch from the (B, C, 72, 72) map: 4x up by two 2x2 tr
 GELU between), 2x up by one, 1x as is, or 0.5x by a 2x2 max pool; then a 1x1 conv to d_model and a
 3x3 conv. With add_sam2_neck a second, identical set of branches (its own weights, sam2_convs) feeds
 the SAM 2-style tracker. Every output comes with its sine positional encoding, which depends only on
-the map's size (samfast.sam2.position_encoding, equal to sam3's PositionEmbeddingSine with
+the map's size (samfast.modeling.position_encoding, equal to sam3's PositionEmbeddingSine with
 normalize=True, and cached per size).
 
 The trunk is held as `trunk` and the branches under sam3's module names, so that the neck's state
@@ -18,7 +18,7 @@ from collections import OrderedDict
 import torch
 from torch import nn
 
-from samfast.sam2.position_encoding import PositionEmbeddingSine
+from samfast.modeling.position_encoding import PositionEmbeddingSine
 from samfast.sam3.vit import ViT
 
 

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from samfast.sam2.mlp import MLP
+from samfast.modeling.mask_decoder import MLP
 from samfast.sam3.multihead_attention import MultiheadAttention, seq_first
 
 

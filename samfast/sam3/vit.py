@@ -23,8 +23,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from samfast.modeling.rope import apply_rotary_enc, axial_cis, rotations_of
-from samfast.sam1.image_encoder import PatchEmbed
-from samfast.sam2.backbones.windows import window_partition, window_unpartition
+from samfast.modeling.patch_embed import PatchEmbed
+from samfast.modeling.windows import window_partition, window_unpartition
 
 
 class ViT(nn.Module):

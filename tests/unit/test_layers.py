@@ -1,7 +1,7 @@
 """The package layers: bench -> tinysam -> parity -> samfast, no import upward, no import circle in any of
 them; inside parity, its subpackages in layers of their own (PARITY_LAYERS) and no task importing another;
 inside samfast, no circle between its folders (samfast.sam2 <-> samfast.video counts, whatever modules
-close it) and no family (FAMILIES) imported by the kernels or the shared modules (SHARED).
+close it) and no family (FAMILIES) imported by the kernels, the shared modules (SHARED) or another family.
 No package imports tests, and no package nor tools/ uses another package's private (`_name`) names:
 what one needs of another is public there.
 
@@ -194,13 +194,15 @@ def import_cycle(root: Path, package: str, by_folder: bool = False) -> list[str]
 
 
 def family_imports(root: Path) -> list[str]:
-    """'file:line: a imports b (why)' for each import of a family (FAMILIES) by the kernels or a shared module."""
+    """'file:line: a imports b (why)' for each import of a family (FAMILIES) by the kernels, a shared module
+    or another family: a family builds on the shared modules only, so that one can be added or removed alone."""
     problems = []
-    for shared in SHARED:
-        for path in sorted((root / Path(*shared.split("."))).rglob("*.py")):
+    for importer in (*SHARED, *FAMILIES):
+        for path in sorted((root / Path(*importer.split("."))).rglob("*.py")):
             for line, target in imports_of(path, root):
-                if family := next((f for f in FAMILIES if target == f or target.startswith(f + ".")), None):
-                    problems.append(f"{path.relative_to(root)}:{line}: {shared} imports {target} ({family} is a "
+                family = next((f for f in FAMILIES if target == f or target.startswith(f + ".")), None)
+                if family and family != importer:
+                    problems.append(f"{path.relative_to(root)}:{line}: {importer} imports {target} ({family} is a "
                                     "family: move what both need to a shared module, or pass it in)")
     return problems
 
@@ -226,7 +228,7 @@ def test_samfast_folders_have_no_import_circle():
     assert import_cycle(REPO, "samfast", by_folder=True) == []
 
 
-def test_kernels_and_shared_modules_import_no_family():
+def test_kernels_shared_modules_and_families_import_no_other_family():
     assert family_imports(REPO) == []
 
 
@@ -381,7 +383,8 @@ def test_planted_folder_circle_is_reported(tmp_path):
 
 def test_planted_family_imports_are_reported(tmp_path):
     """The import rotated_keys had (the kernel's reference from SAM 2's rope), a shared decoder reaching into
-    a family, and a video module importing SAM 3 inside a function; a family importing shared code is fine."""
+    a family, a video module importing SAM 3 inside a function, and one family importing another; a family
+    importing shared code or its own modules is fine."""
     root = _tree(tmp_path, {
         "samfast/__init__.py": "",
         "samfast/kernels/__init__.py": "",
@@ -396,7 +399,8 @@ def test_planted_family_imports_are_reported(tmp_path):
         "samfast/sam1/__init__.py": "",
         "samfast/sam1/config.py": "",
         "samfast/sam3/__init__.py": "",
-        "samfast/sam3/tracker.py": "from samfast.video import predictor\n",
+        "samfast/sam3/tracker.py": "from samfast.video import predictor\nfrom samfast.sam3 import vit\n",
+        "samfast/sam3/vit.py": "from samfast.sam2.memory import rope\n",
     })
     assert family_imports(root) == [
         "samfast/kernels/rotated_keys.py:2: samfast.kernels imports samfast.sam2.memory.rope (samfast.sam2 is a "
@@ -404,5 +408,7 @@ def test_planted_family_imports_are_reported(tmp_path):
         "samfast/modeling/mask_decoder.py:1: samfast.modeling imports samfast.sam1.config (samfast.sam1 is a "
         "family: move what both need to a shared module, or pass it in)",
         "samfast/video/predictor.py:4: samfast.video imports samfast.sam3.tracker (samfast.sam3 is a "
+        "family: move what both need to a shared module, or pass it in)",
+        "samfast/sam3/vit.py:1: samfast.sam3 imports samfast.sam2.memory.rope (samfast.sam2 is a "
         "family: move what both need to a shared module, or pass it in)",
     ]

@@ -24,8 +24,8 @@ from sam3.model.necks import Sam3DualViTDetNeck as TheirNeck  # noqa: E402
 from sam3.model.position_encoding import PositionEmbeddingSine as TheirPositionEncoding  # noqa: E402
 
 from samfast.modeling.rope import axial_cis, rotations_of  # noqa: E402
-from samfast.sam2.backbones.windows import window_partition, window_unpartition  # noqa: E402
-from samfast.sam2.position_encoding import PositionEmbeddingSine  # noqa: E402
+from samfast.modeling.windows import window_partition, window_unpartition  # noqa: E402
+from samfast.modeling.position_encoding import PositionEmbeddingSine  # noqa: E402
 from samfast.sam3.neck import Sam3DualViTDetNeck  # noqa: E402
 from samfast.sam3.vit import Block, ViT  # noqa: E402
 

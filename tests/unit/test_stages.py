@@ -124,7 +124,7 @@ def test_triton_on_cpu_falls_back_visibly_and_equals_fp32(fp32_outputs, monkeypa
 
 def test_patch_embed_as_gemm_equals_the_convolution():
     """The compile switch's GEMM form of the patch embedding is the same product as the conv (fp64)."""
-    from samfast.sam1.image_encoder import PatchEmbed
+    from samfast.modeling.patch_embed import PatchEmbed
 
     torch.manual_seed(0)
     embed = PatchEmbed(patch_size=16, in_chans=3, embed_dim=40).double()

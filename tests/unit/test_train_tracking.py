@@ -20,7 +20,7 @@ from samfast import build_sam_video
 from samfast.checkpoint import TRAINED_CHECKPOINTS
 from samfast.sam2.checkpoint import synthetic_state_dict
 from samfast.sam2.memory.attention import MemoryAttention
-from samfast.sam2.position_encoding import PositionEmbeddingSine
+from samfast.modeling.position_encoding import PositionEmbeddingSine
 from tinysam.clips import MASK_SCALE, WINDOW, WindowSampler, build_clip_pool
 from tinysam.rollout import (
     FROZEN_MODULES,

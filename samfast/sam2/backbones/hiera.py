@@ -16,7 +16,7 @@ from torch import nn
 from samfast.kernels import norm_with_bias_channel, window_attention
 from samfast.modeling.attention import attention
 from samfast.modeling.common import linear_accumulate, linear_with_bias_channel
-from samfast.sam2.backbones.windows import from_windows, to_windows, window_partition, window_unpartition
+from samfast.modeling.windows import from_windows, to_windows, window_partition, window_unpartition
 from samfast.sam2.mlp import HieraMLP
 
 

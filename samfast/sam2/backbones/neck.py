@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from samfast.sam2.position_encoding import PositionEmbeddingSine
+from samfast.modeling.position_encoding import PositionEmbeddingSine
 
 
 class FpnNeck(nn.Module):

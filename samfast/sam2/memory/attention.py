@@ -34,7 +34,7 @@ from samfast.kernels.rotated_keys import rotated_keys
 from samfast.modeling.common import linear_relu
 from samfast.modeling.rope import apply_rotary_enc, axial_rotations, rotate, rotated_keys_reference
 from samfast.sam2.memory.static_graphs import compile_per_object_count
-from samfast.sam2.position_encoding import made_for_inference_only
+from samfast.modeling.position_encoding import made_for_inference_only
 
 ROPE_THETA = 10000.0
 ROPE_FEAT_SIZES = (64, 64)  # the feature map at sam2's 1024 input

@@ -9,7 +9,7 @@ from torch import nn
 from samfast.kernels.mask_downsample import MAX_INPUT_CHANNELS, downsample_conv
 from samfast.modeling.common import LayerNorm2d, gelu_mlp
 from samfast.sam2.memory.static_graphs import compile_per_object_count
-from samfast.sam2.position_encoding import PositionEmbeddingSine
+from samfast.modeling.position_encoding import PositionEmbeddingSine
 
 
 class MaskDownSampler(nn.Module):

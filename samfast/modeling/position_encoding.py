@@ -1,4 +1,4 @@
-"""The sine positional encoding of SAM 2's feature maps (sam2.modeling.position_encoding.PositionEmbeddingSine).
+"""The sine positional encoding of SAM 2's and SAM 3's feature maps (sam2.modeling.position_encoding.PositionEmbeddingSine, sam3.model.position_encoding's with normalize=True).
 
 Normalized (positions 1..H divided by H + 1e-6, times 2 pi), half the channels for y then half for x,
 interleaved sin/cos. It depends only on the map's size, so each size is computed once and cached:
