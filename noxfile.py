@@ -19,7 +19,8 @@ nox.options.default_venv_backend = "none"
 # What the project and its test layers import: when all of it is importable already (a GPU runner's
 # image, a machine without internet), installing would only risk a download, so it is skipped.
 _NEEDED = ["torch", "torchao", "pycocotools", "numpy", "PIL", "tqdm", "matplotlib", "pytest",
-           "pytest_benchmark", "segment_anything", "sam2", "torchvision", "samfast", "parity"]
+           "pytest_benchmark", "segment_anything", "sam2", "sam3", "open_clip", "psutil", "torchvision", "samfast",
+           "parity"]
 
 
 def _install(session: nox.Session) -> None:
