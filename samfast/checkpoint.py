@@ -33,7 +33,7 @@ TRAINED_CHECKPOINTS = {
 # gate's embedded default.
 NAMED_CHECKPOINTS = {"trained": TRAINED_CHECKPOINTS["vit_tiny"]}
 _FIX = (
-    "Pass the path of an official sam_vit_*.pth (SAM 1) or sam2.1_hiera_*.pt (SAM 2) file, "
+    "Pass the path of an official sam_vit_*.pth (SAM 1), sam2.1_hiera_*.pt (SAM 2) or sam3.pt (SAM 3) file, "
     "or leave checkpoint=None for seeded synthetic weights."
 )
 
@@ -77,17 +77,7 @@ def read_checkpoint(path: str | Path, model_type: str | None = None) -> dict[str
     """Load a state dict with weights_only=True, turning every failure into a message with a fix.
     model_type picks the file of a named checkpoint ("trained"; resolve_checkpoint)."""
     path = resolve_checkpoint(path, model_type)
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # the weights-only unpickler raises many kinds on a damaged file
-        size = path.stat().st_size
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__  # some have no message
-        raise CheckpointError(
-            f"{path} ({size:,} bytes) is not a readable PyTorch checkpoint: {reason}. "
-            "The file is probably truncated or not a checkpoint; download it again "
-            "(official sizes: vit_b 375 MB, vit_l 1.25 GB, vit_h 2.56 GB; sam2.1_hiera_tiny 156 MB to "
-            "sam2.1_hiera_large 898 MB) and check its sha256."
-        ) from err
+    state = load_file(path)
     if isinstance(state, dict):
         state = unwrap_state_dict(state)
     if not isinstance(state, dict) or family_of_state_dict(state) is None:
@@ -97,6 +87,22 @@ def read_checkpoint(path: str | Path, model_type: str | None = None) -> dict[str
             "sam2.1_hiera_*.pt file or one saved with torch.save(model.state_dict())."
         )
     return state
+
+
+def load_file(path: Path) -> object:
+    """torch.load of a checked file (resolve_checkpoint) with weights_only=True onto the CPU; CheckpointError
+    naming the fix for one the unpickler cannot read."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # the weights-only unpickler raises many kinds on a damaged file
+        size = path.stat().st_size
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__  # some have no message
+        raise CheckpointError(
+            f"{path} ({size:,} bytes) is not a readable PyTorch checkpoint: {reason}. "
+            "The file is probably truncated or not a checkpoint; download it again "
+            "(official sizes: vit_b 375 MB, vit_l 1.25 GB, vit_h 2.56 GB; sam2.1_hiera_tiny 156 MB to "
+            "sam2.1_hiera_large 898 MB) and check its sha256."
+        ) from err
 
 
 def unwrap_state_dict(checkpoint: Mapping) -> Mapping[str, torch.Tensor]:
