@@ -101,7 +101,7 @@ def load_file(path: Path) -> object:
             f"{path} ({size:,} bytes) is not a readable PyTorch checkpoint: {reason}. "
             "The file is probably truncated or not a checkpoint; download it again "
             "(official sizes: vit_b 375 MB, vit_l 1.25 GB, vit_h 2.56 GB; sam2.1_hiera_tiny 156 MB to "
-            "sam2.1_hiera_large 898 MB) and check its sha256."
+            "sam2.1_hiera_large 898 MB; sam3.pt 3.45 GB) and check its sha256."
         ) from err
 
 
