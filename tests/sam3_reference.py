@@ -55,7 +55,8 @@ def _set_tf32_flags(flags: tuple[bool, bool]) -> None:
 
 def import_model_builder():
     """sam3.model_builder, imported with the TF32 flags as they were before: at import it runs
-    `_setup_tf32()`, which sets both flags on when GPU 0 is Ampere or later."""
+    `_setup_tf32()`, which sets both flags on when GPU 0 is Ampere or later, and `import sam3` of any
+    of its modules imports it first (sam3/__init__.py does)."""
     saved = _tf32_flags()
     try:
         return importlib.import_module("sam3.model_builder")
@@ -63,7 +64,12 @@ def import_model_builder():
         _set_tf32_flags(saved)
 
 
-class _TorchWith:
+# Here, at this module's import: a test that imports this module before sam3 (as every SAM 3 test does)
+# finds sam3 imported already, and TF32 as it was.
+import_model_builder()
+
+
+class TorchWith:
     """The torch module with some functions replaced: patched in as one sam3 module's `torch` name, it
     changes what that module's code calls and nothing else in the process."""
 
@@ -107,8 +113,8 @@ def on_cpu() -> Iterator[None]:
     geometry_encoders = importlib.import_module("sam3.model.geometry_encoders")
     decoder = importlib.import_module("sam3.model.decoder").TransformerDecoder
     with (
-        mock.patch.object(position_encoding, "torch", _TorchWith(zeros=_zeros_on_cpu)),
-        mock.patch.object(geometry_encoders, "torch", _TorchWith(tensor=_tensor_unpinned)),
+        mock.patch.object(position_encoding, "torch", TorchWith(zeros=_zeros_on_cpu)),
+        mock.patch.object(geometry_encoders, "torch", TorchWith(tensor=_tensor_unpinned)),
         mock.patch.object(decoder, "_get_coords", _coords_on_cpu(decoder._get_coords)),
     ):
         yield

@@ -17,7 +17,7 @@ from samfast.checkpoint import key_generator
 from samfast.sam3.checkpoint import read_sam3_checkpoint
 from tests.sam3_reference import (
     TEXT_ENCODER_EMPTY,
-    _TorchWith,
+    TorchWith,
     build_reference_image_model,
     import_model_builder,
     layout,
@@ -79,21 +79,24 @@ def test_text_prompt_end_to_end():
     assert state["scores"].std() > 0 and state["masks_logits"].std() > 0  # the prompt reached the outputs
 
 
-def test_model_builder_import_leaves_tf32_as_it_was(monkeypatch):
-    """With an Ampere-or-later GPU, importing sam3.model_builder turns TF32 on; import_model_builder
-    undoes it. The plain import is checked too, so this test goes when sam3 stops doing it."""
-    import sam3
+def _forget_sam3(monkeypatch) -> None:
+    """The next import of sam3 is a first one again (sys.modules as it was after the test)."""
+    for name in ("sam3", "sam3.model_builder"):
+        monkeypatch.delitem(sys.modules, name)
 
+
+def test_first_sam3_import_leaves_tf32_as_it_was(monkeypatch):
+    """With an Ampere-or-later GPU, sam3's first import turns TF32 on; import_model_builder undoes it.
+    The plain import is checked too, so this test goes when sam3 stops doing it."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(major=9))
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
-    monkeypatch.setattr(sam3, "model_builder", sys.modules["sam3.model_builder"])
-    monkeypatch.delitem(sys.modules, "sam3.model_builder")
+    _forget_sam3(monkeypatch)
     import_model_builder()
     assert _tf32() == (False, False)
-    monkeypatch.delitem(sys.modules, "sam3.model_builder")
-    importlib.import_module("sam3.model_builder")
+    _forget_sam3(monkeypatch)
+    importlib.import_module("sam3")
     assert _tf32() == (True, True), "sam3 no longer turns TF32 on at import: import_model_builder's guard can go"
 
 
@@ -102,7 +105,7 @@ def test_tracker_autocast_is_left(monkeypatch):
     so here it enters the CPU's instead, which is on: the same entry, seen and then left."""
     builder = import_model_builder()
     tracking = importlib.import_module("sam3.model.sam3_tracking_predictor")
-    monkeypatch.setattr(tracking, "torch", _TorchWith(autocast=lambda device_type, dtype: torch.autocast("cpu", dtype=dtype)))
+    monkeypatch.setattr(tracking, "torch", TorchWith(autocast=lambda device_type, dtype: torch.autocast("cpu", dtype=dtype)))
     assert not torch.is_autocast_enabled("cpu")
     with on_cpu():
         tracker = builder.build_tracker(apply_temporal_disambiguation=False)
