@@ -8,8 +8,8 @@ undone too, since every fp32 comparison needs true fp32: `sam3.model_builder` tu
 finds an Ampere or later GPU, and `Sam3TrackerPredictor.__init__` enters bf16 autocast and never
 leaves it.
 
-The models are built with sam3's own initialisation under torch.manual_seed(seed), which is
-deterministic on one machine; no weights exist here, so this is the reference's whole weight source.
+No weights exist here: the models get sam3's own initialisation under torch.manual_seed(seed), and the
+two text-encoder tensors sam3 leaves uninitialised get seeded values (seed_text_encoder).
 """
 
 from __future__ import annotations
