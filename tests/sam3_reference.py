@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import importlib.util
 import json
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -26,10 +25,7 @@ import torch
 
 from samfast.checkpoint import key_generator
 from samfast.sam3.checkpoint import DETECTOR_PREFIX, INTERACTIVE_PREFIX, TRACKER_PREFIX
-
-# sam3's wheel lacks the BPE vocab its tokenizer reads; open_clip_torch ships the byte-identical file.
-# Found without importing open_clip (which imports timm and much else).
-BPE_VOCAB = Path(importlib.util.find_spec("open_clip").origin).parent / "bpe_simple_vocab_16e6.txt.gz"
+from samfast.sam3.tokenizer import bpe_vocab_path
 
 # The text encoder's two tensors that sam3 allocates with torch.empty and never initialises (the
 # checkpoint fills them): left as they are, they hold whatever memory held, NaN at times.
@@ -153,7 +149,7 @@ def build_reference_image_model(seed: int, enable_inst_interactivity: bool = Fal
     with on_cpu(), torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = builder.build_sam3_image_model(
-            bpe_path=str(BPE_VOCAB),
+            bpe_path=str(bpe_vocab_path()),  # the vocab sam3's wheel lacks, from open_clip_torch
             device="cpu",
             checkpoint_path=None,
             load_from_HF=False,

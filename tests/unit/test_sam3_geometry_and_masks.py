@@ -17,14 +17,13 @@ planted .item(), a boolean-mask index and a data-dependent branch.
 
 from __future__ import annotations
 
-from unittest import mock
-
 import pytest
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-pytest.importorskip("sam3", reason="the SAM 3 reference package sam3==0.1.4 is not installed")
+# through the harness, whose import of sam3 keeps TF32 as it was (sam3 turns it on at import with a GPU)
+pytest.importorskip("tests.sam3_reference", reason="the SAM 3 reference package sam3==0.1.4 is not installed")
 
 from sam3.model.encoder import TransformerEncoderLayer
 from sam3.model.geometry_encoders import Prompt as Sam3Prompt
@@ -37,6 +36,7 @@ from sam3.model.position_encoding import PositionEmbeddingSine
 from samfast.sam3.geometric_prompt import Prompt
 from samfast.sam3.geometry_encoder import SequenceGeometryEncoder
 from samfast.sam3.segmentation_head import UniversalSegmentationHead
+from tests.sam3_reference import on_cpu
 
 SMALL = {"d_model": 32, "num_heads": 4, "dim_feedforward": 64, "num_layers": 2}
 BATCH = 3
@@ -101,9 +101,8 @@ def geometry_pair():
 
 
 def run_reference_geometry(ref, prompt_kwargs, feats, sizes, pos):
-    # sam3 pins the (W, H, W, H) box scale before moving it to the boxes' device; without CUDA
-    # pin_memory raises, and skipping it keeps the same CPU tensor (same values)
-    with torch.no_grad(), mock.patch.object(torch.Tensor, "pin_memory", lambda self: self):
+    # sam3 pins the (W, H, W, H) box scale, which raises without an accelerator: the harness's shim
+    with torch.no_grad(), on_cpu():
         return ref(Sam3Prompt(**prompt_kwargs), feats, sizes, pos)
 
 
