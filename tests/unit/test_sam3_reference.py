@@ -35,7 +35,7 @@ def _tf32() -> tuple[bool, bool]:
     return torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
 
 
-@pytest.mark.slow(reason="builds sam3's full-size image model with its interactive predictor (880M parameters, ~10 s)")
+@pytest.mark.slow(reason="builds sam3's full-size image model with its interactive predictor (860M weights, 10-20 s)")
 def test_full_size_model_builds_seeded_on_the_cpu():
     tf32_before = _tf32()
     model = build_reference_image_model(seed=0, enable_inst_interactivity=True)
@@ -57,7 +57,9 @@ def test_full_size_model_builds_seeded_on_the_cpu():
     model.load_state_dict(mapped, strict=True)
 
 
-@pytest.mark.slow(reason="sam3's full-size image model on one 1008x1008 image: the ViT-L/14 trunk alone is ~45 s on 2 cores")
+@pytest.mark.slow(reason="sam3's full-size image model built and run on one 1008x1008 image (its 32-block ViT at 72x72 "
+                         "tokens): ~55 s on 2 idle cores, 2 min on busy ones; the trunk cannot be cut (it returns "
+                         "only after its last global block)")
 def test_text_prompt_end_to_end():
     """One full run of Sam3Processor (set_image, set_text_prompt) shared by every assertion."""
     from sam3.model.sam3_image_processor import Sam3Processor
