@@ -24,7 +24,7 @@ def bpe_vocab_path() -> Path:
     spec = find_spec("open_clip")
     if spec is None or spec.origin is None:
         raise ModuleNotFoundError(
-            "SAM 3's tokenizer needs open_clip_torch (its BPE code and vocabulary): pip install open_clip_torch"
+            "SAM 3's tokenizer needs open_clip_torch (its BPE code and vocabulary): pip install 'samfast[sam3]'"
         )
     return Path(spec.origin).parent / "bpe_simple_vocab_16e6.txt.gz"
 
