@@ -123,3 +123,102 @@ def sam3_dot_product_scoring(d_model: int, mlp_dim: int):
         out_norm=nn.LayerNorm(d_model),
     )
     return DotProductScoring(d_model=d_model, d_proj=d_model, prompt_mlp=prompt_mlp).eval()
+
+
+def sam3_image_model(config):
+    """sam3's Sam3Image as sam3.model_builder.build_sam3_image_model assembles it (no instance
+    interactivity, eval mode), every module at the sizes of `config` (a samfast.sam3.config.Sam3Config).
+    The position encodings and the decoder are built without a precompute resolution: with one, sam3
+    fills their caches on device="cuda" at build time; without, it computes the same values at the
+    first forward."""
+    from sam3.model.encoder import TransformerEncoderLayer
+    from sam3.model.geometry_encoders import SequenceGeometryEncoder
+    from sam3.model.maskformer_segmentation import PixelDecoder, UniversalSegmentationHead
+    from sam3.model.model_misc import MultiheadAttentionWrapper, TransformerWrapper
+    from sam3.model.necks import Sam3DualViTDetNeck
+    from sam3.model.position_encoding import PositionEmbeddingSine
+    from sam3.model.sam3_image import Sam3Image
+    from sam3.model.text_encoder_ve import VETextEncoder
+    from sam3.model.tokenizer_ve import SimpleTokenizer
+    from sam3.model.vitdet import ViT
+    from sam3.model.vl_combiner import SAM3VLBackbone
+
+    from samfast.sam3.tokenizer import bpe_vocab_path
+
+    c = config
+    d_model = c.d_model
+
+    def position_encoding():
+        return PositionEmbeddingSine(num_pos_feats=d_model, normalize=True, scale=None, temperature=10000)
+
+    vit = ViT(
+        img_size=c.image_size, pretrain_img_size=c.pretrain_image_size, patch_size=c.patch_size,
+        embed_dim=c.vit_embed_dim, depth=c.vit_depth, num_heads=c.vit_num_heads, mlp_ratio=c.vit_mlp_ratio,
+        norm_layer="LayerNorm", drop_path_rate=0.1, qkv_bias=True, use_abs_pos=True, tile_abs_pos=True,
+        global_att_blocks=c.vit_global_blocks, rel_pos_blocks=(), use_rope=True, use_interp_rope=True,
+        window_size=c.vit_window_size, pretrain_use_cls_token=True, retain_cls_token=False, ln_pre=True,
+        ln_post=False, return_interm_layers=False, bias_patch_embed=False,
+    )
+    neck = Sam3DualViTDetNeck(position_encoding=position_encoding(), d_model=d_model,
+                              scale_factors=list(c.neck_scale_factors), trunk=vit, add_sam2_neck=c.add_sam2_neck)
+    text = VETextEncoder(tokenizer=SimpleTokenizer(bpe_path=str(bpe_vocab_path())), d_model=d_model,
+                         width=c.text_width, heads=c.text_heads, layers=c.text_layers)
+    transformer = TransformerWrapper(
+        encoder=sam3_fusion_encoder(d_model, c.encoder_layers, c.num_heads, c.dim_feedforward),
+        decoder=sam3_detr_decoder(d_model, c.decoder_layers, c.num_heads, c.dim_feedforward, c.num_queries),
+        d_model=d_model,
+    )
+    geometry_layer = sam3_fusion_encoder_layer(d_model, c.num_heads, c.dim_feedforward, pos_enc_at_attn=False,
+                                               pos_enc_at_cross_attn_keys=True, batch_first=False)
+    geometry_encoder = SequenceGeometryEncoder(
+        pos_enc=position_encoding(), encode_boxes_as_points=False, points_direct_project=True, points_pool=True,
+        points_pos_enc=True, boxes_direct_project=True, boxes_pool=True, boxes_pos_enc=True, d_model=d_model,
+        num_layers=c.geometry_layers, layer=geometry_layer, use_act_ckpt=True, add_cls=True,
+        add_post_encode_proj=True,
+    )
+    segmentation_head = UniversalSegmentationHead(
+        hidden_dim=d_model, upsampling_stages=c.mask_upsampling_stages, aux_masks=False, presence_head=False,
+        dot_product_scorer=None, act_ckpt=True,
+        cross_attend_prompt=MultiheadAttentionWrapper(num_heads=c.num_heads, dropout=0, embed_dim=d_model),
+        pixel_decoder=PixelDecoder(num_upsampling_stages=c.mask_upsampling_stages, interpolation_mode="nearest",
+                                   hidden_dim=d_model),
+    )
+    return Sam3Image(
+        backbone=SAM3VLBackbone(visual=neck, text=text, scalp=c.scalp),
+        transformer=transformer,
+        input_geometry_encoder=geometry_encoder,
+        segmentation_head=segmentation_head,
+        num_feature_levels=1,
+        o2m_mask_predict=True,
+        dot_prod_scoring=sam3_dot_product_scoring(d_model, c.scoring_mlp_dim),
+        use_instance_query=False,
+        multimask_output=True,
+        inst_interactive_predictor=None,
+        matcher=None,
+    ).eval()
+
+
+def seed_image_model_weights(model: nn.Module, seed: int) -> None:
+    """Every parameter of a sam3 image model drawn from a seeded generator, in place: weights of two
+    or more dimensions N(0, 1 / fan_in) (fan_in: all but the first dimension, so that convolutions keep
+    their activations' scale through the trunk and the neck), vectors N(0, 0.1), LayerNorm and GroupNorm
+    weights 1 + N(0, 0.1). It covers the tensors sam3 leaves torch.empty (the text encoder's positional
+    table and projection) and the ones it zeroes."""
+    generator = torch.Generator().manual_seed(seed)
+    norms = {id(m.weight) for m in model.modules() if isinstance(m, (nn.LayerNorm, nn.GroupNorm))}
+    with torch.no_grad():
+        for param in model.parameters():
+            noise = torch.randn(param.shape, generator=generator)
+            if param.dim() > 1:
+                param.copy_(noise / param[0].numel() ** 0.5)
+            else:
+                param.copy_(noise * 0.1 + (1.0 if id(param) in norms else 0.0))
+
+
+def sam3_prompt_boxes_unpinned():
+    """A context in which sam3's geometry encoder runs on the CPU: its _encode_boxes pins a (W, H, W, H)
+    scale before moving it to the boxes' device (every prompt, text alone included), and pinning needs an
+    accelerator; on the CPU the unpinned tensor is the same value."""
+    from unittest import mock
+
+    return mock.patch.object(torch.Tensor, "pin_memory", lambda self, *args, **kwargs: self)
