@@ -270,3 +270,35 @@ def test_processor_refuses_a_prompt_before_an_image(models):
         ours.set_text_prompt("cat", {})
     with pytest.raises(ValueError, match="PIL image"):
         ours.set_image("cat.jpg")
+
+
+# ---------------------------------------------------------------------------------------------------
+# written for speed: no host sync in the model's forward
+
+
+def forward_syncs(ours) -> list[str]:
+    # the geometry and mask tests' recorder of the ops that make a host wait for the device
+    from tests.unit.test_sam3_geometry_and_masks import HostSyncs
+
+    backbone_out = ours.backbone.forward_image(images())
+    backbone_out.update(ours.backbone.forward_text(PHRASES))
+    prompt = Prompt(**geometry("boxes-and-points"))
+    with torch.no_grad(), HostSyncs() as syncs:
+        ours.forward_grounding(backbone_out, FindInput(**IDS), prompt)
+    return syncs.found
+
+
+def test_forward_grounding_makes_no_host_sync(models):
+    assert forward_syncs(models[0]) == []
+
+
+def test_a_planted_item_is_seen_as_a_host_sync(models):
+    ours = models[0]
+    scoring = ours.dot_prod_scoring.forward
+
+    def scoring_with_item(hs, prompt, prompt_mask):
+        prompt_mask.any().item()
+        return scoring(hs, prompt, prompt_mask)
+
+    with mock.patch.object(ours.dot_prod_scoring, "forward", scoring_with_item):
+        assert forward_syncs(ours) == ["_local_scalar_dense"]
