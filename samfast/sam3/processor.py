@@ -53,7 +53,8 @@ class Sam3Processor:
 
     @torch.inference_mode()
     def set_image(self, image: PIL.Image.Image | torch.Tensor | np.ndarray, state: dict | None = None) -> dict:
-        """Encode one image: state gets backbone_out, original_height and original_width."""
+        """Encode one image: state gets backbone_out, original_height and original_width (of an
+        (H, W, C) array, H and W: sam3 reads an array's last two sizes, W and C, as its height and width)."""
         if not isinstance(image, (PIL.Image.Image, torch.Tensor, np.ndarray)):
             raise ValueError(
                 f"image is a {type(image).__name__}: pass a PIL image, a (C, H, W) tensor or an (H, W, C) array"

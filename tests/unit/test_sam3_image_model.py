@@ -264,6 +264,17 @@ def test_scores_without_presence_fail_the_processor_comparison(models):
         assert_results_equal(got, ref)
 
 
+def test_processor_reads_arrays_and_tensors_as_the_pil_image(models):
+    ours, _ = processors(models)
+    image = pil_image(seed=0)
+    expected = ours.set_text_prompt(PHRASES[0], ours.set_image(image))
+    for same in (np.array(image), torch.from_numpy(np.array(image)).permute(2, 0, 1)):
+        got = ours.set_text_prompt(PHRASES[0], ours.set_image(same))
+        assert (got["original_height"], got["original_width"]) == (90, 150)
+        for key in RESULT_KEYS:
+            torch.testing.assert_close(got[key], expected[key], rtol=0, atol=0)
+
+
 def test_processor_refuses_a_prompt_before_an_image(models):
     ours, _ = processors(models)
     with pytest.raises(ValueError, match="call set_image"):
@@ -302,3 +313,4 @@ def test_a_planted_item_is_seen_as_a_host_sync(models):
 
     with mock.patch.object(ours.dot_prod_scoring, "forward", scoring_with_item):
         assert forward_syncs(ours) == ["_local_scalar_dense"]
+
