@@ -314,3 +314,27 @@ def test_a_planted_item_is_seen_as_a_host_sync(models):
     with mock.patch.object(ours.dot_prod_scoring, "forward", scoring_with_item):
         assert forward_syncs(ours) == ["_local_scalar_dense"]
 
+
+# ---------------------------------------------------------------------------------------------------
+# the full-size model against the full-size reference
+
+
+@pytest.mark.slow(reason="sam3's and samfast's full-size image models on one 1008x1008 image: sam3's build and two "
+                         "ViT-L/14 trunk runs, 225 s on one thread of this 2-core machine")
+def test_full_size_text_prompt_equals_sam3s():
+    """sam3's image model as its builder makes it (its own seeded init, tests/sam3_reference.py), its
+    state dict loaded strictly into samfast's SAM3_IMAGE model; one phrase through both processors."""
+    from tests.sam3_reference import build_reference_image_model, on_cpu
+
+    theirs = build_reference_image_model(seed=0)
+    ours = build_image_model(SAM3_IMAGE)
+    # assign: the two models share their weights rather than holding 3.4 GB each
+    ours.load_state_dict(theirs.state_dict(), strict=True, assign=True)
+    image = pil_image(seed=2, size=(56, 40))
+    with on_cpu():
+        ref = Sam3Sam3Processor(theirs, device="cpu", confidence_threshold=0.0)
+        ref = ref.set_text_prompt("a red square", ref.set_image(image))
+    got = Sam3Processor(ours.eval(), device="cpu", confidence_threshold=0.0)
+    got = got.set_text_prompt("a red square", got.set_image(image))
+    assert got["scores"].shape == (SAM3_IMAGE.num_queries,)
+    assert_results_equal(got, ref)
