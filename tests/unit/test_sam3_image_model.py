@@ -264,6 +264,20 @@ def test_scores_without_presence_fail_the_processor_comparison(models):
         assert_results_equal(got, ref)
 
 
+def test_processor_image_batch_equals_sam3s(models):
+    ours, theirs = processors(models)
+    batch = [pil_image(seed=0), pil_image(seed=1, size=(64, 80))]
+    got, ref = ours.set_image_batch(batch), theirs.set_image_batch(batch)
+    assert (got["original_heights"], got["original_widths"]) == (ref["original_heights"], ref["original_widths"])
+    assert got["original_widths"] == [150, 64]
+    for key in ("backbone_fpn", "vision_pos_enc"):
+        assert len(got["backbone_out"][key]) == len(ref["backbone_out"][key]) == 3  # the 0.5x level scalped
+        for level, ref_level in zip(got["backbone_out"][key], ref["backbone_out"][key]):
+            assert level.shape[0] == 2
+            torch.testing.assert_close(level, ref_level, **TOL)
+    assert got["backbone_out"]["sam2_backbone_out"] is ref["backbone_out"]["sam2_backbone_out"] is None
+
+
 def test_processor_reads_arrays_and_tensors_as_the_pil_image(models):
     ours, _ = processors(models)
     image = pil_image(seed=0)
