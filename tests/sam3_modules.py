@@ -214,11 +214,3 @@ def seed_image_model_weights(model: nn.Module, seed: int) -> None:
             else:
                 param.copy_(noise * 0.1 + (1.0 if id(param) in norms else 0.0))
 
-
-def sam3_prompt_boxes_unpinned():
-    """A context in which sam3's geometry encoder runs on the CPU: its _encode_boxes pins a (W, H, W, H)
-    scale before moving it to the boxes' device (every prompt, text alone included), and pinning needs an
-    accelerator; on the CPU the unpinned tensor is the same value."""
-    from unittest import mock
-
-    return mock.patch.object(torch.Tensor, "pin_memory", lambda self, *args, **kwargs: self)

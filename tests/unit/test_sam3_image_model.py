@@ -15,13 +15,15 @@ score without the presence term.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from unittest import mock
 
 import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("sam3", reason="the SAM 3 reference package sam3==0.1.4 is not installed")
+# through the harness, whose import of sam3 keeps TF32 as it was (sam3 turns it on at import with a GPU)
+pytest.importorskip("tests.sam3_reference", reason="the SAM 3 reference package sam3==0.1.4 is not installed")
 pytest.importorskip("open_clip", reason="SAM 3's tokenizer needs open_clip_torch")
 
 from PIL import Image  # noqa: E402
@@ -33,7 +35,8 @@ from samfast.sam3.config import SAM3_IMAGE, SAM3_REDUCED, build_image_model  # n
 from samfast.sam3.geometric_prompt import Prompt  # noqa: E402
 from samfast.sam3.image_model import FindInput  # noqa: E402
 from samfast.sam3.processor import Sam3Processor  # noqa: E402
-from tests.sam3_modules import sam3_image_model, sam3_prompt_boxes_unpinned, seed_image_model_weights  # noqa: E402
+from tests.sam3_modules import sam3_image_model, seed_image_model_weights  # noqa: E402
+from tests.sam3_reference import build_reference_image_model, layout, on_cpu, read_layouts  # noqa: E402
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 PHRASES = ["cat", "a red dog on the grass", "x"]
@@ -81,7 +84,7 @@ def geometry(case: str) -> dict:
 
 @torch.no_grad()
 def run_sam3(theirs, case: str) -> dict:
-    with sam3_prompt_boxes_unpinned():
+    with on_cpu():
         backbone_out = theirs.backbone.forward_image(images())
         backbone_out.update(theirs.backbone.forward_text(PHRASES, device="cpu"))
         find_input = FindStage(**IDS, input_boxes=None, input_boxes_mask=None, input_boxes_label=None,
@@ -134,6 +137,21 @@ def test_real_size_state_dict_has_sam3s_keys_and_shapes():
     assert {k: (v.shape, v.dtype) for k, v in ours.items()} == {k: (v.shape, v.dtype) for k, v in theirs.items()}
     assert theirs["transformer.decoder.query_embed.weight"].shape == (200, 256)
     assert theirs["backbone.vision_backbone.trunk.pos_embed"].shape == (1, 1 + 24 * 24, 1024)
+
+
+def test_real_size_layouts_are_sam3_pts():
+    """The layouts tests/sam3_reference.py recorded from sam3's own builder, which sam3.pt maps onto
+    (samfast.sam3.checkpoint): the image model's, and with the neck's second branch the interactive
+    image model's less its SAM 1 task predictor (which samfast does not build here)."""
+    from samfast.sam3.checkpoint import INTERACTIVE_PREFIX
+
+    layouts = read_layouts()
+    with torch.device("meta"):
+        assert layout(build_image_model(SAM3_IMAGE).state_dict()) == layouts["image"]
+        with_sam2_neck = layout(build_image_model(replace(SAM3_IMAGE, add_sam2_neck=True)).state_dict())
+    interactive = layouts["image_interactive"]
+    assert with_sam2_neck == {k: v for k, v in interactive.items() if not k.startswith(INTERACTIVE_PREFIX)}
+    assert len(with_sam2_neck) > len(layouts["image"])
 
 
 @pytest.mark.parametrize("case", ["text", "boxes-and-points"])
@@ -215,7 +233,7 @@ def test_processor_preprocessing_equals_sam3s(models):
 def test_processor_equals_sam3s_for_phrases_and_boxes(models):
     ours, theirs = processors(models)
     image = pil_image(seed=0)
-    with sam3_prompt_boxes_unpinned():
+    with on_cpu():
         ref_state = theirs.set_image(image)
         got_state = ours.set_image(image)
         assert (got_state["original_height"], got_state["original_width"]) == (90, 150)
@@ -239,7 +257,7 @@ def test_processor_equals_sam3s_for_phrases_and_boxes(models):
 def test_processor_threshold_keeps_what_sam3s_keeps(models):
     ours, theirs = processors(models)
     image = pil_image(seed=1)
-    with sam3_prompt_boxes_unpinned():
+    with on_cpu():
         ref_state, got_state = theirs.set_image(image), ours.set_image(image)
         scores = theirs.set_text_prompt(PHRASES[1], ref_state)["scores"]
         ours.set_text_prompt(PHRASES[1], got_state)
@@ -254,7 +272,7 @@ def test_processor_threshold_keeps_what_sam3s_keeps(models):
 def test_scores_without_presence_fail_the_processor_comparison(models):
     ours, theirs = processors(models)
     image = pil_image(seed=0)
-    with sam3_prompt_boxes_unpinned():
+    with on_cpu():
         ref = theirs.set_text_prompt(PHRASES[0], theirs.set_image(image))
         state = ours.set_image(image)
         without_presence = lambda outputs: outputs["pred_logits"].sigmoid().squeeze(-1)  # noqa: E731
@@ -338,8 +356,6 @@ def test_a_planted_item_is_seen_as_a_host_sync(models):
 def test_full_size_text_prompt_equals_sam3s():
     """sam3's image model as its builder makes it (its own seeded init, tests/sam3_reference.py), its
     state dict loaded strictly into samfast's SAM3_IMAGE model; one phrase through both processors."""
-    from tests.sam3_reference import build_reference_image_model, on_cpu
-
     theirs = build_reference_image_model(seed=0)
     ours = build_image_model(SAM3_IMAGE)
     # assign: the two models share their weights rather than holding 3.4 GB each
