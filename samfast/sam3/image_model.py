@@ -105,7 +105,7 @@ class Sam3ImageModel(nn.Module):
         dot_prod_scoring: DotProductScoring,
     ) -> None:
         super().__init__()
-        # registered in sam3's order, so that the state dict's keys come in its order too
+        # registered in sam3's order: the state dict's parts come in sam3's order
         self.backbone = backbone
         self.geometry_encoder = geometry_encoder
         self.transformer = transformer

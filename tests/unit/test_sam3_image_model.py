@@ -10,7 +10,9 @@ Tolerance rtol = atol = 1e-5: samfast's attentions go through SDPA where some of
 softmax out, and the scores and boxes of only the last decoder layer are computed; that reorders fp32
 arithmetic only (measured max abs diff 5e-6 on mask logits of magnitude 10, 1e-6 elsewhere). The
 planted-defect tests show each comparison fails on a perturbed weight, a dropped prompt part and a
-score without the presence term.
+score without the presence term. The model's forward makes no host sync (a planted .item() is seen).
+At the real sizes: the state dict's layout equals sam3's and the recorded sam3.pt image layouts, and
+one slow test runs a phrase through the full-size model and sam3's (tests/sam3_reference.py).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ pytest.importorskip("open_clip", reason="SAM 3's tokenizer needs open_clip_torch
 from PIL import Image  # noqa: E402
 from sam3.model.data_misc import FindStage  # noqa: E402
 from sam3.model.geometry_encoders import Prompt as Sam3Prompt  # noqa: E402
-from sam3.model.sam3_image_processor import Sam3Processor as Sam3Sam3Processor  # noqa: E402
+from sam3.model.sam3_image_processor import Sam3Processor as TheirProcessor  # noqa: E402
 
 from samfast.sam3.config import SAM3_IMAGE, SAM3_REDUCED, build_image_model  # noqa: E402
 from samfast.sam3.geometric_prompt import Prompt  # noqa: E402
@@ -204,8 +206,7 @@ def pil_image(seed: int, size: tuple[int, int] = (150, 90)) -> Image.Image:
 def processors(models, threshold: float = 0.0):
     ours, theirs = models
     return (Sam3Processor(ours, resolution=SAM3_REDUCED.image_size, device="cpu", confidence_threshold=threshold),
-            Sam3Sam3Processor(theirs, resolution=SAM3_REDUCED.image_size, device="cpu",
-                              confidence_threshold=threshold))
+            TheirProcessor(theirs, resolution=SAM3_REDUCED.image_size, device="cpu", confidence_threshold=threshold))
 
 
 RESULT_KEYS = ("masks_logits", "boxes", "scores")
@@ -352,7 +353,7 @@ def test_a_planted_item_is_seen_as_a_host_sync(models):
 
 
 @pytest.mark.slow(reason="sam3's and samfast's full-size image models on one 1008x1008 image: sam3's build and two "
-                         "ViT-L/14 trunk runs, 225 s on one thread of this 2-core machine")
+                         "ViT-L/14 trunk runs, 170 to 225 s on one thread of this 2-core machine")
 def test_full_size_text_prompt_equals_sam3s():
     """sam3's image model as its builder makes it (its own seeded init, tests/sam3_reference.py), its
     state dict loaded strictly into samfast's SAM3_IMAGE model; one phrase through both processors."""
@@ -362,7 +363,7 @@ def test_full_size_text_prompt_equals_sam3s():
     ours.load_state_dict(theirs.state_dict(), strict=True, assign=True)
     image = pil_image(seed=2, size=(56, 40))
     with on_cpu():
-        ref = Sam3Sam3Processor(theirs, device="cpu", confidence_threshold=0.0)
+        ref = TheirProcessor(theirs, device="cpu", confidence_threshold=0.0)
         ref = ref.set_text_prompt("a red square", ref.set_image(image))
     got = Sam3Processor(ours.eval(), device="cpu", confidence_threshold=0.0)
     got = got.set_text_prompt("a red square", got.set_image(image))
