@@ -156,6 +156,20 @@ def test_real_size_layouts_are_sam3_pts():
     assert len(with_sam2_neck) > len(layouts["image"])
 
 
+def test_a_sam3_pt_layout_reads_into_the_model(models, sam3_outputs):
+    """sam3.pt holds the image model under `detector.` beside the tracker: samfast.sam3.checkpoint maps it
+    onto this model's keys (the tracker's left out), and the model loaded from it gives sam3's outputs."""
+    from samfast.sam3.checkpoint import DETECTOR_PREFIX, TRACKER_PREFIX, read_sam3_checkpoint
+
+    _, theirs = models
+    official = {DETECTOR_PREFIX + k: v for k, v in theirs.state_dict().items()}
+    official[TRACKER_PREFIX + "sam_mask_decoder.conv_s0.weight"] = torch.zeros(8, 32, 1, 1)
+    ours = build_image_model(SAM3_REDUCED)
+    expected = {k: v.shape for k, v in ours.state_dict().items()}
+    ours.load_state_dict(read_sam3_checkpoint({"model": official}, expected), strict=True)
+    assert_outputs_equal(run_ours(ours.eval(), "text"), sam3_outputs["text"])
+
+
 @pytest.mark.parametrize("case", ["text", "boxes-and-points"])
 def test_forward_grounding_equals_sam3(models, sam3_outputs, case):
     got, ref = run_ours(models[0], case), sam3_outputs[case]
