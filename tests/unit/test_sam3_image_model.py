@@ -183,13 +183,28 @@ def test_geometry_changes_the_outputs(sam3_outputs):
     assert_outputs_differ(sam3_outputs["text"], sam3_outputs["boxes-and-points"])
 
 
-def test_a_perturbed_weight_fails_the_comparison(models, sam3_outputs):
-    ours, theirs = models
+# a weight of each part, and the output it must show in: the geometry encoder's CLS token (in every
+# prompt, text alone too), the text projection, the box head's last layer, the mask head, and the
+# neck's 4x level, which only the mask head reads
+PERTURBED = {
+    "geometry_encoder.cls_embed.weight": "pred_logits",
+    "backbone.language_backbone.resizer.weight": "pred_logits",
+    "transformer.decoder.bbox_embed.layers.2.weight": "pred_boxes",
+    "segmentation_head.instance_seg_head.weight": "pred_masks",
+    "backbone.vision_backbone.convs.0.conv_3x3.weight": "pred_masks",
+}
+
+
+@pytest.mark.parametrize("name", PERTURBED)
+def test_a_perturbed_weight_fails_the_comparison(models, sam3_outputs, name):
+    _, theirs = models
     perturbed = build_image_model(SAM3_REDUCED)
     perturbed.load_state_dict(theirs.state_dict(), strict=True)
+    weight = perturbed.get_parameter(name)
     with torch.no_grad():
-        perturbed.geometry_encoder.cls_embed.weight.add_(1e-3)
-    assert_outputs_differ(run_ours(perturbed, "text"), sam3_outputs["text"], keys=("pred_logits",))
+        # noise, not a constant: a LayerNorm after it would remove a constant shift across channels
+        weight.add_(1e-3 * torch.randn(weight.shape, generator=torch.Generator().manual_seed(6)))
+    assert_outputs_differ(run_ours(perturbed.eval(), "text"), sam3_outputs["text"], keys=(PERTURBED[name],))
 
 
 def test_a_dropped_geometry_prompt_fails_the_comparison(models, sam3_outputs):
