@@ -35,25 +35,35 @@ def _install(session: nox.Session) -> None:
 
 
 def _xdist_workers(posargs: list[str]) -> list[str]:
-    """One pytest-xdist worker per core (at most 16), as the gate's CPU layers run (parity.gate.run): on CI's
-    two cores a single process leaves one idle. Tests sharing a module's models stay on one worker
-    (--dist loadgroup, parity.gate.worker_groups). None when the caller chose (-n, -p no:xdist) or one core."""
+    """One pytest-xdist worker per core, chosen as the gate's CPU layers choose theirs
+    (parity.gate.run.choose_cpu_workers): on CI's two cores a single process leaves one idle. Tests sharing a
+    module's models stay on one worker (--dist loadgroup, parity.gate.worker_groups). None when the caller
+    chose (-n, -p no:xdist) or there is one core.
+
+    Every core is spare here: the gate keeps one back (parity.gate.run.spare_cores) for the steps it runs
+    beside its CPU layers, and this session runs nothing beside them. parity imports from the noxfile's
+    folder, which nox puts on sys.path, as the golden session's import of parity.tasks.registry does."""
     import importlib.util
+
+    from parity.gate.run import choose_cpu_workers
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     chosen = any(a == "-n" or a.startswith(("-n", "--numprocesses")) or a == "no:xdist" for a in posargs)
-    if cores < 2 or chosen or importlib.util.find_spec("xdist") is None:
+    workers = choose_cpu_workers(None, cores, importlib.util.find_spec("xdist") is not None)
+    if chosen or workers < 2:
         return []
-    return ["-n", str(min(cores, 16)), "--dist", "loadgroup"]
+    return ["-n", str(workers), "--dist", "loadgroup"]
 
 
 @nox.session(python=False)
 def tests(session: nox.Session) -> None:
     """The CPU-safe layers: unit, parity on vit_tiny, compile checks, checkers on fixtures. GPU tests skip.
 
-    Over one xdist worker per core unless the arguments after -- choose (-n 0 for one process)."""
+    Arguments after -- replace the selection (`nox -s tests -- tests/unit/test_amg.py -k nms` runs only
+    those; pytest's testpaths keep `tests` when they name options only). Over one xdist worker per core
+    unless they choose (-n 0 for one process)."""
     _install(session)
-    session.run("python", "-m", "pytest", "tests", *_xdist_workers(session.posargs), *session.posargs)
+    session.run("python", "-m", "pytest", *(session.posargs or ["tests"]), *_xdist_workers(session.posargs))
 
 
 @nox.session(python=False)

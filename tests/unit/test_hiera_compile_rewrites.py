@@ -9,8 +9,8 @@
 - the decoder's conv_s0 / conv_s1 folded into the neck's 1x1 convs (FpnNeck.project_high_res), and the
   model's forward_image with them there, against the convs applied after the encoder in fp64;
 - Hiera's positional table resized by matrix products, channels last (hiera.resized_pos_embed_by_matmul),
-  against F.interpolate's bicubic in fp64 and in bf16, and compiled: a change to the tables after
-  compiling is seen;
+  against F.interpolate's bicubic in fp64 and in bf16, and compiled with the window-order stream: a
+  change to the tables after compiling is seen;
 - the window-order stream with its first norms writing a channel of ones and qkv / proj taking their
   biases from it (MultiScaleBlock.bias_as_channel, the triton switch's), on the reference path in fp64
   and on the kernel under the interpreter in fp32, and compiled.
@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from samfast import kernels
 from samfast.modeling.common import linear_gelu_tanh
 from samfast.sam2.backbones import hiera as hiera_module
+from samfast.sam2.backbones import image_encoder as image_encoder_module
 from samfast.sam2.backbones import neck as neck_module
 from samfast.sam2.backbones.hiera import Hiera, MultiScaleBlock, PatchEmbed
 from samfast.sam2.backbones.neck import FpnNeck
@@ -122,11 +123,13 @@ def traced_calls(compile_with, sample) -> set[str]:
     return {str(node.target) for gm in graphs for node in gm.graph.nodes if node.op in ("call_function", "call_method")}
 
 
-def test_compiling_the_encoder_fills_its_positional_encodings_first():
-    """ImageEncoder.compile fills the neck's encodings of the 1024 input, so the graph holds no sine
-    or cosine; the planted defect, torch.compile on the bare module, computes them in the graph."""
+def test_compiling_the_encoder_fills_its_positional_encodings_first(monkeypatch):
+    """ImageEncoder.compile fills the neck's encodings of the model's input size, so the graph holds no
+    sine or cosine; the planted defect, torch.compile on the bare module, computes them in the graph.
+    The input size is 256 here, not 1024: the same code at a sixteenth of the pixels each trace runs."""
+    monkeypatch.setattr(image_encoder_module, "IMAGE_SIZE", 256)
     encoder = build_sam2_model("sam2.1_hiera_t", device="cpu", stages="fp32").image_encoder
-    sample = torch.randn(1, 3, 1024, 1024)
+    sample = torch.randn(1, 3, 256, 256)
     assert "sin" in traced_calls(lambda backend: torch.compile(encoder, backend=backend, fullgraph=True), sample)
 
     def module_compile(backend):
@@ -262,18 +265,23 @@ def test_which_configs_keep_window_order_at_1024(model_type, windowed):
 def test_the_window_order_stream_compiles_to_what_it_computes_eagerly(biases_as_channels):
     """Inductor runs the in-place accumulations (samfast::linear_accumulate) on the stream's own
     buffers; compiled and eager agree to fp32 rounding, through the re-cut and the global block, with
-    the biases as channels or not."""
+    the biases as channels or not. The positional table is resized by matmul, as the compile switch
+    sets it (test_the_compile_switch_rewrites_the_encoder), and recomputed on every call: changed after
+    compiling (as a planted defect or a second load_state_dict changes it), the compiled trunk follows,
+    with no recompile to notice it."""
     trunk = small_hiera().float()
+    trunk.pos_embed_by_matmul = True
     if biases_as_channels:
         with_biases_as_channels(trunk)
     x = torch.randn(2, 3, 128, 128)
     torch._dynamo.reset()
+    compiled = torch.compile(trunk, fullgraph=True, dynamic=False)
     with torch.no_grad():
-        compiled = torch.compile(trunk, fullgraph=True, dynamic=False)(x)
-        eager = trunk(x)
+        for _ in range(2):
+            for ours, ref in zip(compiled(x), trunk(x), strict=True):
+                torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4)
+            trunk.pos_embed.add_(1.0)
     torch._dynamo.reset()
-    for ours, ref in zip(compiled, eager, strict=True):
-        torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("table_hw, window_hw, hw", [((7, 7), (4, 4), (12, 8)), ((7, 6), (1, 1), (5, 3)),
@@ -306,22 +314,6 @@ def test_the_positional_table_by_matmul_in_bf16_is_within_its_two_roundings():
     assert ((got.double() - want).abs() <= bound).all()
     swapped = hiera_module.resized_pos_embed_by_matmul(table, window.transpose(2, 3), (256, 256))  # planted defect
     assert not ((swapped.double() - want).abs() <= bound).all()
-
-
-def test_the_compiled_trunk_with_the_table_by_matmul_sees_the_tables_change():
-    """The table is recomputed on every call: changed after compiling (as a planted defect or a
-    second load_state_dict changes it), the compiled trunk follows, with no recompile to notice it."""
-    trunk = small_hiera().float()
-    trunk.pos_embed_by_matmul = True
-    x = torch.randn(2, 3, 128, 128)
-    torch._dynamo.reset()
-    compiled = torch.compile(trunk, fullgraph=True, dynamic=False)
-    with torch.no_grad():
-        for _ in range(2):
-            for ours, ref in zip(compiled(x), trunk(x), strict=True):
-                torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4)
-            trunk.pos_embed.add_(1.0)
-    torch._dynamo.reset()
 
 
 def fp64_neck_and_heads() -> tuple[FpnNeck, tuple[torch.nn.Conv2d, ...], list[torch.Tensor]]:
@@ -373,9 +365,10 @@ def test_a_head_on_a_level_of_the_top_down_sum_is_refused():
 
 def test_forward_image_with_the_heads_in_the_encoder_equals_sam2s_order():
     """The model's forward_image as the compile switch leaves it (the heads in the neck, conv_s0 / conv_s1
-    not applied again) against the fp32 stage's, on the trained nano in fp64."""
+    not applied again) against the fp32 stage's, on the trained nano in fp64 (at a 512 input: the fold
+    is per pixel, so a quarter of the pixels checks it as well)."""
     model = build_sam2_model("sam2.1_hiera_nano", "trained", device="cpu", stages="fp32").double()
-    images = torch.randn(1, 3, 1024, 1024, dtype=torch.float64)
+    images = torch.randn(1, 3, 512, 512, dtype=torch.float64)
     with torch.no_grad():
         want = model.forward_image(images)
         model.rewrite_encoder_for_compile()
