@@ -394,6 +394,12 @@ def test_full_size_text_prompt_equals_sam3s():
     with on_cpu():
         ref = TheirProcessor(theirs, device="cpu", confidence_threshold=0.0)
         ref = ref.set_text_prompt("a red square", ref.set_image(image))
+    # the reference ran end to end on the CPU (its shims) and the phrase reached its outputs
+    assert ref["masks_logits"].shape == (SAM3_IMAGE.num_queries, 1, 40, 56) and ref["masks"].dtype == torch.bool
+    for name in ("masks_logits", "boxes", "scores"):
+        assert ref[name].dtype == torch.float32 and torch.isfinite(ref[name]).all(), name
+    assert ((ref["scores"] >= 0) & (ref["scores"] <= 1)).all()
+    assert ref["scores"].std() > 0 and ref["masks_logits"].std() > 0
     got = Sam3Processor(ours.eval(), device="cpu", confidence_threshold=0.0)
     got = got.set_text_prompt("a red square", got.set_image(image))
     assert got["scores"].shape == (SAM3_IMAGE.num_queries,)
