@@ -31,7 +31,7 @@ from parity.tasks.task import positive_int
 from samfast import CheckpointError, InputError, StageError
 from samfast.build import built_switches, check_stages
 from samfast.checkpoint import resolve_checkpoint
-from samfast.families import family_of, model_types
+from samfast.families import families_supporting, family_of, model_types
 from samfast.stages import LADDER, parse_stages
 
 # bf16 matmuls and convolutions crawl on CPUs without bf16 units (~60 s per vit_tiny image on
@@ -190,6 +190,10 @@ def main(argv: list[str] | None = None) -> int:
     if bool(args.coco_root) != bool(args.ann_file):
         command_parser.error("--coco-root and --ann-file go together")
     task = TASKS[args.task]
+    if not (family := family_of(args.model)).supports(args.task):
+        built_for = [f"{f.name} ({', '.join(f.model_types)})" for f in families_supporting(args.task)]
+        command_parser.error(f"--task {args.task} is not built for {family.name} ({args.model}) yet; it gates "
+                             + "; ".join(built_for))
     if not task.reads_coco and (args.coco_root or args.limit):
         command_parser.error(f"--task {args.task} reads its own data (--data): --coco-root, --ann-file and --limit "
                              "do not apply to it")

@@ -2,7 +2,7 @@
 
 __version__ = "0.1.0"
 
-from samfast import sam1, sam2  # the families: each registers its record in samfast.families
+from samfast import sam1, sam2, sam3  # the families: each registers its record in samfast.families
 from samfast.amg import SamAutomaticMaskGenerator
 from samfast.build import build_sam, synthetic_state_dict
 from samfast.checkpoint import CheckpointError

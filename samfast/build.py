@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from samfast.checkpoint import read_checkpoint, unwrap_state_dict
+from samfast.checkpoint import CheckpointError, read_checkpoint, unwrap_state_dict
 from samfast.errors import StageError
 from samfast.families import family_of
 from samfast.stages import SWITCHES, apply_stages, parse_stages
@@ -19,17 +19,19 @@ def build_sam(
     model_type: str,
     checkpoint: str | Path | Mapping | None = None,
     *,
-    seed: int = 0,
+    seed: int | None = None,
     device: str | torch.device | None = None,
     stages: str = "fp32",
     batch_size: int = 8,
     **module_options,
 ) -> nn.Module:
-    """A ready-to-run model of `model_type` in eval mode: a Sam (samfast.sam1) or a SAM2Base (samfast.sam2).
+    """A ready-to-run model of `model_type` in eval mode: a Sam (samfast.sam1), a SAM2Base (samfast.sam2)
+    or a Sam3ImageModel (samfast.sam3).
 
-    checkpoint: path of an official file (sam_vit_*.pth, sam2.1_hiera_*.pt) or any state dict in its
-    layout, bare or as {"model": state_dict}, or such a dict itself; "trained" for the model type's
-    packaged trained file; None for `synthetic_state_dict(model_type, seed)`. stages: a ladder name
+    checkpoint: path of an official file (sam_vit_*.pth, sam2.1_hiera_*.pt, sam3.pt) or any state dict
+    in its layout, bare or as {"model": state_dict}, or such a dict itself; "trained" for the model
+    type's packaged trained file; None for `synthetic_state_dict(model_type, seed)` (seed 0 when none
+    is given for SAM 1 and SAM 2; SAM 3 asks for one, as sam3 would download its weights). stages: a ladder name
     or switches joined by '+' (see samfast.LADDER), of those the family builds (built_switches).
     batch_size: with the compile switch the encoder always runs batches of exactly this size
     (smaller ones padded, larger ones split), so it never recompiles. module_options: the family's
@@ -41,17 +43,27 @@ def build_sam(
     check_stages(model_type, stages)
     model = family.build_modules(config, **module_options)
     if checkpoint is None:
+        seed = family.default_seed if seed is None else seed
+        if seed is None:
+            raise CheckpointError(
+                f"no checkpoint given for {model_type} and samfast downloads no weights: seeded weights need "
+                f"seed=N (e.g. build_sam({model_type!r}, seed=0)), or pass the path of "
+                f"{family.official_checkpoint.format(model_type=model_type)}."
+            )
         state = family.synthetic_state_dict(model_type, seed)
     elif isinstance(checkpoint, Mapping):
         state = unwrap_state_dict(checkpoint)
     else:
         state = read_checkpoint(checkpoint, model_type)  # unwraps {"model": ...} too
     family.check_state_dict(state, config, {k: v.shape for k, v in model.state_dict().items()})
-    model.load_state_dict(state)
+    model.load_state_dict(family.model_layout(state))
     model.eval().requires_grad_(False)
     model.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model.static_batch = batch_size if "compile" in switches else None
-    apply_stages(model, switches)
+    if family.built_switches:
+        apply_stages(model, switches)
+    else:  # fp32 only (check_stages refused the rest): a model that offers no switch target yet
+        model.switches = switches
     return model
 
 
@@ -74,8 +86,9 @@ def check_stages(model_type: str, stages: str) -> None:
         built = sorted(switches & family.built_switches, key=SWITCHES.index)
         # one name alone is a rung of SAM 1's cumulative ladder: "fp32+" keeps it exactly that switch
         instead = "+".join(built) if len(built) > 1 else "+".join(["fp32", *built])
+        takes = (f"fp32 and any combination of {', '.join(sorted(family.built_switches, key=SWITCHES.index))}"
+                 if family.built_switches else "fp32 only so far")
         raise StageError(
             f"stages={stages!r}: the {', '.join(unbuilt)} switch(es) are not built for {family.name} yet; "
-            f"{model_type} takes fp32 and any combination of {', '.join(sorted(family.built_switches, key=SWITCHES.index))}: "
-            f"use {instead!r} for the built part of this stage"
+            f"{model_type} takes {takes}: use {instead!r} for the built part of this stage"
         )

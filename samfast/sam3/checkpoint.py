@@ -15,8 +15,19 @@ from pathlib import Path
 
 import torch
 
-from samfast.checkpoint import CheckpointError, load_file, refuse_layout_mismatch, resolve_checkpoint, unwrap_state_dict
+from torch import nn
+
+from samfast.checkpoint import (
+    CheckpointError,
+    key_generator,
+    load_file,
+    refuse_layout_mismatch,
+    resolve_checkpoint,
+    unwrap_state_dict,
+)
 from samfast.families import family_of_state_dict
+from samfast.sam3.config import CONFIGS, Sam3Config, build_image_model, model_type_of, sam3_config
+from samfast.sam3.vit import Attention as VitAttention
 
 MODEL_TYPE = "sam3"
 DETECTOR_PREFIX = "detector."
@@ -53,7 +64,7 @@ def refuse_non_sam3(state_dict: Mapping[str, torch.Tensor]) -> None:
     """CheckpointError for a state dict that is not sam3.pt's: a SAM 1 or SAM 2 one (naming its model
     type), one already in the image model's layout, or one of no SAM family."""
     other = family_of_state_dict(state_dict)
-    if other is not None:
+    if other is not None and other.state_dict_key != SAM3_KEY:
         found = other.infer_model_type(state_dict)[0]
         use = f"use model type {found!r} (build_sam({found!r}, checkpoint=...))" if found else (
             f"it is of no {other.name} model type samfast knows"
@@ -106,3 +117,69 @@ def check_weights_source(checkpoint: str | Path | Mapping | None, seed: int | No
             f"both a checkpoint and seed={seed} given: the seed only makes seeded synthetic weights; "
             "drop seed to load the checkpoint, or pass checkpoint=None for seeded weights."
         )
+
+
+TRUNK_BLOCKS = DETECTOR_PREFIX + "backbone.vision_backbone.trunk.blocks."
+
+
+def infer_sam3_model_type(state_dict: Mapping[str, torch.Tensor]) -> tuple[str | None, int, int]:
+    """(model type or None, trunk width, trunk depth) read off a sam3.pt-layout state dict."""
+    width = state_dict[SAM3_KEY].shape[0]
+    depth = len({k[len(TRUNK_BLOCKS):].split(".")[0] for k in state_dict if k.startswith(TRUNK_BLOCKS)})
+    found = next((name for name, c in CONFIGS.items() if (c.vit_embed_dim, c.vit_depth) == (width, depth)), None)
+    return found, width, depth
+
+
+def check_sam3_state_dict(
+    state_dict: Mapping[str, torch.Tensor], config: Sam3Config, expected: Mapping[str, torch.Size]
+) -> None:
+    """Refuse a state dict that is not sam3.pt's, or one whose image model differs from `config`'s
+    (missing, unexpected or misshapen keys after sam3's own key mapping)."""
+    refuse_non_sam3(state_dict)
+    wanted = model_type_of(config)
+    found, width, depth = infer_sam3_model_type(state_dict)
+    if found != wanted:
+        what = found or f"a SAM 3 of trunk width {width} and {depth} blocks, of no model type samfast knows"
+        raise CheckpointError(f"this checkpoint is {what}; you asked for {wanted}. "
+                              + (f"Call build_sam({found!r}, checkpoint=...), or {_FIX}." if found else f"{_FIX[0].upper()}{_FIX[1:]}."))
+    refuse_layout_mismatch(model_layout(state_dict), expected, wanted)
+
+
+def model_layout(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """sam3.pt's state dict as the image model names it (no instance-interactivity predictor)."""
+    return image_state_dict(state_dict, enable_inst_interactivity=False)
+
+
+def synthetic_state_dict(model_type: str, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Deterministic random weights for a SAM 3 model type, in sam3.pt's layout (the detector's keys).
+
+    As SAM 1's and SAM 2's: every tensor from its own generator seeded by (seed, key), fan-in scales
+    for projections (their packed in_proj_weight too) so activations stay O(1), norms near identity,
+    N(0, 1) token embeddings, small other tables; the ViT's RoPE tables are computed, as a checkpoint
+    holds them. Built on the meta device: nothing but the returned tensors is allocated."""
+    with torch.device("meta"):
+        model = build_image_model(sam3_config(model_type), tokenizer=lambda phrases: None)
+    state = {}
+    for module_name, module in model.named_modules():
+        prefix = f"{DETECTOR_PREFIX}{module_name}." if module_name else DETECTOR_PREFIX
+        for leaf, tensor in module.named_parameters(recurse=False):
+            key = prefix + leaf
+            noise = torch.randn(tensor.shape, generator=key_generator(seed, key))
+            if isinstance(module, (nn.LayerNorm, nn.GroupNorm)):
+                state[key] = 1.0 + 0.02 * noise if leaf == "weight" else 0.02 * noise
+            elif isinstance(module, nn.Embedding):
+                state[key] = noise
+            elif leaf.endswith("bias"):
+                state[key] = 0.02 * noise
+            elif leaf == "in_proj_weight" or (tensor.ndim >= 2 and isinstance(module, (nn.Linear, nn.Conv2d, nn.ConvTranspose2d))):
+                in_features = tensor.shape[0] if isinstance(module, nn.ConvTranspose2d) else tensor.shape[1]
+                state[key] = noise / (in_features * tensor.shape[2:].numel()) ** 0.5
+            else:  # positional tables, query embeddings, the presence token, the text projection
+                state[key] = 0.05 * noise
+        persistent = set(module.state_dict(keep_vars=True)) & {name for name, _ in module.named_buffers(recurse=False)}
+        for leaf in sorted(persistent):
+            if not (isinstance(module, VitAttention) and leaf == "freqs_cis"):
+                raise TypeError(f"{prefix}{leaf}: a saved buffer synthetic_state_dict does not know how to make")
+            with torch.device("cpu"):
+                state[prefix + leaf] = module.rope_table()
+    return state

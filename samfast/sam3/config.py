@@ -98,6 +98,22 @@ SAM3_REDUCED = Sam3Config(
 )
 
 
+# The model types: the official model, and the reduced one the tests build in well under a second
+CONFIGS = {"sam3": SAM3_IMAGE, "sam3_reduced": SAM3_REDUCED}
+MODEL_TYPES = tuple(CONFIGS)
+
+
+def sam3_config(model_type: str) -> Sam3Config:
+    if model_type not in CONFIGS:
+        raise ValueError(f"unknown SAM 3 model type {model_type!r}; choose one of {', '.join(MODEL_TYPES)}")
+    return CONFIGS[model_type]
+
+
+def model_type_of(config: Sam3Config) -> str:
+    """The model type whose sizes `config` holds (for messages)."""
+    return next((name for name, c in CONFIGS.items() if c == config), "a SAM 3 of other sizes")
+
+
 def build_image_model(
     config: Sam3Config = SAM3_IMAGE, tokenizer: Callable[..., torch.Tensor] | None = None
 ) -> Sam3ImageModel:

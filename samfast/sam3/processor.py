@@ -33,6 +33,12 @@ class Sam3Processor:
         device: torch.device | str | None = None,
         confidence_threshold: float = 0.5,
     ) -> None:
+        trained_at = model.backbone.vision_backbone.trunk.img_size
+        if resolution != trained_at:
+            raise ValueError(
+                f"resolution={resolution}, but the model's ViT takes {trained_at} x {trained_at} images "
+                f"(its position tables are of that grid): pass resolution={trained_at}"
+            )
         self.model = model
         self.resolution = resolution
         self.device = torch.device(device) if device is not None else model.device

@@ -47,6 +47,7 @@ class ViT(nn.Module):
     ) -> None:
         super().__init__()
         self.embed_dim = embed_dim
+        self.img_size = img_size
         self.patch_embed = PatchEmbed(patch_size, in_chans, embed_dim)
         # sam3 builds the patch embedding without bias (bias_patch_embed=False)
         self.patch_embed.proj.register_parameter("bias", None)
@@ -138,9 +139,15 @@ class Attention(nn.Module):
         self.num_heads = num_heads
         self.qkv = nn.Linear(dim, dim * 3)
         self.proj = nn.Linear(dim, dim)
-        self.register_buffer("freqs_cis", axial_cis(dim // num_heads, *input_size, scale=rope_scale))
+        self.rope_args = (dim // num_heads, *input_size)
+        self.rope_scale = rope_scale
+        self.register_buffer("freqs_cis", self.rope_table())
         self.register_buffer("rotations", rotations_of(self.freqs_cis), persistent=False)
         self.register_load_state_dict_post_hook(_rotations_from_loaded_table)
+
+    def rope_table(self) -> torch.Tensor:
+        """sam3's freqs_cis for this block, computed (on the default device): what a checkpoint holds."""
+        return axial_cis(*self.rope_args, scale=self.rope_scale)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, H, W, _ = x.shape

@@ -37,6 +37,16 @@ def test_weights_that_cannot_be_meant_are_refused_with_the_fix(argv, message, ca
     assert exit_.value.code == 2 and message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["check", "--model", "sam3_reduced", "--seed", "0"], "--task point is not built for SAM 3 (sam3_reduced) yet; it gates SAM 1 ("),
+    (["golden", "--task", "video", "--model", "vit_tiny"], "--task video is not built for SAM 1 (vit_tiny) yet; it gates SAM 2 ("),
+])
+def test_a_task_a_family_lacks_is_refused_naming_the_families_it_gates(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(argv)
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
 def test_the_check_ends_with_its_verdict_and_the_report_to_open(tmp_path):
     from parity.compare.gates import Gate, StageResult
 

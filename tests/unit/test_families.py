@@ -22,11 +22,11 @@ from samfast.families import Family, family_of, family_of_state_dict, model_type
 REPO = Path(__file__).resolve().parents[2]
 # Where code may tell families apart: the registry, and each family's own package, which checks that a
 # model type is one of its own (sam2_config's lookup) and knows nothing of the others.
-FAMILY_HOMES = ("samfast/families", "samfast/sam1", "samfast/sam2")
+FAMILY_HOMES = ("samfast/families", "samfast/sam1", "samfast/sam2", "samfast/sam3")
 SCANNED = ("samfast", "parity", "bench", "tinysam", "tools", "tests", "noxfile.py")
 # The lists and tables of one family's model types (samfast.MODEL_TYPES is SAM 1's alone)
 FAMILY_TABLES = {"MODEL_TYPES", "SAM2_MODEL_TYPES", "MODEL_CONFIGS", "SAM2_CONFIGS"}
-FAMILY_PREFIXES = ("sam2", "sam_", "vit")  # how the model types of SAM 2 and SAM 1 are spelled
+FAMILY_PREFIXES = ("sam3", "sam2", "sam_", "vit")  # how the model types of SAM 3, SAM 2 and SAM 1 are spelled
 FAMILY_CLASSES = {"Sam", "SAM2Base"}  # each family's model class
 
 
@@ -99,11 +99,12 @@ def test_looking_a_type_up_is_no_family_test():
 
 
 def test_every_model_type_has_one_family():
-    assert model_types() == (*samfast.MODEL_TYPES, *samfast.SAM2_MODEL_TYPES)
+    assert model_types() == (*samfast.MODEL_TYPES, *samfast.SAM2_MODEL_TYPES, *samfast.sam3.MODEL_TYPES)
     assert {family_of(t).name for t in samfast.MODEL_TYPES} == {"SAM 1"}
     assert {family_of(t).name for t in samfast.SAM2_MODEL_TYPES} == {"SAM 2"}
-    with pytest.raises(ValueError, match=r"unknown model type 'sam3'; choose one of vit_h, .* \(SAM 2: sam2.1_hiera_t, "):
-        family_of("sam3")
+    assert {family_of(t).name for t in samfast.sam3.MODEL_TYPES} == {"SAM 3"}
+    with pytest.raises(ValueError, match=r"unknown model type 'sam4'; choose one of vit_h, .* \(SAM 2: sam2.1_hiera_t, .*\(SAM 3: sam3, "):
+        family_of("sam4")
 
 
 # --- a stand-in family: one registration, and the shared code builds and dispatches it -------------------
