@@ -190,8 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     if bool(args.coco_root) != bool(args.ann_file):
         command_parser.error("--coco-root and --ann-file go together")
     task = TASKS[args.task]
-    if not (family := family_of(args.model)).supports(args.task):
-        built_for = [f"{f.name} ({', '.join(f.model_types)})" for f in families_supporting(args.task)]
+    # a task the families list runs only for those that list it (one no family lists is no family's)
+    built_for = [f"{f.name} ({', '.join(f.model_types)})" for f in families_supporting(args.task)]
+    if built_for and not (family := family_of(args.model)).supports(args.task):
         command_parser.error(f"--task {args.task} is not built for {family.name} ({args.model}) yet; it gates "
                              + "; ".join(built_for))
     if not task.reads_coco and (args.coco_root or args.limit):

@@ -142,9 +142,14 @@ def test_combined_stage_rows_are_allowed(tmp_path):
 
 
 @pytest.mark.parametrize("gpu", ["NVIDIA H200", "NVIDIA Imaginary 9000"])  # a known GPU without the row; an unknown GPU
-def test_a_gating_perf_row_without_a_budget_fails_under_require_gpu_and_skips_otherwise(gpu):
+def test_a_gating_perf_row_without_a_budget_fails_under_require_gpu_and_skips_otherwise(gpu, monkeypatch):
     # The H200 gate run at commit 1c2e5a7 (before the fix in 7866c9c) passed with every perf row skipped: [H200.vit_b.nt.32] did not exist.
+    # The H200's rows are left out here, as they were before they were measured (6340434).
+    from parity.checks import budgets as budgets_module
     from tests.perf.test_budgets_perf import GATE_ROWS, budget_or_skip
+
+    rows = {key: row for key, row in budgets_module.load_budgets().items() if key[0] != "H200"}
+    monkeypatch.setattr(budgets_module, "load_budgets", lambda *args, **kwargs: rows)
 
     model, stage, batch = sorted(GATE_ROWS)[0]
     with pytest.raises(pytest.fail.Exception, match=r"no budget row .*--require-gpu"):
