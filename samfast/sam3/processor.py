@@ -60,7 +60,9 @@ class Sam3Processor:
 
     def transform(self, image: PIL.Image.Image | torch.Tensor | np.ndarray) -> torch.Tensor:
         """An image (PIL, (C, H, W) tensor or (H, W, C) array) -> (3, resolution, resolution) float32."""
-        image = v2.functional.to_image(image).to(self.device)
+        image = v2.functional.to_image(image)
+        # a host image through pinned memory: a pageable copy to a GPU makes the host wait for it
+        image = to_device(image, image.dtype, self.device) if image.device.type == "cpu" else image.to(self.device)
         image = v2.functional.to_dtype(image, torch.uint8, scale=True)
         image = v2.functional.resize(image, [self.resolution, self.resolution])
         image = v2.functional.to_dtype(image, torch.float32, scale=True)
@@ -190,7 +192,8 @@ class Sam3Processor:
         """One prompt's (Q, h, w) mask logits, (Q, 4) cxcywh boxes and (Q,) scores -> its instances above
         the confidence threshold in the image's pixels. One host sync: the number kept."""
         kept = (scores > self.confidence_threshold).nonzero().squeeze(1)
-        scale = torch.tensor([width, height, width, height], dtype=torch.float32, device=self.device)
+        # through pinned memory: a pageable copy to a GPU would be a second wait
+        scale = to_device([width, height, width, height], torch.float32, self.device)
         masks = F.interpolate(mask_logits[kept].unsqueeze(1), (height, width), mode="bilinear", align_corners=False)
         # sam3's name for these, though they are probabilities
         probabilities = masks.sigmoid()
