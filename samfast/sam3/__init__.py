@@ -6,6 +6,8 @@ mask head), under sam3's parameter names so that sam3.pt loads unchanged.
     processor = samfast.sam3.Sam3Processor(model)            # sam3's names and outputs
     state = processor.set_text_prompt("a dog", processor.set_image(image))
 
+    results = processor.predict_batch(images, ["a dog", "a cat"])  # results[i][j]: image i, phrase j
+
 or, as sam3 code does it, `build_sam3_image_model(checkpoint_path="sam3.pt", load_from_HF=False)`.
 """
 

@@ -6,7 +6,11 @@ without keeping its aspect ratio, through uint8 as sam3 does (so the pixels equa
 [0, 1] and normalized with mean = std = 0.5. The model's outputs at 1 / 4 of the resolution are
 resized to the image's size (bilinear), and the instances scoring above the confidence threshold
 (sigmoid(logit) * presence probability) are kept: that selection has a data-dependent size, so it
-is where the processor waits for the device; the model's forward does not.
+is where the processor waits for the device (once per prompt); the model's forward does not.
+
+Beyond sam3's API: `predict_batch(images, phrases)` runs every phrase on every image with one call of
+each part of the model, and phrases are encoded once per weights (samfast.sam3.text_cache), whatever
+the number of images they are asked of.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from torchvision.transforms import v2
 from samfast.sam3.boxes import box_cxcywh_to_xyxy
 from samfast.sam3.config import IMAGE_SIZE, PIXEL_MEAN, PIXEL_STD
 from samfast.sam3.image_model import FindInput, Sam3ImageModel, detection_scores
+from samfast.sam3.text_cache import PhraseEncodings
+from samfast.transfer import to_device
 
 # the phrase sam3 prompts with when only boxes are given: the model was trained to read it as "no text"
 VISUAL_ONLY_PHRASE = "visual"
@@ -32,7 +38,9 @@ class Sam3Processor:
         resolution: int = IMAGE_SIZE,
         device: torch.device | str | None = None,
         confidence_threshold: float = 0.5,
+        text_cache_size: int = 256,
     ) -> None:
+        """text_cache_size: how many phrases' encodings to keep (0: encode every phrase every time)."""
         trained_at = model.backbone.vision_backbone.trunk.img_size
         if resolution != trained_at:
             raise ValueError(
@@ -43,6 +51,7 @@ class Sam3Processor:
         self.resolution = resolution
         self.device = torch.device(device) if device is not None else model.device
         self.confidence_threshold = confidence_threshold
+        self.phrase_encodings = PhraseEncodings(model.backbone, max_phrases=text_cache_size)
         # one prompt: image 0, phrase 0
         self.find_stage = FindInput(
             img_ids=torch.zeros(1, dtype=torch.long, device=self.device),
@@ -51,7 +60,9 @@ class Sam3Processor:
 
     def transform(self, image: PIL.Image.Image | torch.Tensor | np.ndarray) -> torch.Tensor:
         """An image (PIL, (C, H, W) tensor or (H, W, C) array) -> (3, resolution, resolution) float32."""
-        image = v2.functional.to_image(image).to(self.device)
+        image = v2.functional.to_image(image)
+        # a host image through pinned memory: a pageable copy to a GPU makes the host wait for it
+        image = to_device(image, image.dtype, self.device) if image.device.type == "cpu" else image.to(self.device)
         image = v2.functional.to_dtype(image, torch.uint8, scale=True)
         image = v2.functional.resize(image, [self.resolution, self.resolution])
         image = v2.functional.to_dtype(image, torch.float32, scale=True)
@@ -61,10 +72,7 @@ class Sam3Processor:
     def set_image(self, image: PIL.Image.Image | torch.Tensor | np.ndarray, state: dict | None = None) -> dict:
         """Encode one image: state gets backbone_out, original_height and original_width (of an
         (H, W, C) array, H and W: sam3 reads an array's last two sizes, W and C, as its height and width)."""
-        if not isinstance(image, (PIL.Image.Image, torch.Tensor, np.ndarray)):
-            raise ValueError(
-                f"image is a {type(image).__name__}: pass a PIL image, a (C, H, W) tensor or an (H, W, C) array"
-            )
+        _check_image(image, "image")
         state = {} if state is None else state
         pixels = self.transform(image)
         state["original_height"], state["original_width"] = _size_of(image)
@@ -89,7 +97,7 @@ class Sam3Processor:
     def set_text_prompt(self, prompt: str, state: dict) -> dict:
         """Find every instance of the phrase `prompt` (it replaces an earlier phrase; boxes added stay)."""
         _require_image(state)
-        state["backbone_out"].update(self.model.backbone.forward_text([prompt], device=self.device))
+        state["backbone_out"].update(self.phrase_encodings.encode([prompt], device=self.device))
         if "geometric_prompt" not in state:
             state["geometric_prompt"] = self.model.empty_prompt()
         return self._forward_grounding(state)
@@ -100,7 +108,7 @@ class Sam3Processor:
         or negative (False), and find the instances again. Without a phrase, the phrase is "visual"."""
         _require_image(state)
         if "language_features" not in state["backbone_out"]:
-            state["backbone_out"].update(self.model.backbone.forward_text([VISUAL_ONLY_PHRASE], device=self.device))
+            state["backbone_out"].update(self.phrase_encodings.encode([VISUAL_ONLY_PHRASE], device=self.device))
         if "geometric_prompt" not in state:
             state["geometric_prompt"] = self.model.empty_prompt()
         boxes = torch.tensor(box, dtype=torch.float32, device=self.device).view(1, 1, 4)
@@ -124,22 +132,84 @@ class Sam3Processor:
         return state
 
     @torch.inference_mode()
+    def predict_batch(
+        self, images: list[PIL.Image.Image | torch.Tensor | np.ndarray], phrases: list[str]
+    ) -> list[list[dict]]:
+        """Every phrase on every image: results[i][j] holds what set_text_prompt(phrases[j], state) puts
+        in the state of set_image(images[i]): masks, masks_logits, boxes and scores at the confidence
+        threshold, original_height and original_width. Phrases may repeat.
+
+        The images go through the ViT in one call, the distinct phrases not cached through the text
+        encoder in one call, and all len(images) * len(phrases) pairs through the detector in one
+        forward_grounding call (prompt i * len(phrases) + j takes image i and phrase j by index); none of
+        that waits for the device. Then each pair keeps its instances above the threshold, a
+        data-dependent count read back once per pair: a call makes len(images) * len(phrases) host
+        syncs, all after the model has run.
+        """
+        if not isinstance(images, list) or not images:
+            raise ValueError("images must be a non-empty list of images (PIL, (C, H, W) tensors or (H, W, C) arrays)")
+        if not isinstance(phrases, list) or not phrases or not all(isinstance(p, str) for p in phrases):
+            raise ValueError("phrases must be a non-empty list of strings: pass [phrase] for a single one")
+        for i, image in enumerate(images):
+            _check_image(image, f"images[{i}]")
+        backbone_out = self.model.backbone.forward_image(torch.stack([self.transform(image) for image in images]))
+        backbone_out.update(self.phrase_encodings.encode(phrases, device=self.device))
+        n_images, n_phrases = len(images), len(phrases)
+        find_input = FindInput(
+            img_ids=to_device(np.repeat(np.arange(n_images), n_phrases), torch.long, self.device),
+            text_ids=to_device(np.tile(np.arange(n_phrases), n_images), torch.long, self.device),
+        )
+        prompt = self.model.empty_prompt(n_images * n_phrases)
+        outputs = self.model.forward_grounding(backbone_out=backbone_out, find_input=find_input, geometric_prompt=prompt)
+        scores = detection_scores(outputs)
+        results = []
+        for i, image in enumerate(images):
+            height, width = _size_of(image)
+            pairs = range(i * n_phrases, (i + 1) * n_phrases)
+            results.append([
+                {
+                    "original_height": height,
+                    "original_width": width,
+                    **self._instances(outputs["pred_masks"][p], outputs["pred_boxes"][p], scores[p], height, width),
+                }
+                for p in pairs
+            ])
+        return results
+
+    @torch.inference_mode()
     def _forward_grounding(self, state: dict) -> dict:
         outputs = self.model.forward_grounding(
             backbone_out=state["backbone_out"], find_input=self.find_stage, geometric_prompt=state["geometric_prompt"]
         )
         scores = detection_scores(outputs)
-        keep = scores > self.confidence_threshold
         height, width = state["original_height"], state["original_width"]
-        scale = torch.tensor([width, height, width, height], dtype=torch.float32, device=self.device)
-        masks = outputs["pred_masks"][keep].unsqueeze(1)
-        masks = F.interpolate(masks, (height, width), mode="bilinear", align_corners=False)
-        # sam3's name for these, though they are probabilities
-        state["masks_logits"] = masks.sigmoid()
-        state["masks"] = state["masks_logits"] > 0.5
-        state["boxes"] = box_cxcywh_to_xyxy(outputs["pred_boxes"][keep]) * scale
-        state["scores"] = scores[keep]
+        state.update(self._instances(outputs["pred_masks"][0], outputs["pred_boxes"][0], scores[0], height, width))
         return state
+
+    def _instances(
+        self, mask_logits: torch.Tensor, boxes: torch.Tensor, scores: torch.Tensor, height: int, width: int
+    ) -> dict:
+        """One prompt's (Q, h, w) mask logits, (Q, 4) cxcywh boxes and (Q,) scores -> its instances above
+        the confidence threshold in the image's pixels. One host sync: the number kept."""
+        kept = (scores > self.confidence_threshold).nonzero().squeeze(1)
+        # through pinned memory: a pageable copy to a GPU would be a second wait
+        scale = to_device([width, height, width, height], torch.float32, self.device)
+        masks = F.interpolate(mask_logits[kept].unsqueeze(1), (height, width), mode="bilinear", align_corners=False)
+        # sam3's name for these, though they are probabilities
+        probabilities = masks.sigmoid()
+        return {
+            "masks_logits": probabilities,
+            "masks": probabilities > 0.5,
+            "boxes": box_cxcywh_to_xyxy(boxes[kept]) * scale,
+            "scores": scores[kept],
+        }
+
+
+def _check_image(image, name: str) -> None:
+    if not isinstance(image, (PIL.Image.Image, torch.Tensor, np.ndarray)):
+        raise ValueError(
+            f"{name} is a {type(image).__name__}: pass a PIL image, a (C, H, W) tensor or an (H, W, C) array"
+        )
 
 
 def _size_of(image: PIL.Image.Image | torch.Tensor | np.ndarray) -> tuple[int, int]:

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from samfast.sam3.tokenizer import SAM3_CONTEXT_LENGTH
+from samfast.transfer import to_device
 
 
 class CausalSelfAttention(nn.Module):
@@ -146,7 +147,9 @@ class TextEncoder(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """See `encode`; tokens go to `device`, by default the one the weights are on."""
         tokens = self.tokenizer(text, context_length=self.context_length)
-        return self.encode(tokens.to(self.resizer.weight.device if device is None else device))
+        device = self.resizer.weight.device if device is None else device
+        # through pinned memory: a pageable copy to a GPU makes the host wait for it
+        return self.encode(to_device(tokens, torch.long, device))
 
     def encode(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(B, L) token ids (0 pads) -> (B, L) bool mask, True at padding (PyTorch's key_padding_mask
