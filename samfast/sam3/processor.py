@@ -111,8 +111,8 @@ class Sam3Processor:
             state["backbone_out"].update(self.phrase_encodings.encode([VISUAL_ONLY_PHRASE], device=self.device))
         if "geometric_prompt" not in state:
             state["geometric_prompt"] = self.model.empty_prompt()
-        boxes = torch.tensor(box, dtype=torch.float32, device=self.device).view(1, 1, 4)
-        labels = torch.tensor([label], dtype=torch.bool, device=self.device).view(1, 1)
+        boxes = to_device(box, torch.float32, self.device).view(1, 1, 4)
+        labels = to_device([label], torch.bool, self.device).view(1, 1)
         state["geometric_prompt"].append_boxes(boxes, labels)
         return self._forward_grounding(state)
 

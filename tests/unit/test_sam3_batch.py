@@ -106,8 +106,8 @@ def test_batch_equals_the_loop_over_pairs(model, loops, name):
     assert min(kept) < SAM3_REDUCED.num_queries and len(set(kept)) > 1
     assert [r["masks"].shape[-2:] for r in got[0]] == [(90, 150)] * len(phrases)
     if name == "four, one repeated":
-        for row in got:
-            torch.testing.assert_close(row[3]["scores"], row[0]["scores"], rtol=0, atol=0)
+        for row in got:  # the same pair twice in one call: equal up to the BLAS's row blocking (thread counts)
+            torch.testing.assert_close(row[3]["scores"], row[0]["scores"], rtol=0, atol=1e-6)
 
 
 def test_phrases_paired_with_the_next_phrases_features_fail(model, loops):
