@@ -65,6 +65,7 @@ def fp32_outputs(scene, model_cache):
     return true_fp32_outputs(_entry(model_cache, "fp32").model, scene)
 
 
+@pytest.mark.slow(reason="its compiled stages compile sam2.1_hiera_t_5block cold: 64 of 87 s on a fresh H200")
 @pytest.mark.parametrize("stages", [pytest.param(s, marks=shared(s)) for s in STAGES])
 def test_sam2_stage_close_to_fp32(stages, scene, fp32_outputs, model_cache):
     entry = _entry(model_cache, stages)

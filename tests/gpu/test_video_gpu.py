@@ -87,6 +87,7 @@ def test_the_stage_sets_are_every_cuda_stage():
     assert COMPILED in CUDA_STAGES and len(EAGER_STAGES) < len(CUDA_STAGES)
 
 
+@pytest.mark.slow(reason="each compiled stage compiles the tracker's graphs cold: 77-118 s of 84-136 s on a fresh H200")
 @pytest.mark.parametrize("stages", STAGE_SETS)
 def test_cuda_stages_pass_against_the_fp32_golden(stages, golden, tmp_path):
     results, _ = runner.run_check(SOURCE, SPEC, stages, device=DEVICE, golden=golden, report_dir=tmp_path,

@@ -90,6 +90,8 @@ def test_a_run_sharing_the_folder_never_writes_and_the_callers_setting_wins(tmp_
     assert env == {vec_isa.ENV: "0"} and probe.calls == 0
 
 
+@pytest.mark.slow(reason="the real probe compiles a C++ kernel per vector ISA, then a fresh process imports torch: "
+                         "72 s on a busy H200 host's CPU layer")
 def test_on_this_machine_trusting_the_cpu_picks_what_the_probe_picks(tmp_path):
     """The real probe, then a fresh process with the setting: inductor's ISA list and choice are the same."""
     pytest.importorskip("torch")
