@@ -48,16 +48,18 @@ class FusionEncoderLayer(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        pos: torch.Tensor,
+        pos: torch.Tensor | None,
         memory: torch.Tensor,
         memory_bias: torch.Tensor | None = None,
         memory_pos: torch.Tensor | None = None,
+        x_bias: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """x, pos: (B, L, C) tokens and their positions; memory (B, S, C) the tokens cross-attended to,
-        memory_bias their additive attention bias (padding_bias), memory_pos their positions."""
+        """x, pos: (B, L, C) tokens and their positions (None where no flag adds them); memory (B, S, C)
+        the tokens cross-attended to, memory_bias their additive attention bias (padding_bias),
+        memory_pos their positions; x_bias the self-attention's (the geometry encoder's padded prompts)."""
         normed = self.norm1(x)
         q = normed + pos if self.pos_enc_at_attn else normed
-        x = x + self.self_attn(q, q, normed)
+        x = x + self.self_attn(q, q, normed, x_bias)
         normed = self.norm2(x)
         q = normed + pos if self.pos_enc_at_cross_attn_queries else normed
         k = memory + memory_pos if self.pos_enc_at_cross_attn_keys else memory

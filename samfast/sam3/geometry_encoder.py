@@ -20,8 +20,9 @@ import torch.nn.functional as F
 import torchvision
 from torch import nn
 
+from samfast.sam3.fusion_encoder import FusionEncoderLayer
 from samfast.sam3.geometric_prompt import Prompt, concat_padded_sequences
-from samfast.sam3.multihead_attention import MultiheadAttention, seq_first
+from samfast.sam3.multihead_attention import padding_bias
 
 
 def box_cxcywh_to_xyxy(boxes: torch.Tensor) -> torch.Tensor:
@@ -42,30 +43,6 @@ def sine_encode_xy(x: torch.Tensor, y: torch.Tensor, num_feats: int, temperature
     return encode(x), encode(y)
 
 
-class GeometryEncoderLayer(nn.Module):
-    """sam3.model.encoder.TransformerEncoderLayer as the geometry encoder builds it (pre-norm, ReLU; the image
-    position added to the cross-attention's keys only), with its parameter names."""
-
-    def __init__(self, d_model: int, num_heads: int, dim_feedforward: int) -> None:
-        super().__init__()
-        self.self_attn = MultiheadAttention(d_model, num_heads)
-        self.cross_attn_image = MultiheadAttention(d_model, num_heads)
-        self.linear1 = nn.Linear(d_model, dim_feedforward)
-        self.linear2 = nn.Linear(dim_feedforward, d_model)
-        self.norm1 = nn.LayerNorm(d_model)
-        self.norm2 = nn.LayerNorm(d_model)
-        self.norm3 = nn.LayerNorm(d_model)
-
-    def forward(
-        self, tgt: torch.Tensor, memory: torch.Tensor, tgt_key_padding_mask: torch.Tensor, pos: torch.Tensor
-    ) -> torch.Tensor:
-        """tgt (N, B, C) prompt tokens, memory and pos (HW, B, C) image tokens and their position encoding."""
-        x = self.norm1(tgt)
-        tgt = tgt + seq_first(self.self_attn, x, x, x, tgt_key_padding_mask)
-        tgt = tgt + seq_first(self.cross_attn_image, self.norm2(tgt), memory + pos, memory)
-        return tgt + self.linear2(F.relu(self.linear1(self.norm3(tgt))))
-
-
 class SequenceGeometryEncoder(nn.Module):
     def __init__(
         self, d_model: int = 256, num_heads: int = 8, dim_feedforward: int = 2048, num_layers: int = 3, roi_size: int = 7
@@ -84,7 +61,10 @@ class SequenceGeometryEncoder(nn.Module):
         self.final_proj = nn.Linear(d_model, d_model)
         self.norm = nn.LayerNorm(d_model)
         self.img_pre_norm = nn.LayerNorm(d_model)
-        self.encode = nn.ModuleList(GeometryEncoderLayer(d_model, num_heads, dim_feedforward) for _ in range(num_layers))
+        self.encode = nn.ModuleList(
+            FusionEncoderLayer(d_model, num_heads, dim_feedforward, pos_enc_at_attn=False, pos_enc_at_cross_attn_keys=True)
+            for _ in range(num_layers)
+        )
         self.encode_norm = nn.LayerNorm(d_model)
 
     def forward(
@@ -108,10 +88,11 @@ class SequenceGeometryEncoder(nn.Module):
         cls = self.cls_embed.weight.view(1, 1, self.d_model).expand(1, batch, -1)
         tokens, mask = concat_padded_sequences(tokens, mask, cls, mask.new_zeros(batch, 1))
 
-        tokens = self.norm(self.final_proj(tokens))
+        tokens = self.norm(self.final_proj(tokens)).transpose(0, 1)
+        memory, pos, bias = memory.transpose(0, 1), pos.transpose(0, 1), padding_bias(mask, tokens.dtype)
         for layer in self.encode:
-            tokens = layer(tokens, memory, mask, pos)
-        return self.encode_norm(tokens), mask
+            tokens = layer(tokens, None, memory, memory_pos=pos, x_bias=bias)
+        return self.encode_norm(tokens).transpose(0, 1), mask
 
     def _encode_points(self, points: torch.Tensor, labels: torch.Tensor, feature_map: torch.Tensor) -> torch.Tensor:
         """(N, B, 2) normalized xy -> (N, B, C)."""
