@@ -7,9 +7,17 @@ download or copy it again each time.
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
+from pathlib import Path
 
 import nox
+
+# The sessions import parity (the gate's worker choice, the goldens' task registry) from this checkout.
+# Installing the project puts it on the path of new processes only, not of this one, which nox started
+# before the install: a fresh clone in a fresh environment would not find it.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 nox.options.sessions = ["tests"]
 nox.options.default_venv_backend = "none"
@@ -41,10 +49,8 @@ def _xdist_workers(posargs: list[str]) -> list[str]:
     chose (-n, -p no:xdist) or there is one core.
 
     Every core is spare here: the gate keeps one back (parity.gate.run.spare_cores) for the steps it runs
-    beside its CPU layers, and this session runs nothing beside them. parity imports from the noxfile's
-    folder, which nox puts on sys.path, as the golden session's import of parity.tasks.registry does."""
-    import importlib.util
-
+    beside its CPU layers, and this session runs nothing beside them."""
+    importlib.invalidate_caches()  # what the session's install just added to site-packages
     from parity.gate.run import choose_cpu_workers
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
