@@ -8,7 +8,6 @@ download or copy it again each time.
 from __future__ import annotations
 
 import importlib.util
-import os
 import sys
 from pathlib import Path
 
@@ -52,8 +51,9 @@ def _xdist_workers(posargs: list[str]) -> list[str]:
     beside its CPU layers, and this session runs nothing beside them."""
     importlib.invalidate_caches()  # what the session's install just added to site-packages
     from parity.gate.run import choose_cpu_workers
+    from parity.gate.threads import available_cores
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = available_cores()
     chosen = any(a == "-n" or a.startswith(("-n", "--numprocesses")) or a == "no:xdist" for a in posargs)
     workers = choose_cpu_workers(None, cores, importlib.util.find_spec("xdist") is not None)
     if chosen or workers < 2:

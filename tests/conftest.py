@@ -10,6 +10,8 @@
   each test ends: parity.gate.timing.
 * under the gate (SAMFAST_TEST_TIMES), the slowest tests of its previous run start first: parity.gate.run_order,
   and xdist hands the groups out in that order without hoarding: parity.gate.scheduler.
+* each xdist worker takes its share of the cores as OpenMP threads, unless OMP_NUM_THREADS is set:
+  parity.gate.threads.
 * under xdist, tests that share a module-scoped fixture run on one worker: parity.gate.worker_groups.
 * after each test the CUDA memory it freed goes back to the driver (the gate's GPU processes share one GPU).
 """
@@ -22,7 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from parity.gate import compile_cache, run_order, vec_isa, worker_groups
+from parity.gate import compile_cache, run_order, threads, vec_isa, worker_groups
 from parity.gate import timing as gate_time
 from parity.gate.devices import WORKERS_PER_GPU_ENV, gpu_for_worker, visible_gpus
 from parity.tasks.source import release_gpu_cache
@@ -61,6 +63,8 @@ def _is_worker(config) -> bool:
 def pytest_configure(config):
     config.pluginmanager.register(worker_groups.ModuleFixtureGroups(), "module-fixture-groups")
     if _is_worker(config):
+        # xdist starts its workers with torch's thread per core each: more threads than cores, which spin
+        threads.share_cores(config.workerinput["workercount"], torch.set_num_threads)
         per_gpu = int(os.environ.get(WORKERS_PER_GPU_ENV, "1"))
         device = gpu_for_worker(config.workerinput["workerid"], visible_gpus(), per_gpu)
         if device is not None:

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from parity.checks.budgets import BudgetError
-from parity.gate import compile_cache, cpu_use, run_order, time_budget, vec_isa
+from parity.gate import compile_cache, cpu_use, run_order, threads, time_budget, vec_isa
 from parity.gate import timing as gate_time
 from parity.gate import verdict as final_verdict
 from parity.gate.devices import WORKERS_PER_GPU_ENV, cpu_model, gpu_names, visible_gpus
@@ -138,7 +138,7 @@ def spare_cores(cores: int) -> int:
 
 def cpu_layers_env(cpu_workers: int, spare: int, environ=os.environ) -> dict[str, str]:
     """The CPU layers' environment: no GPU (they run as the CPU job runs them), their spare cores split evenly as threads."""
-    return {**environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": str(max(1, spare // cpu_workers))}
+    return {**environ, "CUDA_VISIBLE_DEVICES": "", threads.ENV: str(threads.per_process(spare, cpu_workers))}
 
 
 def check_env(environ=os.environ) -> dict[str, str]:
