@@ -103,22 +103,6 @@ def read_sam3_checkpoint(
     return mapped
 
 
-def check_weights_source(checkpoint: str | Path | Mapping | None, seed: int | None) -> None:
-    """CheckpointError unless exactly one weight source is named: samfast downloads nothing, so where sam3
-    would fetch sam3.pt (no checkpoint) a seed must be given, and a seed beside a checkpoint would be
-    silently ignored."""
-    if checkpoint is None and seed is None:
-        raise CheckpointError(
-            "no checkpoint given and samfast downloads no weights: seeded weights need seed=N (e.g. seed=0), "
-            "or pass the path of sam3.pt."
-        )
-    if checkpoint is not None and seed is not None:
-        raise CheckpointError(
-            f"both a checkpoint and seed={seed} given: the seed only makes seeded synthetic weights; "
-            "drop seed to load the checkpoint, or pass checkpoint=None for seeded weights."
-        )
-
-
 TRUNK_BLOCKS = DETECTOR_PREFIX + "backbone.vision_backbone.trunk.blocks."
 
 

@@ -13,7 +13,6 @@ import torch
 from samfast.checkpoint import CheckpointError
 from samfast.sam3.checkpoint import (
     SAM2_NECK_PREFIX,
-    check_weights_source,
     image_state_dict,
     read_sam3_checkpoint,
 )
@@ -163,13 +162,3 @@ def test_unreadable_files(layouts, tmp_path):
         read_sam3_checkpoint(a_list, expected)
     with pytest.raises(CheckpointError, match=r"no trained checkpoint ships for sam3"):
         read_sam3_checkpoint("trained", expected)
-
-
-def test_weights_source():
-    with pytest.raises(CheckpointError, match=r"samfast downloads no weights: seeded weights need seed=N \(e\.g\. seed=0\)"):
-        check_weights_source(None, None)
-    with pytest.raises(CheckpointError, match=r"both a checkpoint and seed=3 given"):
-        check_weights_source("sam3.pt", 3)
-    check_weights_source(None, 0)
-    check_weights_source("sam3.pt", None)
-
