@@ -27,8 +27,8 @@ from parity.gate import timing as gate_time
 TIMES_ENV = "SAMFAST_TEST_TIMES"
 TIMES_FILE = "test-times.json"
 # The order of a run whose cache holds no previous run's times (a cold cache): a cold GPU gate's
-# seconds (an H200's at 3405cdb, docs/gate-time.md) for the tests that took COLD_ORDER_MIN_SECONDS
-# or more, any other test counting as quick. Without it a cold run went in collection order, and
+# seconds (docs/gate-time.md names the run) for the tests that took COLD_ORDER_MIN_SECONDS or more,
+# any other test counting as quick. Without it a cold run went in collection order, and
 # the video tests (the last file) put 150 s of compiling on one GPU worker at the end
 # (docs/gpu-gate.md). Rewrite it from a cold run's reports with
 # `python -m parity.gate.run_order REPORT_DIR`.
