@@ -41,6 +41,12 @@ def build_sam(
     config = family.config(model_type)
     switches = parse_stages(stages)
     check_stages(model_type, stages)
+    if checkpoint is not None and seed is not None:
+        # the checkpoint's weights would be loaded and the seed ignored: a caller asking for both wants one
+        raise CheckpointError(
+            f"build_sam({model_type!r}) got both a checkpoint and seed={seed}: a seed picks synthetic weights, "
+            "which a checkpoint replaces; pass one of them (checkpoint=None, seed=N for seeded weights)."
+        )
     model = family.build_modules(config, **module_options)
     if checkpoint is None:
         seed = family.default_seed if seed is None else seed

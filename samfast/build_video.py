@@ -43,7 +43,7 @@ def build_sam_video(
     model_type: str,
     checkpoint: str | Path | Mapping | None = None,
     *,
-    seed: int = 0,
+    seed: int | None = None,
     device: str | torch.device | None = None,
     stages: str = "fp32",
     frames_per_encode: int = 1,

@@ -31,6 +31,11 @@ class ModelSource:
     def masks_meaningful(self) -> bool:
         return self.checkpoint is not None
 
+    @property
+    def build_seed(self) -> int | None:
+        """The seed to build with: none beside a checkpoint, whose weights a seed cannot pick."""
+        return None if self.checkpoint else self.seed
+
     def sha256(self) -> str:
         if self.checkpoint:
             return golden_io.file_sha256(self.checkpoint)
@@ -40,7 +45,7 @@ class ModelSource:
         return f"{self.checkpoint.stem}-{sha[:8]}" if self.checkpoint else f"synthetic-seed{self.seed}"
 
     def build(self, stages: str, device: torch.device, batch_size: int):
-        return samfast.build_sam(self.model_type, self.checkpoint, seed=self.seed, device=device, stages=stages, batch_size=batch_size)
+        return samfast.build_sam(self.model_type, self.checkpoint, seed=self.build_seed, device=device, stages=stages, batch_size=batch_size)
 
     def cli_args(self) -> str:
         return f"--model {self.model_type} " + (f"--checkpoint {shlex.quote(str(self.checkpoint))}" if self.checkpoint else f"--seed {self.seed}")

@@ -16,7 +16,7 @@ def build_sam2_model(
     model_type: str,
     checkpoint: str | Path | Mapping | None = None,
     *,
-    seed: int = 0,
+    seed: int | None = None,
     device: str | torch.device | None = None,
     stages: str = "fp32",
     batch_size: int = 8,
@@ -43,7 +43,7 @@ def build_sam2(
     hydra_overrides_extra: list[str] | None = None,
     apply_postprocessing: bool = True,
     *,
-    seed: int = 0,
+    seed: int | None = None,
 ) -> SAM2Base:
     """sam2.build_sam.build_sam2 without hydra: config_file is one of sam2's config names
     ("configs/sam2.1/sam2.1_hiera_t.yaml", "sam2.1_hiera_t.yaml", ...); ckpt_path an official

@@ -195,6 +195,9 @@ def test_a_registered_familys_stages_and_checkpoints_are_checked(stand_in, tmp_p
         samfast.build_sam("vit_tiny", {"model": {}}, device="cpu")  # a dict of no family, given as a checkpoint
     with pytest.raises(CheckpointError, match=r"does not fit stand_in_s: shape mismatches: .*trunk.weight: checkpoint \(8, 8\) vs model \(4, 4\)"):
         samfast.build_sam("stand_in_s", _stand_in_state("stand_in_l"), device="cpu")
+    # a seed beside a checkpoint would be ignored: refused, so the caller learns which weights it gets
+    with pytest.raises(CheckpointError, match=r"got both a checkpoint and seed=0: .* pass one of them"):
+        samfast.build_sam("stand_in_s", _stand_in_state("stand_in_s"), seed=0, device="cpu")
 
 
 def test_a_family_takes_no_model_type_or_name_of_another(stand_in):

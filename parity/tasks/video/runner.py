@@ -90,7 +90,7 @@ def regenerate_command(source: ModelSource, spec: VideoSpec) -> str:
 
 
 def build_predictor(source: ModelSource, stages: str, device: torch.device, input_size: int):
-    predictor = samfast.build_sam_video(source.model_type, source.checkpoint, seed=source.seed, device=device,
+    predictor = samfast.build_sam_video(source.model_type, source.checkpoint, seed=source.build_seed, device=device,
                                         stages=stages)
     at_input_size(predictor.model, input_size)
     return predictor
