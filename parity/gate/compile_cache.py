@@ -6,7 +6,7 @@
 
 Layout: $SAMFAST_CACHE_DIR (default $XDG_CACHE_HOME/samfast, else ~/.cache/samfast) / <key> /
 inductor (TORCHINDUCTOR_CACHE_DIR: FX-graph, AOT-autograd and autotune caches), triton
-(TRITON_CACHE_DIR), pycache (PYTHONPYCACHEPREFIX: the child processes' Python bytecode), key.json,
+(TRITON_CACHE_DIR), pycache (PYTHONPYCACHEPREFIX: the child processes' Python bytecode, parity.gate.bytecode), key.json,
 stamp.json and, while a run uses the folder, in-use.json. The key names torch, Triton, CUDA, the
 GPU(s) and the compile settings, so a runner that upgrades torch or changes GPU starts a fresh
 folder instead of reading kernels built for another.
@@ -47,6 +47,7 @@ import types
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from parity.gate import bytecode
 from parity.gate.devices import gpu_names
 from parity.golden.manifest import file_sha256
 
@@ -386,7 +387,7 @@ def activate(root: Path | None = None, key: dict[str, str] | None = None, env: o
         write_atomic(folder / KEY_FILE, json.dumps(key, indent=1, sort_keys=True) + "\n")
     # what was compiled lives in inductor/ and triton/ (the gate also keeps its test times here)
     started_empty = not any(p.is_file() for sub in ("inductor", "triton") for p in (folder / sub).rglob("*"))
-    keep_bytecode_in(folder, env)
+    bytecode.keep_in(folder, env)
     env.update({
         ENV_ACTIVE: str(folder),
         "TORCHINDUCTOR_CACHE_DIR": str(folder / "inductor"),
@@ -396,22 +397,6 @@ def activate(root: Path | None = None, key: dict[str, str] | None = None, env: o
     })
     locks = tuple(handle for handle in (owner, users) if handle)
     return CacheFolder(folder, owner is not None, started_empty, resumed and not started_empty, locks)
-
-
-def keep_bytecode_in(folder: Path, env: os._Environ | dict) -> None:
-    """Child processes keep their Python bytecode in the folder (set in `env`), unless the caller chose a prefix.
-
-    Container images often set PYTHONDONTWRITEBYTECODE or install site-packages without bytecode
-    (the H100 runner's torch: no .pyc among 2141 .py files), and then every process the gate starts
-    (xdist workers, inductor's compile workers, the CLI tests' interpreters) compiles torch's source
-    again: on that runner a CPU compile check took 75 s warm, and 58 s with bytecode
-    (docs/gpu-gate.md, the runs with the bytecode cache, commit ac283a5). Under a prefix the bytecode stays out of the installed tree, which
-    is what PYTHONDONTWRITEBYTECODE is usually set to protect; a corrupt file fails its check.
-    """
-    if env.get("PYTHONPYCACHEPREFIX"):
-        return
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
-    env["PYTHONPYCACHEPREFIX"] = str(folder / "pycache")
 
 
 def seal(cache: CacheFolder) -> None:

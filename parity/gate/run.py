@@ -3,7 +3,8 @@
     python -m parity.gate [--require-gpu] [--perf-matrix] [--workers-per-gpu N] [--workers N] [--cpu-workers N] [CHECK ARGS ...]
 
 1. the persistent compile cache is validated and switched on (parity.gate.compile_cache) before any
-   child process starts, so pytest and the check both read and fill it;
+   child process starts, so pytest and the check both read and fill it; where the install has no
+   bytecode, the children's is compiled into it once first (parity.gate.bytecode);
 2. at the same time, each in its own process (compiling is CPU work, and the GPU has room for all):
    - the tests marked gpu (`pytest -m gpu`, perf aside): with pytest-xdist installed, 4 workers per
      GPU (--workers-per-gpu; tests/conftest.py assigns the GPUs); the tests that share a built model
@@ -47,7 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from parity.checks.budgets import BudgetError
-from parity.gate import compile_cache, cpu_use, run_order, threads, time_budget, vec_isa
+from parity.gate import bytecode, compile_cache, cpu_use, run_order, threads, time_budget, vec_isa
 from parity.gate import timing as gate_time
 from parity.gate import verdict as final_verdict
 from parity.gate.devices import WORKERS_PER_GPU_ENV, cpu_model, gpu_names, visible_gpus
@@ -350,6 +351,7 @@ def main(argv: list[str] | None = None) -> int:
         (args.report_dir / stale).unlink(missing_ok=True)  # a step that dies must not report an older run
     cache = compile_cache.activate()
     isa_note = vec_isa.settle(cache.path, may_write=cache.owned)  # before any step starts: they inherit it
+    bytecode_note = bytecode.fill(os.environ)  # once, before the steps would each compile it
     times = cache.path / run_order.TIMES_FILE  # the previous run's, kept with the compile cache
     # every pytest run below starts its slowest tests first: by the previous run's times, or a cold run's
     os.environ[run_order.TIMES_ENV] = str(times if times.exists() else run_order.COLD_ORDER)
@@ -425,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
              f"OpenMP's idle threads in the GPU layers and the checks: OMP_WAIT_POLICY="
              f"{untimed_gpu_env()['OMP_WAIT_POLICY']}; perf: {os.environ.get('OMP_WAIT_POLICY', 'OpenMP default')}",
              isa_note,
-             f"Python bytecode of every step under {os.environ['PYTHONPYCACHEPREFIX']} (PYTHONPYCACHEPREFIX)",
+             bytecode_note,
              "exit codes: " + ", ".join(f"pytest {step} {code}" for step, code in codes.items())
              + ", " + ", ".join(f"{step} {code}" for step, code in check_codes.items())]
     wall = {step: round(seconds, 1) for step, seconds in wall.items()}

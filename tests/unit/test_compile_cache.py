@@ -11,6 +11,7 @@ import json
 import marshal
 import os
 import pickle
+import py_compile
 import shutil
 import signal
 import subprocess
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from parity.gate import compile_cache
+from parity.gate import bytecode, compile_cache
 from tests.child_env import child_env
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,8 +43,9 @@ def _run_that_compiles(root: Path, key=KEY, seal=True) -> compile_cache.CacheFol
 
 
 # --- the key, the folder, the environment ---------------------------------------------------------
-def test_children_keep_their_bytecode_in_the_folder_even_where_the_image_forbids_writing_it(tmp_path):
-    """A runner image with PYTHONDONTWRITEBYTECODE made every child compile torch's source again."""
+def test_children_keep_their_bytecode_in_the_folder_even_where_the_image_forbids_writing_it(tmp_path, monkeypatch):
+    """A runner image with PYTHONDONTWRITEBYTECODE and no installed bytecode made every child compile torch again."""
+    monkeypatch.setattr(bytecode, "installed_bytecode", lambda source: False)  # torch installed with pip --no-compile
     env = {"PYTHONDONTWRITEBYTECODE": "1", "PATH": os.environ["PATH"]}
     cache = compile_cache.activate(tmp_path / "c", KEY, env)
     assert "PYTHONDONTWRITEBYTECODE" not in env and env["PYTHONPYCACHEPREFIX"] == str(cache.path / "pycache")
@@ -55,6 +57,40 @@ def test_children_keep_their_bytecode_in_the_folder_even_where_the_image_forbids
     mine = {"PYTHONPYCACHEPREFIX": "/mine", "PYTHONDONTWRITEBYTECODE": "1"}
     compile_cache.release(compile_cache.activate(tmp_path / "d", KEY, mine))
     assert mine["PYTHONPYCACHEPREFIX"] == "/mine" and mine["PYTHONDONTWRITEBYTECODE"] == "1"  # the caller's choice stands
+
+
+def test_bytecode_the_install_has_is_used_not_hidden_by_a_prefix(tmp_path):
+    """A prefix hides the installed tree's __pycache__ from every child: where pip compiled it, none is set."""
+    source = tmp_path / "installed.py"
+    source.write_text("X = 1\n")
+    assert not bytecode.installed_bytecode(source)
+    env = {"PYTHONDONTWRITEBYTECODE": "1"}
+    bytecode.keep_in(tmp_path / "c", env, probe=source)
+    assert env["PYTHONPYCACHEPREFIX"] == str(tmp_path / "c" / "pycache")  # none there: the prefix
+    py_compile.compile(str(source), doraise=True)  # what pip does at install
+    assert bytecode.installed_bytecode(source)
+    env = {"PYTHONDONTWRITEBYTECODE": "1"}
+    bytecode.keep_in(tmp_path / "c", env, probe=source)
+    assert env == {"PYTHONDONTWRITEBYTECODE": "1"}
+    os.utime(source, (0, 12345))  # the source changed since: its bytecode is stale, the prefix again
+    assert not bytecode.installed_bytecode(source)
+
+
+def test_the_prefix_is_filled_before_the_children_start(tmp_path):
+    """fill compiles the packages into the prefix (what each child would otherwise compile for itself)."""
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("X = 1\n")
+    (package / "part.py").write_text("Y = 2\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "PYTHONPYCACHEPREFIX": str(tmp_path / "prefix")}
+    sys.path.insert(0, str(tmp_path))
+    try:
+        note = bytecode.fill(env, packages=("pkg", "not_installed_anywhere"))
+    finally:
+        sys.path.remove(str(tmp_path))
+    assert {p.name.split(".")[0] for p in (tmp_path / "prefix").rglob("*.pyc")} == {"__init__", "part"}
+    assert "compiled into it first for 1 package" in note
+    assert "installed tree's own" in bytecode.fill({})
 
 
 def test_cache_env_points_inductor_and_triton_into_the_key_folder(tmp_path):
