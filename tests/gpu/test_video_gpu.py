@@ -97,6 +97,7 @@ def test_cuda_stages_pass_against_the_fp32_golden(stages, golden, tmp_path):
 
 
 @compiled_group("cuda graphs")
+@pytest.mark.slow(reason="the whole compiled stack at max-autotune with CUDA graphs: its autotuning and graph capture")
 def test_compiled_stage_replaying_cuda_graphs_passes_against_the_fp32_golden(golden, tmp_path, monkeypatch):
     """The compile switch's GPU default (max-autotune) and reduce-overhead replay CUDA graphs, whose outputs
     live in a pool the next replay may reuse: a tensor kept across graphs unread is a crash ("accessing tensor

@@ -82,6 +82,7 @@ def one_process_golden(scenes_folder, tmp_path_factory):
         torch.set_num_threads(threads)
 
 
+@pytest.mark.slow(reason="torchrun starts two ranks, each importing torch and building the model, after the one-process golden")
 def test_two_ranks_write_the_golden_of_one_process(scenes_folder, one_process_golden, tmp_path):
     run = _torchrun(_args(scenes_folder, tmp_path), through_nproc=True)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -91,6 +92,7 @@ def test_two_ranks_write_the_golden_of_one_process(scenes_folder, one_process_go
     assert [p.name for p in tmp_path.iterdir()] == [one_process_golden.name]  # the work folder is gone
 
 
+@pytest.mark.slow(reason="torchrun twice, killed then resumed, two ranks each importing torch and building the model")
 def test_killed_run_resumes_to_the_same_golden(scenes_folder, one_process_golden, tmp_path):
     # Rank 1 dies right after recording batch 1; rank 0 cannot pass that round's boundary without
     # it, so batch 2 is always left for the re-run.

@@ -44,6 +44,7 @@ def sam2_golden(scenes, tmp_path_factory):
     return make_golden(ModelSource(MODEL), scenes, device="cpu", root=tmp_path_factory.mktemp("golden"))
 
 
+@pytest.mark.slow(reason="the module's golden made first (its fixture), then two stages of the point check over the scenes")
 def test_sam2_stages_pass_against_their_golden(sam2_golden, scenes, tmp_path):
     results, paths = run_check(ModelSource(MODEL), scenes, ["fp32", "fp32+sdpa"], data_args="--data scenes",
                                device="cpu", golden=sam2_golden, report_dir=tmp_path)
@@ -127,6 +128,7 @@ def amg_golden(trained_nano, scenes, tmp_path_factory):
     return amg_runner.make_golden(trained_nano, scenes, AMG_PARAMS, device="cpu", root=tmp_path_factory.mktemp("amg"))
 
 
+@pytest.mark.slow(reason="the module's segment-everything golden made first (its fixture), then two stages over the scenes")
 def test_sam2_segment_everything_passes_against_its_golden(amg_golden, trained_nano, scenes, tmp_path):
     results, _ = amg_runner.run_check(trained_nano, scenes, ["fp32", "fp32+sdpa"], AMG_PARAMS, data_args="--data scenes",
                                       device="cpu", golden=amg_golden, report_dir=tmp_path)

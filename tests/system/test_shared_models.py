@@ -48,6 +48,7 @@ def test_switching_between_shared_compiled_models_never_shows_a_recompile():
     assert entries[STAGES[0]] is cache.entry("vit_tiny", STAGES[0], batch=2, compile_mode="default", device="cpu")
 
 
+@pytest.mark.slow(reason="two compiled stages traced in one dynamo cache, each with its warm-up: the recompile needs both")
 @pytest.mark.usefixtures("aot_eager_compile")
 def test_without_the_switch_the_second_model_shows_a_recompile():
     """The planted defect: two compiled models in dynamo's cache at once (no reset between them)."""

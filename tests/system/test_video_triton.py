@@ -48,6 +48,7 @@ def track(stages: str) -> tuple[object, list[torch.Tensor]]:
         return predictor, [masks.clone() for _, _, masks in predictor.propagate_in_video(state, start_frame_idx=0)]
 
 
+@pytest.mark.slow(reason="the tracker's Triton kernels run in the interpreter here (TRITON_INTERPRET), every program simulated in numpy")
 def test_tracking_on_the_kernels_equals_fp32():
     predictor, got = track("fp32+triton")
     assert fallback_counts() == {}, "a kernel fell back"

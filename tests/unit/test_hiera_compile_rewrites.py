@@ -261,6 +261,7 @@ def test_which_configs_keep_window_order_at_1024(model_type, windowed):
     assert trunk.keeps_window_order((256, 256)) is windowed
 
 
+@pytest.mark.slow(reason="inductor compiles a small Hiera trunk to C++, the first parameter's compile filling the cache")
 @pytest.mark.parametrize("biases_as_channels", [False, True])
 def test_the_window_order_stream_compiles_to_what_it_computes_eagerly(biases_as_channels):
     """Inductor runs the in-place accumulations (samfast::linear_accumulate) on the stream's own

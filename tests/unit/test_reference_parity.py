@@ -60,7 +60,7 @@ def test_predict_torch_equals_reference(tiny_pair, data_root):
     assert_masks_equal_away_from_threshold(masks, ref_logits, atol=LOGITS_ATOL)
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="the full vit_b (12 blocks at 1024 px) and segment_anything's reference each encode a photo in fp32")
 def test_vit_b_end_to_end_equals_reference(data_root):
     from segment_anything import SamPredictor as ReferencePredictor
 
