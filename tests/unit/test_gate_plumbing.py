@@ -240,7 +240,9 @@ def test_perf_early_times_perf_while_the_cpu_layers_still_run(tmp_path, monkeypa
     assert re.search(r"CPU core-seconds by step .*: pytest cpu \d+ \(\d+\.\d cores over its \d+ s\), pytest gpu", table)
     # which machine: runners of one GPU kind differ by their CPU
     gpu_models = gate.gpu_names() if gate.visible_gpus() else []  # the GPUs the gate uses, as its runner class
-    assert f"runner: {', '.join(gpu_models) or 'no GPU'}; {cpu_model()}, {len(os.sched_getaffinity(0))} cores" in table
+    # under the gate this test's own process is moved off perf's cores once, perhaps while it runs: either count
+    counts = {len(cores), len(os.sched_getaffinity(0))}
+    assert any(f"runner: {', '.join(gpu_models) or 'no GPU'}; {cpu_model()}, {n} cores" in table for n in counts), table
 
 
 @pytest.mark.parametrize("asked", [None, "ACTIVE"])
