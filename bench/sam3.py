@@ -8,13 +8,13 @@ boxes, scores above the confidence threshold):
 - "1 x 1": set_image then set_text_prompt on one image and one phrase;
 - "N x P": every one of P phrases on every one of N images. sam3 loops (set_image per image, then
   reset_all_prompts and set_text_prompt per phrase), as its users do; samfast answers all pairs with one
-  Sam3Processor.predict_batch call (its phrase cache cleared before each call, so every call encodes them).
+  Sam3Processor.predict_batch call (its phrase cache off, so every call encodes them, as sam3's loop does).
 
-sam3's modes: fp32 (with the TF32 that importing sam3 switches on, as it ships), bf16 (its model under
-torch.autocast bf16, as its examples run it), compile (build_sam3_image_model(compile=True), under bf16
-autocast). Weights: samfast.synthetic_state_dict("sam3", 0), loaded into both with strict=True: seeded,
-not trained, so the detections are meaningless and only the time and memory are compared; both keep the
-same instances, since they compute the same model. Writes sam3.md (the table), sam3.json and sam3.png.
+sam3's modes: fp32 (with the TF32 that importing sam3 switches on, as it ships; samfast's rows run under
+it too), bf16 (its model under torch.autocast bf16, as its examples run it), compile
+(build_sam3_image_model(compile=True), under bf16 autocast). Weights: samfast.synthetic_state_dict("sam3", 0),
+loaded into both with strict=True: seeded, not trained, so the detections are meaningless and only the time
+and memory are compared; both keep the same instances, since they compute the same model. Writes sam3.md (the table), sam3.json and sam3.png.
 """
 
 from __future__ import annotations
@@ -98,7 +98,6 @@ def looped(processor, batch: list[np.ndarray], phrases: list[str]) -> int:
 
 
 def batched(processor: Sam3Processor, batch: list[np.ndarray], phrases: list[str]) -> int:
-    processor.phrase_encodings._entries.clear()  # every call encodes its phrases, as sam3's loop does
     return sum(len(pair["scores"]) for per_image in processor.predict_batch(batch, phrases) for pair in per_image)
 
 
@@ -141,9 +140,10 @@ def run(args, device: torch.device) -> list[Row]:
         free(device)
     for stage in args.stages:
         model = samfast.build_sam(MODEL_TYPE, checkpoint, device=device, stages=stage, batch_size=args.images)
-        rows += time_rows("samfast", canonical_name(model.switches), Sam3Processor(model, confidence_threshold=args.threshold), batched,
-                          args, device)
-        del model
+        # no phrase cache: every call encodes its phrases, as sam3's loop does
+        processor = Sam3Processor(model, confidence_threshold=args.threshold, text_cache_size=0)
+        rows += time_rows("samfast", canonical_name(model.switches), processor, batched, args, device)
+        del model, processor
         free(device)
     return rows
 
@@ -212,6 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     device = torch.device(args.device)
+    # importing sam3 turns TF32 on where the GPU has it, for every row after: the environment records the
+    # flags all rows run under
+    importlib.import_module("sam3.model_builder")
     timing = f"{args.warmup} warm-up calls, median of {args.repeats} runs x {args.iters} calls, {clock_name(device)}"
     env = environment(device, command_line("bench.sam3", argv), timing)
     env["weights"] = (f"seeded synthetic (samfast.synthetic_state_dict('{MODEL_TYPE}', {SEED})), sam3.pt's layout; "

@@ -35,7 +35,8 @@ def installed_bytecode(source: Path) -> bool:
     """Whether the install left current bytecode beside `source` (in its __pycache__, as pip writes it)."""
     pyc = source.parent / "__pycache__" / f"{source.stem}.{sys.implementation.cache_tag}.pyc"
     try:
-        header = pyc.read_bytes()[:12]
+        with pyc.open("rb") as file:
+            header = file.read(12)
     except OSError:
         return False
     # an unchecked-hash or timestamp pyc: flags 0 means the header holds the source's mtime (PEP 552)
