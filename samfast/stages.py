@@ -37,8 +37,7 @@ class SwitchTarget(Protocol):
     The modules answered carry the flags the switches set: attention modules `attn_impl` ("math", "sdpa",
     "triton"); memory cross-attentions `split_by_memory_frame` and `key_impl`; mask downsamplers
     `conv_impl`; bias-channel blocks `bias_as_channel`; encoder MLPs `gelu_impl`; the patch embedding
-    `as_gemm`; the prompt decoder `upscale_impl`, `transformer.fused_cross_attention` and
-    compile_for_any_prompt_count().
+    `as_gemm`; the prompt decoder `upscale_impl` and `transformer.fused_cross_attention`.
     """
 
     image_encoder: nn.Module  # compiled whole by the compile switch, its linears quantized in place
@@ -77,8 +76,14 @@ class SwitchTarget(Protocol):
     def patch_embedding(self) -> nn.Module:
         """The patch conv the compile switch runs as a GEMM (`as_gemm`)."""
 
-    def prompt_decoder(self) -> nn.Module:
-        """The mask decoder: its upscaling path, its fused cross attentions, its own compiled graph."""
+    def prompt_decoder(self) -> nn.Module | None:
+        """The mask decoder: its upscaling path, its fused cross attentions, the nt switch's batched calls. None
+    for a family whose prompts go through no SAM-style mask decoder (SAM 3's detector), which then takes
+    neither the triton nor the nt switch."""
+
+    def compile_prompt_path(self) -> None:
+        """Compile what runs per prompt, for every prompt count (SAM 1 and 2: the mask decoder's
+        compile_for_any_prompt_count; SAM 3: its text encoder and detector)."""
 
     def rewrite_encoder_for_compile(self) -> None:
         """The family's rewrites of its encoder made as the compile switch compiles it (none: a no-op)."""
@@ -159,7 +164,7 @@ def apply_stages(model: SwitchTarget, switches: frozenset[str]) -> None:
         model.rewrite_encoder_for_compile()  # SAM 2's: the high-resolution levels, the positional table
         # likewise the decoder's transposed convs (kernels.upscaled_masks_reference; SAM 2's adds its
         # high-resolution levels between the two)
-        if "triton" not in switches:
+        if "triton" not in switches and decoder is not None:
             decoder.upscale_impl = "gemm"
         if "bf16" in switches and not switches & {"int8", "sparse", FP8}:
             # see MLPBlock: lin1 + GELU as one GEMM; the tanh GELU is within bf16's rounding, not fp32's,
@@ -167,7 +172,7 @@ def apply_stages(model: SwitchTarget, switches: frozenset[str]) -> None:
             for mlp in model.encoder_mlps():
                 mlp.gelu_impl = "epilogue"
         model.image_encoder.compile(mode=compile_mode(model.device), dynamic=False, fullgraph=True)
-        decoder.compile_for_any_prompt_count()
+        model.compile_prompt_path()
     model.switches = switches
 
 

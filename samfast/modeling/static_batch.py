@@ -21,7 +21,12 @@ def in_static_batches(encoder: Callable, images: torch.Tensor, size: int | None)
         if real < size:
             chunk = torch.cat([chunk, chunk.new_zeros(size - real, *chunk.shape[1:])])
         chunks.append(own_copies(encoder(chunk), real))
-    return chunks[0] if len(chunks) == 1 else tree_map(lambda *parts: torch.cat(parts), *chunks)
+    return chunks[0] if len(chunks) == 1 else tree_map(joined, *chunks)
+
+
+def joined(*parts):
+    """One output's chunks as one batch; anything else (SAM 3's absent tracker levels, None) as it is."""
+    return torch.cat(parts) if isinstance(parts[0], torch.Tensor) else parts[0]
 
 
 def own_copies(outputs, real: int):
@@ -32,7 +37,9 @@ def own_copies(outputs, real: int):
     tensor returned twice (SAM 2's vision_features is backbone_fpn[-1]) is copied once and stays one tensor."""
     copies: dict[int, torch.Tensor] = {}
 
-    def own(t: torch.Tensor) -> torch.Tensor:
+    def own(t: torch.Tensor | None) -> torch.Tensor | None:
+        if t is None:  # SAM 3's neck without its tracker branch
+            return None
         if t.stride(0) == 0:
             return t[:real]
         if id(t) not in copies:

@@ -84,6 +84,10 @@ class Sam(nn.Module):
         """The mask decoder: prompts in, masks out (its upscaling and cross attention are switched, and it is compiled)."""
         return self.mask_decoder
 
+    def compile_prompt_path(self) -> None:
+        """The compile switch's graph of the mask decoder, for any prompt and image count."""
+        self.prompt_decoder().compile_for_any_prompt_count()
+
     def embed_images(self, images: torch.Tensor) -> torch.Tensor:
         """Image embeddings (N, 256, 64, 64) of preprocessed (N, 3, 1024, 1024) images.
 

@@ -140,6 +140,10 @@ class SAM2Base(SAM2Tracking, nn.Module):
     def prompt_decoder(self) -> Sam2MaskDecoder:
         return self.sam_mask_decoder
 
+    def compile_prompt_path(self) -> None:
+        """The compile switch's graph of the mask decoder, for any prompt and image count."""
+        self.prompt_decoder().compile_for_any_prompt_count()
+
     def forward_image(self, img_batch: torch.Tensor) -> dict[str, torch.Tensor | list[torch.Tensor]]:
         """The image encoder's outputs, with the two high-resolution levels already projected by
         the decoder's conv_s0 / conv_s1 (once per image instead of once per prompt)."""

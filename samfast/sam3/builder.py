@@ -41,11 +41,14 @@ def build_sam3_image_model(
         "eval_mode=False": not eval_mode,
         "enable_segmentation=False": not enable_segmentation,
         "enable_inst_interactivity=True (predict_inst)": enable_inst_interactivity,
-        "compile=True": compile,
     }
     if unbuilt := [name for name, asked in refused.items() if asked]:
         raise NotImplementedError(
             f"{', '.join(unbuilt)}: not built on samfast yet, which has SAM 3's inference image model with its "
-            "mask head, in fp32; leave these arguments at sam3's defaults."
+            "mask head; leave these arguments at sam3's defaults."
         )
-    return build_sam(MODEL_TYPE, checkpoint_path, seed=seed, device=device, tokenizer=build_tokenizer(bpe_path=bpe_path))
+    # sam3's own path: fp32 with its attention through SDPA, compiled when asked (samfast's graphs: static
+    # shapes, no recompile); samfast.build_sam("sam3", stages=...) takes the faster stages
+    stages = "fp32+compile+sdpa" if compile else "fp32+sdpa"
+    return build_sam(MODEL_TYPE, checkpoint_path, seed=seed, device=device, stages=stages,
+                     tokenizer=build_tokenizer(bpe_path=bpe_path))

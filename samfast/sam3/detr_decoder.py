@@ -109,8 +109,9 @@ class DetrDecoder(nn.Module):
         cols = torch.arange(width, dtype=boxes.dtype, device=boxes.device) / width
         to_rows = rows[:, None] - torch.stack((y0, y1), dim=-1)[:, :, None, :]  # (B, Q, H, 2)
         to_cols = cols[:, None] - torch.stack((x0, x1), dim=-1)[:, :, None, :]  # (B, Q, W, 2)
-        by_row = self.boxRPB_embed_y(log_scaled(to_rows))  # (B, Q, H, heads)
-        by_col = self.boxRPB_embed_x(log_scaled(to_cols))  # (B, Q, W, heads)
+        dtype = self.boxRPB_embed_y.layers[0].weight.dtype
+        by_row = self.boxRPB_embed_y(log_scaled(to_rows).to(dtype))  # (B, Q, H, heads)
+        by_col = self.boxRPB_embed_x(log_scaled(to_cols).to(dtype))  # (B, Q, W, heads)
         bias = by_row[:, :, :, None] + by_col[:, :, None, :]
         return bias.flatten(2, 3).permute(0, 3, 1, 2)
 
@@ -140,10 +141,13 @@ class DetrDecoder(nn.Module):
         batch = image.shape[0]
         queries = self.query_embed.weight.expand(batch, -1, -1)
         presence = self.presence_token.weight.expand(batch, -1, -1)
-        boxes = self.reference_points.weight.sigmoid().expand(batch, -1, -1)
+        # the boxes in float32 whatever the weights, as under sam3's bf16 autocast (which keeps the
+        # embeddings' weights, the sigmoids and the additions in float32): a bf16 box is off by up to
+        # 4 pixels of 1008, and each layer refines the last one's
+        boxes = self.reference_points.weight.float().sigmoid().expand(batch, -1, -1)
         hidden, start_boxes, presence_logits = [], [], []
         for layer in self.layers:
-            query_pos = self.ref_point_head(box_sine_embedding(boxes, self.d_model))
+            query_pos = self.ref_point_head(box_sine_embedding(boxes, self.d_model).to(queries.dtype))
             # the presence token takes no position and no box bias
             pos_all = F.pad(query_pos, (0, 0, 1, 0))
             image_bias = F.pad(self.box_bias(boxes, feat_size), (0, 0, 1, 0))
@@ -151,7 +155,7 @@ class DetrDecoder(nn.Module):
             presence, queries = out[:, :1], out[:, 1:]
             normed = self.norm(queries)
             start_boxes.append(boxes)
-            boxes = (self.bbox_embed(normed) + inverse_sigmoid(boxes)).sigmoid()
+            boxes = (self.bbox_embed(normed).float() + inverse_sigmoid(boxes)).sigmoid()
             hidden.append(normed)
             # sam3 computes a clamp of these logits and discards it: they leave unclamped
             presence_logits.append(self.presence_token_head(self.presence_token_out_norm(presence)).squeeze(-1))

@@ -10,6 +10,10 @@ from samfast.sam3.checkpoint import (
 )
 from samfast.sam3.config import MODEL_TYPES, build_image_model, sam3_config
 
+# the switches built for SAM 3 so far: bf16, compile and sdpa (the ViT, the text encoder, the detector);
+# SAM 3 has no SAM-style prompt decoder for triton and nt, and int8 / fp8 are not measured on it yet
+SAM3_SWITCHES = frozenset({"bf16", "compile", "sdpa"})
+
 SAM3 = register(
     Family(
         name="SAM 3",
@@ -20,7 +24,7 @@ SAM3 = register(
         check_state_dict=check_sam3_state_dict,
         state_dict_key=SAM3_KEY,
         infer_model_type=infer_sam3_model_type,
-        built_switches=frozenset(),  # fp32 equal to sam3 0.1.4 so far; the ladder comes next
+        built_switches=SAM3_SWITCHES,
         reference="sam3",
         tasks=frozenset(),  # the concept task (phrases to instances) is not in parity yet
         official_checkpoint="sam3.pt",

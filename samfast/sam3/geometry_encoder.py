@@ -95,25 +95,34 @@ class SequenceGeometryEncoder(nn.Module):
         return self.encode_norm(tokens).transpose(0, 1), mask
 
     def _encode_points(self, points: torch.Tensor, labels: torch.Tensor, feature_map: torch.Tensor) -> torch.Tensor:
-        """(N, B, 2) normalized xy -> (N, B, C)."""
-        embed = self.points_direct_project(points)
+        """(N, B, 2) normalized xy (float32 whatever the weights) -> (N, B, C) in the weights' dtype."""
+        dtype = self.points_direct_project.weight.dtype
+        if points.shape[0] == 0:  # nothing to sample: inductor's grid_sample cannot take an empty grid of any batch
+            return points.new_zeros(0, points.shape[1], self.d_model, dtype=dtype)
+        embed = self.points_direct_project(points.to(dtype))
         # grid_sample wants (B, N, 1, 2) in [-1, 1]
         grid = points.transpose(0, 1).unsqueeze(2) * 2 - 1
-        sampled = F.grid_sample(feature_map, grid, align_corners=False)  # (B, C, N, 1)
+        sampled = F.grid_sample(feature_map, grid.to(feature_map.dtype), align_corners=False)  # (B, C, N, 1)
         embed = embed + self.points_pool_project(sampled.squeeze(-1).permute(2, 0, 1))
         enc_x, enc_y = sine_encode_xy(points[..., 0], points[..., 1], self.d_model // 2)
-        embed = embed + self.points_pos_enc_project(torch.cat([enc_x, enc_y], dim=-1))
+        embed = embed + self.points_pos_enc_project(torch.cat([enc_x, enc_y], dim=-1).to(dtype))
         return self.label_embed(labels.long()) + embed
 
     def _encode_boxes(self, boxes: torch.Tensor, labels: torch.Tensor, feature_map: torch.Tensor) -> torch.Tensor:
-        """(N, B, 4) normalized cx, cy, w, h -> (N, B, C)."""
+        """(N, B, 4) normalized cx, cy, w, h (float32 whatever the weights) -> (N, B, C) in the weights' dtype.
+
+        The coordinates and their encodings stay float32 until a projection takes them (bf16 would move a
+        box edge by up to 4 pixels of 1008), and so does the RoI pooling, which torchvision has no bf16
+        kernel of on every device."""
         n_boxes, batch = boxes.shape[:2]
-        embed = self.boxes_direct_project(boxes)
-        pooled = torchvision.ops.roi_align(feature_map, self._rois(boxes, feature_map), self.roi_size)
-        embed = embed + self.boxes_pool_project(pooled).view(batch, n_boxes, self.d_model).transpose(0, 1)
+        dtype = self.boxes_direct_project.weight.dtype
+        embed = self.boxes_direct_project(boxes.to(dtype))
+        pooled = torchvision.ops.roi_align(feature_map.float(), self._rois(boxes, feature_map), self.roi_size)
+        embed = embed + self.boxes_pool_project(pooled.to(dtype)).view(batch, n_boxes, self.d_model).transpose(0, 1)
         cx, cy, w, h = boxes.unbind(-1)
         enc_x, enc_y = sine_encode_xy(cx, cy, self.d_model // 2)
-        embed = embed + self.boxes_pos_enc_project(torch.cat([enc_y, enc_x, h[..., None], w[..., None]], dim=-1))
+        position = torch.cat([enc_y, enc_x, h[..., None], w[..., None]], dim=-1)
+        embed = embed + self.boxes_pos_enc_project(position.to(dtype))
         return self.label_embed(labels.long()) + embed
 
     @staticmethod
@@ -126,4 +135,4 @@ class SequenceGeometryEncoder(nn.Module):
         corners = torch.stack([x0 * width, y0 * height, x1 * width, y1 * height], dim=-1)
         batch, n_boxes = corners.shape[:2]
         image = torch.arange(batch, dtype=corners.dtype, device=corners.device)[:, None, None].expand(-1, n_boxes, 1)
-        return torch.cat([image, corners], dim=-1).reshape(batch * n_boxes, 5).to(feature_map.dtype)
+        return torch.cat([image, corners], dim=-1).reshape(batch * n_boxes, 5).float()

@@ -194,7 +194,8 @@ class Sam3Processor:
         kept = (scores > self.confidence_threshold).nonzero().squeeze(1)
         # through pinned memory: a pageable copy to a GPU would be a second wait
         scale = to_device([width, height, width, height], torch.float32, self.device)
-        masks = F.interpolate(mask_logits[kept].unsqueeze(1), (height, width), mode="bilinear", align_corners=False)
+        # float32 from here, whatever the model's dtype: the outputs' dtypes are sam3's
+        masks = F.interpolate(mask_logits[kept].float().unsqueeze(1), (height, width), mode="bilinear", align_corners=False)
         # sam3's name for these, though they are probabilities
         probabilities = masks.sigmoid()
         return {

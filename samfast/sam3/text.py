@@ -7,8 +7,9 @@ Parameter names and shapes are sam3's, so its state dict loads with strict=True:
 `mlp.c_proj`), `encoder.ln_final`, `encoder.text_projection`, `resizer`.
 
 Inference only. sam3 runs its blocks through nn.MultiheadAttention with an additive -inf upper
-triangle; here each block calls F.scaled_dot_product_attention with is_causal=True, the same mask
-without materializing it (and what lets flash attention take it on a GPU). sam3 embeds the tokens
+triangle, which the "math" path (`attn_impl`, the fp32 stage's) writes out too; the "sdpa" path calls
+F.scaled_dot_product_attention with is_causal=True, the same mask without materializing it (and what
+lets flash attention take it on a GPU). sam3 embeds the tokens
 twice (once for the returned embeddings, once inside the transformer) and multiplies every token by
 `text_projection` only to discard the product: here the embeddings are computed once and the
 projection, kept for the checkpoint, is not applied.
@@ -23,6 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from samfast.modeling.attention import attention
+from samfast.modeling.static_batch import in_static_batches
 from samfast.sam3.tokenizer import SAM3_CONTEXT_LENGTH
 from samfast.transfer import to_device
 
@@ -41,12 +44,18 @@ class CausalSelfAttention(nn.Module):
         self.out_proj = nn.Linear(dim, dim)
         nn.init.xavier_uniform_(self.in_proj_weight)
         nn.init.zeros_(self.out_proj.bias)
+        self.attn_impl = "sdpa"  # "math" or "sdpa", set by the stages (samfast.stages)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, length, dim = x.shape
         qkv = F.linear(x, self.in_proj_weight, self.in_proj_bias)
         q, k, v = qkv.view(b, length, 3, self.num_heads, dim // self.num_heads).permute(2, 0, 3, 1, 4).unbind(0)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if self.attn_impl == "sdpa":
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            future = torch.ones(length, length, dtype=torch.bool, device=x.device).triu(1)
+            bias = torch.zeros(length, length, dtype=x.dtype, device=x.device).masked_fill(future, float("-inf"))
+            out = attention(q, k, v, q.shape[-1] ** -0.5, self.attn_impl, bias)
         return self.out_proj(out.transpose(1, 2).reshape(b, length, dim))
 
 
@@ -141,6 +150,13 @@ class TextEncoder(nn.Module):
         self.tokenizer = tokenizer
         self.encoder = TextTransformer(context_length, vocab_size, width, heads, layers, use_ln_post)
         self.resizer = nn.Linear(width, d_model)
+        self.static_batch: int | None = None  # set by compile_for_batches
+
+    def compile_for_batches(self, size: int) -> None:
+        """The compile switch's: the transformer compiled for batches of exactly `size` phrases (fewer padded,
+        more split: samfast.modeling.static_batch), its one shape, so it never recompiles."""
+        self.static_batch = size
+        self.encoder.compile(dynamic=False, fullgraph=True)
 
     def forward(
         self, text: list[str], device: torch.device | str | None = None
@@ -157,7 +173,7 @@ class TextEncoder(nn.Module):
         returns them: the features contiguous in that order (the resizer writes them so), the embeddings
         a transposed view. Id 0 is also the BPE piece '!' inside a word ("!@!"): sam3 masks it as
         padding too, and so does this, for equal outputs."""
-        embeds, features = self.encoder(tokens)
+        embeds, features = in_static_batches(self.encoder, tokens, self.static_batch)
         return tokens == 0, self.resizer(features.transpose(0, 1)), embeds.transpose(0, 1)
 
 

@@ -9,8 +9,9 @@ rotations span the range the windows were trained on (sam3's use_interp_rope).
 
 Only that configuration's code paths are here (no rel-pos, no cls token carried through the blocks,
 no LayerScale, no ln_post, eval only); parameter and buffer names and shapes are sam3's, so a sam3
-state dict loads strictly. Attention runs through F.scaled_dot_product_attention, as in sam3; the
-rotations run in real arithmetic (samfast.modeling.rope), which inductor compiles, where sam3
+state dict loads strictly. Attention runs through F.scaled_dot_product_attention, as in sam3, or
+written out (`attn_impl`, samfast.modeling.attention: the fp32 stage's path, the sdpa switch's
+counterpart); the rotations run in real arithmetic (samfast.modeling.rope), which inductor compiles, where sam3
 multiplies complex tensors.
 """
 
@@ -19,9 +20,9 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from samfast.modeling.attention import attention
 from samfast.modeling.rope import apply_rotary_enc, axial_cis, rotations_of
 from samfast.modeling.patch_embed import PatchEmbed
 from samfast.modeling.windows import window_partition, window_unpartition
@@ -141,6 +142,7 @@ class Attention(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.rope_args = (dim // num_heads, *input_size)
         self.rope_scale = rope_scale
+        self.attn_impl = "sdpa"  # "math" or "sdpa", set by the stages (samfast.stages)
         self.register_buffer("freqs_cis", self.rope_table())
         self.register_buffer("rotations", rotations_of(self.freqs_cis), persistent=False)
         self.register_load_state_dict_post_hook(_rotations_from_loaded_table)
@@ -153,7 +155,7 @@ class Attention(nn.Module):
         B, H, W, _ = x.shape
         q, k, v = self.qkv(x).reshape(B, H * W, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
         q, k = apply_rotary_enc(q, k, self.rotations)
-        x = F.scaled_dot_product_attention(q, k, v)
+        x = attention(q, k, v, q.shape[-1] ** -0.5, self.attn_impl)
         return self.proj(x.transpose(1, 2).reshape(B, H, W, -1))
 
 

@@ -111,8 +111,9 @@ def test_sam1_and_sam2_keep_seed_0_by_default():
 
 
 def test_unbuilt_switches_are_refused_before_building():
-    with pytest.raises(StageError, match=r"not built for SAM 3 yet; sam3 takes fp32 only so far: use 'fp32'"):
-        samfast.build_sam("sam3", seed=0, stages="bf16")
+    with pytest.raises(StageError, match=r"the triton, nt switch\(es\) are not built for SAM 3 yet; sam3 takes fp32 "
+                                         r"and any combination of bf16, compile, sdpa: use 'bf16\+compile\+sdpa'"):
+        samfast.build_sam("sam3", seed=0, stages="nt")
 
 
 def test_a_saved_buffer_of_no_known_kind_is_refused(monkeypatch):
@@ -142,9 +143,8 @@ def test_the_full_size_model_reads_sam3_pts_layout():
 @pytest.mark.parametrize("kwargs, error, match", [
     ({}, CheckpointError, r"load_from_HF=True would download sam3.pt .* samfast downloads nothing"),
     ({"load_from_HF": False}, CheckpointError, r"no checkpoint_path was given: .* seeded weights need seed=N"),
-    ({"seed": 0, "compile": True}, NotImplementedError, r"compile=True: not built on samfast yet"),
     ({"seed": 0, "enable_inst_interactivity": True}, NotImplementedError, r"enable_inst_interactivity=True \(predict_inst\)"),
-], ids=["hub", "no-checkpoint", "compile", "interactivity"])
+], ids=["hub", "no-checkpoint", "interactivity"])
 def test_sam3s_builder_refuses_what_samfast_does_not_do(kwargs, error, match):
     with pytest.raises(error, match=match):
         build_sam3_image_model(device="cpu", **kwargs)
@@ -159,3 +159,7 @@ def test_sam3s_builder_loads_the_file_as_build_sam_does(seeded, tmp_path, monkey
     model = build_sam3_image_model(device="cpu", checkpoint_path=str(path))
     assert not model.training
     assert all(torch.equal(v, model_layout(seeded)[k]) for k, v in model.state_dict().items())
+    # sam3's own numerics: fp32, attention through SDPA; compile=True adds samfast's compile switch
+    assert model.switches == {"sdpa"} and {m.attn_impl for m in model.attention_modules().values()} == {"sdpa"}
+    compiled = build_sam3_image_model(device="cpu", checkpoint_path=str(path), compile=True)
+    assert compiled.switches == {"sdpa", "compile"} and compiled.compiled_grounding is not None
