@@ -107,25 +107,28 @@ def workloads(args) -> dict[str, tuple[list[np.ndarray], list[str]]]:
 
 
 def time_rows(impl: str, stage: str, processor, many, args, device: torch.device) -> list[Row]:
-    """The two workloads' rows: "1 x 1" through one_pair, the other through `many` (looped or batched)."""
-    rows = []
-    for workload, (batch, phrases) in workloads(args).items():
-        row = Row(impl, stage, workload)
-        call = one_pair if workload == "1 x 1" else many
-        reset_peak(device)
-        try:
-            with torch.inference_mode():
-                row.instances = call(processor, batch, phrases)
-                with counting_compiles(row.notes):
-                    row.ms = 1e3 * time_call(lambda: call(processor, batch, phrases), device,
-                                             warmup=args.warmup, iters=args.iters, repeats=args.repeats)
-        except torch.cuda.OutOfMemoryError as error:
-            row.notes["error"] = f"out of memory: {error}".splitlines()[0]
-        row.peak_gib = peak_gib(device)
-        print(f"{impl} {stage} {workload}: {fmt(row.ms)} ms, peak {fmt(row.peak_gib)} GiB, {row.instances} kept",
-              file=sys.stderr, flush=True)
-        rows.append(row)
-    return rows
+    """The two workloads' rows on one processor."""
+    return [time_row(impl, stage, workload, processor, many, batch, phrases, args, device)
+            for workload, (batch, phrases) in workloads(args).items()]
+
+
+def time_row(impl: str, stage: str, workload: str, processor, many, batch, phrases, args, device: torch.device) -> Row:
+    """One workload's row: "1 x 1" through one_pair, the other through `many` (looped or batched)."""
+    row = Row(impl, stage, workload)
+    call = one_pair if workload == "1 x 1" else many
+    reset_peak(device)
+    try:
+        with torch.inference_mode():
+            row.instances = call(processor, batch, phrases)
+            with counting_compiles(row.notes):
+                row.ms = 1e3 * time_call(lambda: call(processor, batch, phrases), device,
+                                         warmup=args.warmup, iters=args.iters, repeats=args.repeats)
+    except torch.cuda.OutOfMemoryError as error:
+        row.notes["error"] = f"out of memory: {error}".splitlines()[0]
+    row.peak_gib = peak_gib(device)
+    print(f"{impl} {stage} {workload}: {fmt(row.ms)} ms, peak {fmt(row.peak_gib)} GiB, {row.instances} kept",
+          file=sys.stderr, flush=True)
+    return row
 
 
 def run(args, device: torch.device) -> list[Row]:
@@ -139,12 +142,16 @@ def run(args, device: torch.device) -> list[Row]:
         del model
         free(device)
     for stage in args.stages:
-        model = samfast.build_sam(MODEL_TYPE, checkpoint, device=device, stages=stage, batch_size=args.images)
-        # no phrase cache: every call encodes its phrases, as sam3's loop does
-        processor = Sam3Processor(model, confidence_threshold=args.threshold, text_cache_size=0)
-        rows += time_rows("samfast", canonical_name(model.switches), processor, batched, args, device)
-        del model, processor
-        free(device)
+        for workload, (batch, phrases) in workloads(args).items():
+            # with the compile switch the ViT runs batches of exactly batch_size images: one per workload,
+            # as a user builds it for the batches they run (a 1 x 1 call padded to 8 images times 8 ViTs)
+            model = samfast.build_sam(MODEL_TYPE, checkpoint, device=device, stages=stage, batch_size=len(batch))
+            # no phrase cache: every call encodes its phrases, as sam3's loop does
+            processor = Sam3Processor(model, confidence_threshold=args.threshold, text_cache_size=0)
+            rows.append(time_row("samfast", canonical_name(model.switches), workload, processor, batched, batch,
+                                 phrases, args, device))
+            del model, processor
+            free(device)
     return rows
 
 

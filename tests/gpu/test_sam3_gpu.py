@@ -42,8 +42,9 @@ def fp32_outputs():
 @pytest.mark.parametrize("stages", STAGES)
 def test_stage_is_within_its_limits_and_syncs_once_per_pair(stages, fp32_outputs, tmp_path):
     model = build(stages)
-    for boxes, fp32 in fp32_outputs.items():
-        assert_within_limits(stages, grounding(model, boxes), fp32)
+    with tf32_off():  # as fp32's outputs were made: TF32 alone moves them by ~1e-3
+        for boxes, fp32 in fp32_outputs.items():
+            assert_within_limits(stages, grounding(model, boxes), fp32)
     fast = processor(model)
     images = pil_images()
     trace = profile_region(lambda: fast.predict_batch(images, PHRASES), trace_path=tmp_path / f"{stages}.json.gz")
