@@ -50,8 +50,10 @@ def test_stage_is_within_its_limits_and_syncs_once_per_pair(stages, fp32_outputs
     trace = profile_region(lambda: fast.predict_batch(images, PHRASES), trace_path=tmp_path / f"{stages}.json.gz")
     syncs = find_syncs(trace)
     pairs = len(SIZES) * len(PHRASES)
-    # each pair's instances above the threshold: a count only the device knows (Sam3Processor._instances)
-    assert len(syncs) == pairs and all("nonzero" in (s["aten_op"] or "") for s in syncs), format_syncs(syncs, trace)
+    # each pair's instances above the threshold: a count only the device knows (Sam3Processor._instances;
+    # the innermost op may be nonzero's own read-back, so the op or the user frame names it)
+    where = [f"{s['aten_op']} {s['python_frame']}" for s in syncs]
+    assert len(syncs) == pairs and all("nonzero" in w or "_instances" in w for w in where), format_syncs(syncs, trace)
 
 
 def test_compiled_model_never_recompiles():
