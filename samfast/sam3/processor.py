@@ -57,6 +57,10 @@ class Sam3Processor:
             img_ids=torch.zeros(1, dtype=torch.long, device=self.device),
             text_ids=torch.zeros(1, dtype=torch.long, device=self.device),
         )
+        # on the device once: torchvision's normalize copies python lists to it on every image, and a
+        # pageable copy makes the host wait for the GPU
+        self.pixel_mean = torch.tensor(PIXEL_MEAN, device=self.device).view(-1, 1, 1)
+        self.pixel_std = torch.tensor(PIXEL_STD, device=self.device).view(-1, 1, 1)
 
     def transform(self, image: PIL.Image.Image | torch.Tensor | np.ndarray) -> torch.Tensor:
         """An image (PIL, (C, H, W) tensor or (H, W, C) array) -> (3, resolution, resolution) float32."""
@@ -66,7 +70,7 @@ class Sam3Processor:
         image = v2.functional.to_dtype(image, torch.uint8, scale=True)
         image = v2.functional.resize(image, [self.resolution, self.resolution])
         image = v2.functional.to_dtype(image, torch.float32, scale=True)
-        return v2.functional.normalize(image, mean=list(PIXEL_MEAN), std=list(PIXEL_STD))
+        return (image - self.pixel_mean) / self.pixel_std
 
     @torch.inference_mode()
     def set_image(self, image: PIL.Image.Image | torch.Tensor | np.ndarray, state: dict | None = None) -> dict:
