@@ -1,6 +1,7 @@
 """Suite-wide switches and the gate's plumbing.
 
-* GPU layers skip without CUDA unless --require-gpu turns skips into failures.
+* GPU layers skip without CUDA unless --require-gpu turns skips into failures; CPU tests marked gpu_runner
+  skip unless either is present: parity.gate.gpu_runner.
 * xdist workers each take one GPU (CUDA_VISIBLE_DEVICES, set before CUDA initialises): parity.gate.devices.
 * the persistent compile cache is validated and switched on unless a parent process (parity.gate) did:
   parity.gate.compile_cache; sealed at the end of a run that finished.
@@ -24,7 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from parity.gate import compile_cache, run_order, threads, vec_isa, worker_groups
+from parity.gate import compile_cache, gpu_runner, run_order, threads, vec_isa, worker_groups
 from parity.gate import timing as gate_time
 from parity.gate.devices import WORKERS_PER_GPU_ENV, gpu_for_worker, visible_gpus
 from parity.tasks.source import release_gpu_cache
@@ -146,9 +147,14 @@ def pytest_collection_modifyitems(config, items):
         seconds, untimed = run_order.read_order(Path(times))
         items[:] = run_order.longest_first(items, seconds, nodeid=lambda item: item.nodeid,
                                            group_of=run_order.xdist_group, untimed=untimed)
+    require = config.getoption("--require-gpu")
+    on_gpu_runner = require or torch.cuda.is_available()
+    for item in items:
+        reason = gpu_runner.skip_reason(item.get_closest_marker(gpu_runner.MARKER), on_gpu_runner=on_gpu_runner)
+        if reason:
+            item.add_marker(pytest.mark.skip(reason=reason))
     if torch.cuda.is_available():
         return
-    require = config.getoption("--require-gpu")
     for item in items:
         if "gpu" not in item.keywords:
             continue

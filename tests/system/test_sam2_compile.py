@@ -29,9 +29,19 @@ def in_image_features_layout(feat: torch.Tensor) -> torch.Tensor:
     return feat.flatten(2).permute(2, 0, 1).contiguous().permute(1, 2, 0).view(b, c, h, w)
 
 
-@pytest.mark.slow(reason="inductor compiles the encoder and the decoder, whose point counts are dynamic: "
-                         "its lowering may add guards of its own")
-def test_sam2_compiles_once_for_every_image_and_point_count():
+# aot_eager: dynamo's and AOTAutograd's graphs and guards; inductor's lowering may add guards of its own
+# (the point counts are dynamic), which the GPU runners check
+BACKENDS = ["aot_eager", pytest.param("inductor", marks=[
+    pytest.mark.slow(reason="inductor compiles the encoder and the decoder, whose point counts are dynamic: "
+                            "its lowering may add guards of its own"),
+    pytest.mark.gpu_runner(reason="inductor's C++ compile of the encoder and the decoder; [aot_eager] checks "
+                                  "dynamo's graphs and guards in the CPU run")])]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sam2_compiles_once_for_every_image_and_point_count(backend, request):
+    if backend == "aot_eager":
+        request.getfixturevalue("aot_eager_compile")
     gen = torch.Generator().manual_seed(0)
     embedding, high_res = torch.randn(1, 256, 64, 64, generator=gen), [torch.randn(1, 32, 256, 256, generator=gen),
                                                                        torch.randn(1, 64, 128, 128, generator=gen)]

@@ -61,6 +61,8 @@ def test_predict_torch_equals_reference(tiny_pair, data_root):
 
 
 @pytest.mark.slow(reason="the full vit_b (12 blocks at 1024 px) and segment_anything's reference each encode a photo in fp32")
+@pytest.mark.gpu_runner(reason="55 s on 2 cores; in the CPU run vit_tiny's numerics (above) and vit_b's layout "
+                               "(test_state_dict_layout_equals_reference) prove its parts")
 def test_vit_b_end_to_end_equals_reference(data_root):
     from segment_anything import SamPredictor as ReferencePredictor
 
