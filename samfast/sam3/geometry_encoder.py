@@ -17,7 +17,7 @@ import math
 
 import torch
 import torch.nn.functional as F
-import torchvision
+import torchvision  # noqa: F401  (registers torch.ops.torchvision)
 from torch import nn
 
 from samfast.sam3.fusion_encoder import FusionEncoderLayer
@@ -117,7 +117,11 @@ class SequenceGeometryEncoder(nn.Module):
         n_boxes, batch = boxes.shape[:2]
         dtype = self.boxes_direct_project.weight.dtype
         embed = self.boxes_direct_project(boxes.to(dtype))
-        pooled = torchvision.ops.roi_align(feature_map.float(), self._rois(boxes, feature_map), self.roi_size)
+        # torchvision's op itself, not its wrapper: with deterministic algorithms on (as the goldens' fp32 sets
+        # them) the wrapper calls a function dynamo refuses to trace, a graph break on a GPU; the op's forward
+        # kernel is deterministic already (each output its own sum)
+        pooled = torch.ops.torchvision.roi_align(feature_map.float(), self._rois(boxes, feature_map), 1.0,
+                                                 self.roi_size, self.roi_size, -1, False)
         embed = embed + self.boxes_pool_project(pooled.to(dtype)).view(batch, n_boxes, self.d_model).transpose(0, 1)
         cx, cy, w, h = boxes.unbind(-1)
         enc_x, enc_y = sine_encode_xy(cx, cy, self.d_model // 2)

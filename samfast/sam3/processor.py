@@ -57,10 +57,10 @@ class Sam3Processor:
             img_ids=torch.zeros(1, dtype=torch.long, device=self.device),
             text_ids=torch.zeros(1, dtype=torch.long, device=self.device),
         )
-        # on the device once: torchvision's normalize copies python lists to it on every image, and a
-        # pageable copy makes the host wait for the GPU
-        self.pixel_mean = torch.tensor(PIXEL_MEAN, device=self.device).view(-1, 1, 1)
-        self.pixel_std = torch.tensor(PIXEL_STD, device=self.device).view(-1, 1, 1)
+        # on the device once: torchvision's normalize copies python lists to it on every image, from pageable
+        # memory, which makes the host wait for the GPU
+        self.pixel_mean = to_device(PIXEL_MEAN, torch.float32, self.device).view(-1, 1, 1)
+        self.pixel_std = to_device(PIXEL_STD, torch.float32, self.device).view(-1, 1, 1)
 
     def transform(self, image: PIL.Image.Image | torch.Tensor | np.ndarray) -> torch.Tensor:
         """An image (PIL, (C, H, W) tensor or (H, W, C) array) -> (3, resolution, resolution) float32."""

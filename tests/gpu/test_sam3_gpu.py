@@ -60,6 +60,17 @@ def test_stage_syncs_once_per_pair(stages, tmp_path):
     assert len(syncs) == pairs and all("nonzero" in w or "_instances" in w for w in where), format_syncs(syncs, trace)
 
 
+@pytest.fixture
+def deterministic_algorithms():
+    """On, as the goldens' fp32 settings leave them (parity.golden.manifest.fp32_settings): torchvision's
+    roi_align wrapper then calls a function dynamo will not trace. Put back as found."""
+    was, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    yield
+    torch.use_deterministic_algorithms(was, warn_only=warn_only)
+
+
+@pytest.mark.usefixtures("deterministic_algorithms")
 def test_compiled_model_never_recompiles():
     model = build("bf16+compile+sdpa")
     fast = processor(model)

@@ -80,7 +80,9 @@ def track(predictor, clip, frames: int) -> tuple[list[torch.Tensor], CompileWatc
 # aot_eager: the graphs, guards and recompiles are dynamo's and AOTAutograd's, and the padded memory's masks
 # equal eager's in the traced graphs (64 s on 2 cores); inductor adds its C++ code to both claims (cold, 199 s
 # on 2 cores: its compile of the five graphs), so the 2-core CPU run leaves it to the GPU runners
-BACKENDS = ["aot_eager", pytest.param("inductor", marks=[
+BACKENDS = [pytest.param("aot_eager", marks=pytest.mark.slow(
+    reason="dynamo and AOTAutograd trace five graphs; the traced graphs and eager each track 17 frames")),
+    pytest.param("inductor", marks=[
     pytest.mark.slow(reason="inductor compiles five graphs, whose logits over 17 frames are compared with eager's"),
     pytest.mark.gpu_runner(reason="inductor's C++ compile of the tracker's five graphs, 199 s on 2 cores cold; "
                                   "[aot_eager] checks the graphs and the masks in the CPU run")])]
