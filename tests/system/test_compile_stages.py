@@ -1,7 +1,8 @@
 """The compiled stages never break the graph or recompile, across batch sizes, image sizes and prompt counts.
 
-Runs on the CPU (inductor's C++ backend, or aot_eager where the front end is what is checked) with vit_tiny: the same dynamo front end and guards as
-on the GPU, so a graph break or a shape-driven recompile shows up here first.
+Runs on the CPU (inductor's C++ backend, or aot_eager where the front end is what is checked) with
+vit_tiny: the same dynamo front end and guards as on the GPU, so a graph break or a shape-driven
+recompile shows up here first.
 """
 
 from __future__ import annotations
