@@ -228,6 +228,15 @@ def aot_eager_compile(monkeypatch):
     torch._dynamo.reset()
 
 
+@pytest.fixture
+def compile_backend(request):
+    """The backend of the test's torch.compile, its indirect parameter (tests/compile_backends.py): for
+    "aot_eager" the aot_eager_compile fixture is set up, "inductor" leaves torch.compile as it is."""
+    if request.param == "aot_eager":
+        request.getfixturevalue("aot_eager_compile")
+    return request.param
+
+
 @pytest.fixture(scope="session")
 def model_cache():
     """Shared built models (eval + no_grad use only; see parity.gate.models). Fails at the end if one was changed."""

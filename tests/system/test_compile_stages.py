@@ -77,14 +77,12 @@ STAGE_RUNS = [*(pytest.param(stages, "inductor", marks=INDUCTOR_SLOW) for stages
               pytest.param("fp32+compile+sdpa", "inductor", marks=[INDUCTOR_SLOW, ON_GPU_RUNNERS])]
 
 
-@pytest.mark.parametrize("stages, backend", STAGE_RUNS)
-def test_compiled_stage_is_clean_and_equals_eager(stages, backend, eager_fp32, request):
+@pytest.mark.parametrize("stages, compile_backend", STAGE_RUNS, indirect=["compile_backend"])
+def test_compiled_stage_is_clean_and_equals_eager(stages, compile_backend, eager_fp32):
     """Across batch sizes, image sizes and prompt counts the compiled stage never breaks the graph or
     recompiles, and its decoder, which pads one prompt or one image to two and cuts the copies off
     again, gives every image the eager fp32 model's logits whatever its prompt count (CALLS has 1..5).
     One compile serves both checks (it is most of the cost)."""
-    if backend == "aot_eager":
-        request.getfixturevalue("aot_eager_compile")
     compiled = samfast.SamPredictor(samfast.build_sam("vit_tiny", device="cpu", stages=stages, batch_size=2))
     with watch() as seen:
         results = _run_calls(compiled)

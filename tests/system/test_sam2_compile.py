@@ -16,6 +16,7 @@ import samfast
 from parity.checks.compile import watch
 from parity.checks.exercised import watch_switches
 from samfast.stages import parse_stages
+from tests.compile_backends import aot_eager_and_inductor
 
 pytestmark = pytest.mark.slow
 
@@ -31,17 +32,12 @@ def in_image_features_layout(feat: torch.Tensor) -> torch.Tensor:
 
 # aot_eager: dynamo's and AOTAutograd's graphs and guards; inductor's lowering may add guards of its own
 # (the point counts are dynamic), which the GPU runners check
-BACKENDS = ["aot_eager", pytest.param("inductor", marks=[
-    pytest.mark.slow(reason="inductor compiles the encoder and the decoder, whose point counts are dynamic: "
-                            "its lowering may add guards of its own"),
-    pytest.mark.gpu_runner(reason="inductor's C++ compile of the encoder and the decoder; [aot_eager] checks "
-                                  "dynamo's graphs and guards in the CPU run")])]
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_sam2_compiles_once_for_every_image_and_point_count(backend, request):
-    if backend == "aot_eager":
-        request.getfixturevalue("aot_eager_compile")
+@pytest.mark.parametrize("compile_backend", aot_eager_and_inductor(
+    inductor_slow="inductor compiles the encoder and the decoder, whose point counts are dynamic: its lowering "
+                  "may add guards of its own",
+    gpu_runner="inductor's C++ compile of the encoder and the decoder; [aot_eager] checks dynamo's graphs and "
+               "guards in the CPU run"), indirect=True)
+def test_sam2_compiles_once_for_every_image_and_point_count(compile_backend):
     gen = torch.Generator().manual_seed(0)
     embedding, high_res = torch.randn(1, 256, 64, 64, generator=gen), [torch.randn(1, 32, 256, 256, generator=gen),
                                                                        torch.randn(1, 64, 128, 128, generator=gen)]

@@ -29,6 +29,7 @@ import samfast
 from parity.checks.compile import CompileWatch, watch
 from parity.golden.videos import generate_clip
 from parity.tasks.video.produce import at_input_size, prompts
+from tests.compile_backends import aot_eager_and_inductor
 
 pytestmark = pytest.mark.slow
 
@@ -80,18 +81,12 @@ def track(predictor, clip, frames: int) -> tuple[list[torch.Tensor], CompileWatc
 # aot_eager: the graphs, guards and recompiles are dynamo's and AOTAutograd's, and the padded memory's masks
 # equal eager's in the traced graphs (64 s on 2 cores); inductor adds its C++ code to both claims (cold, 199 s
 # on 2 cores: its compile of the five graphs), so the 2-core CPU run leaves it to the GPU runners
-BACKENDS = [pytest.param("aot_eager", marks=pytest.mark.slow(
-    reason="dynamo and AOTAutograd trace five graphs; the traced graphs and eager each track 17 frames")),
-    pytest.param("inductor", marks=[
-    pytest.mark.slow(reason="inductor compiles five graphs, whose logits over 17 frames are compared with eager's"),
-    pytest.mark.gpu_runner(reason="inductor's C++ compile of the tracker's five graphs, 199 s on 2 cores cold; "
-                                  "[aot_eager] checks the graphs and the masks in the CPU run")])]
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_compiled_tracking_never_recompiles_and_equals_eager(backend, clip, request):
-    if backend == "aot_eager":
-        request.getfixturevalue("aot_eager_compile")
+@pytest.mark.parametrize("compile_backend", aot_eager_and_inductor(
+    aot_eager_slow="dynamo and AOTAutograd trace five graphs; the traced graphs and eager each track 17 frames",
+    inductor_slow="inductor compiles five graphs, whose logits over 17 frames are compared with eager's",
+    gpu_runner="inductor's C++ compile of the tracker's five graphs, 199 s on 2 cores cold; [aot_eager] checks "
+               "the graphs and the masks in the CPU run"), indirect=True)
+def test_compiled_tracking_never_recompiles_and_equals_eager(compile_backend, clip):
     # dynamo reset around the compiled predictor: graphs of the same code objects compiled before would
     # count as recompiles here
     torch._dynamo.reset()

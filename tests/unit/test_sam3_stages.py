@@ -25,6 +25,7 @@ from samfast.sam3 import Sam3Processor  # noqa: E402
 from samfast.sam3.config import SAM3_REDUCED  # noqa: E402
 from samfast.sam3.image_model import FindInput, detection_scores  # noqa: E402
 from samfast.stages import parse_stages  # noqa: E402
+from tests.compile_backends import aot_eager_and_inductor  # noqa: E402
 from tests.stage_accuracy import rel_l2  # noqa: E402
 
 PHRASES = ["a red circle", "blue squares"]
@@ -143,16 +144,11 @@ def test_bf16_makes_one_host_sync_per_pair_and_a_planted_one_is_seen(monkeypatch
 
 # aot_eager: the graphs and guards are dynamo's and AOTAutograd's, the padding's effect the traced graphs';
 # inductor adds its C++ code (148 s on 2 cores cold), which the GPU runners check
-BACKENDS = ["aot_eager", pytest.param("inductor", marks=[
-    pytest.mark.slow(reason="compiles the reduced model's four graphs on the CPU"),
-    pytest.mark.gpu_runner(reason="inductor's C++ compile of the reduced model's four graphs, 148 s on 2 cores cold; "
-                                  "[aot_eager] checks the graphs, the guards and the padding in the CPU run")])]
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_compile_never_recompiles_across_images_phrases_and_boxes(fp32_model, backend, request):
-    if backend == "aot_eager":
-        request.getfixturevalue("aot_eager_compile")
+@pytest.mark.parametrize("compile_backend", aot_eager_and_inductor(
+    inductor_slow="compiles the reduced model's four graphs on the CPU",
+    gpu_runner="inductor's C++ compile of the reduced model's four graphs, 148 s on 2 cores cold; [aot_eager] "
+               "checks the graphs, the guards and the padding in the CPU run"), indirect=True)
+def test_compile_never_recompiles_across_images_phrases_and_boxes(fp32_model, compile_backend):
     model = build("fp32+compile+sdpa")
     fast = processor(model)
     images = pil_images()
