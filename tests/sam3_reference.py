@@ -139,18 +139,22 @@ def seed_text_encoder(model: torch.nn.Module, seed: int) -> None:
             param.copy_(std * torch.randn(param.shape, generator=key_generator(seed, key)))
 
 
-def build_reference_image_model(seed: int, enable_inst_interactivity: bool = False) -> torch.nn.Module:
-    """sam3's full-size image model (Sam3Image) on the CPU in eval mode, sam3's own initialisation under
-    torch.manual_seed(seed) and the text encoder seeded (seed_text_encoder). Run it inside `on_cpu()`.
-    enable_inst_interactivity adds the SAM 1 task predictor (the tracker's prompt encoder and mask
-    decoder) and the neck's second branch, as sam3.pt's image loader expects."""
+def build_reference_image_model(seed: int, enable_inst_interactivity: bool = False,
+                                device: str = "cpu") -> torch.nn.Module:
+    """sam3's full-size image model (Sam3Image) in eval mode, sam3's own initialisation under
+    torch.manual_seed(seed) and the text encoder seeded (seed_text_encoder). On the CPU (built with the
+    shims) run it inside `on_cpu()`; on "cuda" it is sam3 as shipped (its builder initialises on the CPU,
+    then moves the model, so the weights are the CPU build's). enable_inst_interactivity adds the SAM 1
+    task predictor (the tracker's prompt encoder and mask decoder) and the neck's second branch, as
+    sam3.pt's image loader expects."""
     builder = import_model_builder()
     autocast_before = _autocast_state()
-    with on_cpu(), torch.random.fork_rng(devices=[]):
+    shims = on_cpu() if device == "cpu" else contextlib.nullcontext()
+    with shims, torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = builder.build_sam3_image_model(
             bpe_path=str(bpe_vocab_path()),  # the vocab sam3's wheel lacks, from open_clip_torch
-            device="cpu",
+            device=device,
             checkpoint_path=None,
             load_from_HF=False,
             enable_inst_interactivity=enable_inst_interactivity,

@@ -11,8 +11,9 @@ softmax out, and the scores and boxes of only the last decoder layer are compute
 arithmetic only (measured max abs diff 5e-6 on mask logits of magnitude 10, 1e-6 elsewhere). The
 planted-defect tests show each comparison fails on a perturbed weight, a dropped prompt part and a
 score without the presence term. The model's forward makes no host sync (a planted .item() is seen).
-At the real sizes: the state dict's layout equals sam3's and the recorded sam3.pt image layouts, and
-one slow test runs a phrase through the full-size model and sam3's (tests/sam3_reference.py).
+At the real sizes: the state dict's layout equals sam3's and the recorded sam3.pt image layouts; a phrase
+through the full-size model and sam3's is tests/gpu/test_sam3_full_size_gpu.py (minutes on a CPU, a
+second on a GPU).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from samfast.sam3.geometric_prompt import Prompt  # noqa: E402
 from samfast.sam3.image_model import FindInput  # noqa: E402
 from samfast.sam3.processor import Sam3Processor  # noqa: E402
 from tests.sam3_modules import sam3_image_model, seed_image_model_weights  # noqa: E402
-from tests.sam3_reference import build_reference_image_model, layout, on_cpu, read_layouts  # noqa: E402
+from tests.sam3_reference import layout, on_cpu, read_layouts  # noqa: E402
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 PHRASES = ["cat", "a red dog on the grass", "x"]
@@ -375,35 +376,3 @@ def test_a_planted_item_is_seen_as_a_host_sync(models):
 
     with mock.patch.object(ours.dot_prod_scoring, "forward", scoring_with_item):
         assert forward_syncs(ours) == ["_local_scalar_dense"]
-
-
-# ---------------------------------------------------------------------------------------------------
-# the full-size model against the full-size reference
-
-
-@pytest.mark.slow(reason="sam3's and samfast's full-size image models on one 1008x1008 image: sam3's build and two "
-                         "ViT-L/14 trunk runs, 170 to 225 s on one thread of this 2-core machine")
-@pytest.mark.gpu_runner(reason="135 s on 2 cores; in the CPU run the reduced model's outputs (above) and the full "
-                               "size's layout on the meta device (test_real_size_state_dict_has_sam3s_keys_and_shapes) "
-                               "prove its parts")
-def test_full_size_text_prompt_equals_sam3s():
-    """sam3's image model as its builder makes it (its own seeded init, tests/sam3_reference.py), its
-    state dict loaded strictly into samfast's SAM3_IMAGE model; one phrase through both processors."""
-    theirs = build_reference_image_model(seed=0)
-    ours = build_image_model(SAM3_IMAGE)
-    # assign: the two models share their weights rather than holding 3.4 GB each
-    ours.load_state_dict(theirs.state_dict(), strict=True, assign=True)
-    image = pil_image(seed=2, size=(56, 40))
-    with on_cpu():
-        ref = TheirProcessor(theirs, device="cpu", confidence_threshold=0.0)
-        ref = ref.set_text_prompt("a red square", ref.set_image(image))
-    # the reference ran end to end on the CPU (its shims) and the phrase reached its outputs
-    assert ref["masks_logits"].shape == (SAM3_IMAGE.num_queries, 1, 40, 56) and ref["masks"].dtype == torch.bool
-    for name in ("masks_logits", "boxes", "scores"):
-        assert ref[name].dtype == torch.float32 and torch.isfinite(ref[name]).all(), name
-    assert ((ref["scores"] >= 0) & (ref["scores"] <= 1)).all()
-    assert ref["scores"].std() > 0 and ref["masks_logits"].std() > 0
-    got = Sam3Processor(ours.eval(), device="cpu", confidence_threshold=0.0)
-    got = got.set_text_prompt("a red square", got.set_image(image))
-    assert got["scores"].shape == (SAM3_IMAGE.num_queries,)
-    assert_results_equal(got, ref)
