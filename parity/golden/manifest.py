@@ -6,6 +6,7 @@ bytes a task stores through the store (parity/golden/store.py). A task's own fil
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import io
@@ -14,6 +15,7 @@ import math
 import os
 import platform
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +25,8 @@ import samfast
 from parity.golden.store import GoldenError, GoldenMissing  # noqa: F401 (GoldenMissing: callers catch it from here)
 
 GOLDEN_ROOT = Path(__file__).resolve().parents[2] / "golden"
+# cuBLAS is deterministic only with a fixed workspace (PyTorch's reproducibility notes)
+CUBLAS_WORKSPACE = "CUBLAS_WORKSPACE_CONFIG"
 
 
 class GoldenMismatch(GoldenError):
@@ -47,18 +51,34 @@ def no_tf32() -> None:
     torch.backends.cudnn.allow_tf32 = False
 
 
-def fp32_settings() -> dict:
-    """True fp32: no TF32, deterministic algorithms where PyTorch has them (recorded in the manifest)."""
+@contextlib.contextmanager
+def fp32_settings() -> Iterator[dict]:
+    """True fp32 inside the block: no TF32, deterministic algorithms where PyTorch has them; yields what
+    the manifest records. Everything is put back as found after the block: a golden made in a process
+    that goes on (a notebook, a test session) must not leave it slower or change what its next graphs
+    trace (with deterministic algorithms on, torchvision's roi_align wrapper calls a function dynamo
+    skips)."""
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.deterministic,
+             torch.backends.cudnn.benchmark, torch.are_deterministic_algorithms_enabled(),
+             torch.is_deterministic_algorithms_warn_only_enabled())
+    workspace = os.environ.get(CUBLAS_WORKSPACE)
     no_tf32()
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False
     torch.use_deterministic_algorithms(True, warn_only=True)
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    return {
-        "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
-        "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
-        "deterministic_algorithms": True,
-    }
+    os.environ.setdefault(CUBLAS_WORKSPACE, ":4096:8")
+    try:
+        yield {
+            "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+            "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
+            "deterministic_algorithms": True,
+        }
+    finally:
+        (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.deterministic,
+         torch.backends.cudnn.benchmark) = saved[:4]
+        torch.use_deterministic_algorithms(saved[4], warn_only=saved[5])
+        if workspace is None:
+            os.environ.pop(CUBLAS_WORKSPACE, None)
 
 
 def device_description(device: torch.device) -> str:

@@ -62,8 +62,8 @@ def test_stage_syncs_once_per_pair(stages, tmp_path):
 
 @pytest.fixture
 def deterministic_algorithms():
-    """On, as the goldens' fp32 settings leave them (parity.golden.manifest.fp32_settings): torchvision's
-    roi_align wrapper then calls a function dynamo will not trace. Put back as found."""
+    """On, as the goldens' fp32 settings turn them while a golden is made (parity.golden.manifest.fp32_settings):
+    torchvision's roi_align wrapper then calls a function dynamo will not trace. Put back as found."""
     was, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
     torch.use_deterministic_algorithms(True, warn_only=True)
     yield

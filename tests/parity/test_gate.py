@@ -46,6 +46,7 @@ def test_golden_round_trip(synthetic_golden, scenes):
     assert manifest["dataset_fingerprint"] == scenes.fingerprint
     assert manifest["prompt_policy"] == "centre-point-v1"
     assert manifest["fp32_settings"]["matmul_allow_tf32"] is False
+    assert not torch.are_deterministic_algorithms_enabled()  # made under them, and they were put back
     assert manifest["masks_meaningful"] is False
     assert len(outputs.annotations) == scenes.num_annotations == manifest["annotations"]
     first = outputs.annotations[0]

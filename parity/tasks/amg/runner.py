@@ -47,15 +47,15 @@ def _run(model: torch.nn.Module, params: AmgParams, points_per_batch: int, datas
 def make_golden(source: ModelSource, dataset: Dataset, params: AmgParams, *, device=None,
                 points_per_batch: int = POINTS_PER_BATCH, root: Path | None = None) -> Path:
     device = torch.device(device) if device else default_device()
-    settings = golden_io.fp32_settings()
-    sha = source.sha256()
-    generated = _run(_build(source, "fp32", device), params, points_per_batch, dataset,
-                     f"AMG golden {source.model_type} fp32")
-    amg_golden.refuse_useless(generated.images, "lower --pred-iou-thresh / --stability-score-thresh")
-    manifest = golden_io.base_manifest(source.model_type, source.label, sha, dataset, "point", device)
-    manifest.update(fp32_settings=settings, masks_meaningful=source.masks_meaningful, amg_params=params.as_dict(),
-                    points_per_batch=points_per_batch)
-    return amg_golden.publish(golden_folder(source, sha, dataset, root), generated, manifest)
+    with golden_io.fp32_settings() as settings:
+        sha = source.sha256()
+        generated = _run(_build(source, "fp32", device), params, points_per_batch, dataset,
+                         f"AMG golden {source.model_type} fp32")
+        amg_golden.refuse_useless(generated.images, "lower --pred-iou-thresh / --stability-score-thresh")
+        manifest = golden_io.base_manifest(source.model_type, source.label, sha, dataset, "point", device)
+        manifest.update(fp32_settings=settings, masks_meaningful=source.masks_meaningful, amg_params=params.as_dict(),
+                        points_per_batch=points_per_batch)
+        return amg_golden.publish(golden_folder(source, sha, dataset, root), generated, manifest)
 
 
 @dataclass

@@ -53,26 +53,26 @@ def make_golden(source: ModelSource, dataset: Dataset, *, prompt: str = "point",
             f"dataset {dataset.name} has no annotations left after filtering ({dataset.crowd_skipped} crowd, "
             f"{dataset.empty_skipped} empty skipped): a golden of it would check nothing; no golden written")
     device = torch.device(device) if device else default_device()
-    settings = golden_io.fp32_settings()
-    sha = source.sha256()
-    folder = golden_folder(source, sha, dataset, prompt, root)
-    work = WorkFolder(folder.with_name(f".{folder.name}.work"),
-                      run_identity("golden", source, sha, dataset, prompt, batch_size, "fp32", device), ranks)
-    model = source.build("fp32", device, batch_size)
-    outputs = evaluate(model, dataset, prompt=prompt, batch_size=batch_size, desc=f"golden {source.model_type} fp32",
-                       ranks=ranks, work=work)
-    if not ranks.is_main:
-        return None
-    try:
-        refuse_useless(outputs, source)
-    except golden_io.UselessGolden:
-        work.remove()  # nothing in it is worth resuming from
-        raise
-    manifest = golden_io.base_manifest(source.model_type, source.label, sha, dataset, prompt, device)
-    manifest.update(fp32_settings=settings, masks_meaningful=source.masks_meaningful, batch_size=batch_size)
-    written = point_golden.write_golden(folder, outputs, manifest)
-    work.remove()
-    return written
+    with golden_io.fp32_settings() as settings:
+        sha = source.sha256()
+        folder = golden_folder(source, sha, dataset, prompt, root)
+        work = WorkFolder(folder.with_name(f".{folder.name}.work"),
+                          run_identity("golden", source, sha, dataset, prompt, batch_size, "fp32", device), ranks)
+        model = source.build("fp32", device, batch_size)
+        outputs = evaluate(model, dataset, prompt=prompt, batch_size=batch_size, desc=f"golden {source.model_type} fp32",
+                           ranks=ranks, work=work)
+        if not ranks.is_main:
+            return None
+        try:
+            refuse_useless(outputs, source)
+        except golden_io.UselessGolden:
+            work.remove()  # nothing in it is worth resuming from
+            raise
+        manifest = golden_io.base_manifest(source.model_type, source.label, sha, dataset, prompt, device)
+        manifest.update(fp32_settings=settings, masks_meaningful=source.masks_meaningful, batch_size=batch_size)
+        written = point_golden.write_golden(folder, outputs, manifest)
+        work.remove()
+        return written
 
 
 def refuse_useless(outputs: StageOutputs, source: ModelSource) -> None:

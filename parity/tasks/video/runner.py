@@ -119,21 +119,21 @@ def refuse_unbuilt(stages: list[str]) -> None:
 def make_golden(source: ModelSource, spec: VideoSpec, *, device=None, root: Path | None = None,
                 build: Callable[[str], object] | None = None) -> Path:
     device = torch.device(device) if device else default_device()
-    settings = golden_io.fp32_settings()
-    sha = source.sha256()
-    clips = spec.clips()
-    outputs = track_all(lambda: build("fp32") if build else build_predictor(source, "fp32", device, spec.input_size), clips)
-    if not any(o.masks.any() for o in outputs):
-        raise golden_io.UselessGolden("the fp32 tracker found no object on any frame: a golden of it would check nothing")
-    manifest = {
-        "model_type": source.model_type, "checkpoint": source.label, "checkpoint_sha256": sha,
-        "dataset": spec.manifest(),
-        "dataset_fingerprint": clip_fingerprint(clips), "prompt_policy": PROMPT_POLICY, "input_size": spec.input_size,
-        "samfast_version": samfast.__version__, "torch_version": torch.__version__, "cuda_version": torch.version.cuda,
-        "device": golden_io.device_description(device), "fp32_settings": settings,
-        "masks_meaningful": source.masks_meaningful,
-    }
-    return video_golden.publish(golden_folder(source, sha, spec, root), outputs, manifest)
+    with golden_io.fp32_settings() as settings:
+        sha = source.sha256()
+        clips = spec.clips()
+        outputs = track_all(lambda: build("fp32") if build else build_predictor(source, "fp32", device, spec.input_size), clips)
+        if not any(o.masks.any() for o in outputs):
+            raise golden_io.UselessGolden("the fp32 tracker found no object on any frame: a golden of it would check nothing")
+        manifest = {
+            "model_type": source.model_type, "checkpoint": source.label, "checkpoint_sha256": sha,
+            "dataset": spec.manifest(),
+            "dataset_fingerprint": clip_fingerprint(clips), "prompt_policy": PROMPT_POLICY, "input_size": spec.input_size,
+            "samfast_version": samfast.__version__, "torch_version": torch.__version__, "cuda_version": torch.version.cuda,
+            "device": golden_io.device_description(device), "fp32_settings": settings,
+            "masks_meaningful": source.masks_meaningful,
+        }
+        return video_golden.publish(golden_folder(source, sha, spec, root), outputs, manifest)
 
 
 @dataclass
