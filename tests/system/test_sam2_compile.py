@@ -73,12 +73,16 @@ def test_sam2_decoder_compiled_with_its_kernels_pads_to_the_widest_and_never_rec
     widest, a width constant at trace time), more go to the module graph, and so do calls of fewer prompts
     than MIN_FUSED_PROMPTS (the kernels would leave the GPU idle): 2 graphs, no recompile, the module
     path's masks. The kernels' launches are their math in torch ops here (the CPU); on the GPU
-    tests/gpu/test_decoder_attention_gpu.py runs the kernels themselves."""
-    from samfast.sam2.sam.mask_decoder import MIN_FUSED_PROMPTS
+    tests/gpu/test_decoder_attention_gpu.py runs the kernels themselves. The fused graph's threshold is
+    lowered from 32 prompts to 4 (the routing reads it per call): the decoder's arithmetic over 32 prompts,
+    compiled and eager, was most of this test's time on 2 cores, and the routing is the same at any count."""
+    from samfast.sam2.sam import mask_decoder
     from tests.decoder_kernel_ops import kernels_as_torch_ops
     from tests.sam2_decoder_inputs import sam2_decoder_inputs
 
     kernels_as_torch_ops(monkeypatch)
+    monkeypatch.setattr(mask_decoder, "MIN_FUSED_PROMPTS", 4)
+    MIN_FUSED_PROMPTS = mask_decoder.MIN_FUSED_PROMPTS
     # aot_eager_compile: the guards on the token count are dynamo's and AOTAutograd's; inductor's CPU code
     # generation would only add a minute
     model = samfast.build_sam("sam2.1_hiera_nano", device="cpu", stages="fp32+compile+triton")

@@ -29,6 +29,7 @@ import samfast
 from parity.checks.compile import CompileWatch, watch
 from parity.golden.videos import generate_clip
 from parity.tasks.video.produce import at_input_size, prompts
+from samfast.video.tracker import FRAME_FEATURE_KEYS
 from tests.compile_backends import aot_eager_and_inductor
 
 pytestmark = pytest.mark.slow
@@ -107,6 +108,8 @@ def test_compiled_tracking_never_recompiles_and_equals_eager(compile_backend, cl
 
 
 @pytest.mark.slow(reason="inductor compiles the bf16 graphs: the strides at fault were those of its output")
+@pytest.mark.gpu_runner(reason="inductor's C++ compile of the bf16 tracker, 266 s on 2 cores cold; in the CPU run "
+                               "test_frames_laid_out_as_inductor_did_never_recompile plants its layout under aot_eager")
 def test_frames_encoded_in_batches_of_every_size_never_recompile(clip):
     """bf16, frames encoded five at a time: frame 0 alone (prompted), then 5, 5, 5 and the last 1. The compiled
     bf16 encoder returns its position encoding with the batch innermost, so a frame of a batch of 5 had
@@ -120,6 +123,36 @@ def test_frames_encoded_in_batches_of_every_size_never_recompile(clip):
     first.assert_clean()
     later.assert_clean()
     assert later.graphs_compiled == 0
+
+
+def batch_innermost(forward_image):
+    """forward_image whose features come out laid out as the compiled bf16 encoder's once did: the batch
+    innermost, so a frame sliced from a batch of n has strides n times those of a frame encoded alone."""
+    def forward(images):
+        out = forward_image(images)
+        for key in FRAME_FEATURE_KEYS:
+            out[key] = [level.permute(1, 2, 3, 0).contiguous().permute(3, 0, 1, 2) for level in out[key]]
+        return out
+    return forward
+
+
+@pytest.mark.usefixtures("aot_eager_compile")
+def test_frames_laid_out_as_inductor_did_never_recompile(clip):
+    """The CPU run's twin of the test above: the layout inductor gave (batch_innermost) planted on the
+    encoder's outputs, frames encoded three at a time (frame 0 alone, then 3, then the last 1), and the
+    compiled tracker's guards (dynamo's, on strides) see every frame in one layout: nothing compiles
+    after the first frames. Without the predictor's copy into one layout the last frame recompiles
+    (checked by removing it)."""
+    predictor = build("fp32+compile", frames_per_encode=3)
+    predictor.model.forward_image = batch_innermost(predictor.model.forward_image)
+    torch._dynamo.reset()
+    try:
+        _, first, later = track(predictor, clip, FIRST_FRAMES + 3)
+    finally:
+        torch._dynamo.reset()
+    first.assert_clean()
+    later.assert_clean()
+    assert first.graphs_compiled == 5 and later.graphs_compiled == 0
 
 
 @pytest.mark.usefixtures("aot_eager_compile")
