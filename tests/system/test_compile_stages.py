@@ -94,12 +94,12 @@ def test_compiled_stage_is_clean_and_equals_eager(stages, compile_backend, eager
         torch.testing.assert_close(got.iou_predictions, want.iou_predictions, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.usefixtures("aot_eager_compile")
+@pytest.mark.usefixtures("dynamo_compile")
 def test_unpadded_batches_recompile_and_the_check_says_so():
     """Planted defect: without the static batch, a new batch size recompiles and watch() reports it.
     The first two calls (a batch of 1, then of 2) suffice: each new size recompiles the encoder, and the
     check needs only one. The encoder is compiled with dynamic=False, so the recompile is a guard of
-    dynamo's on a static shape: aot_eager shows it as inductor would, without its C++ compiling."""
+    dynamo's on a static shape: dynamo alone shows it as inductor would, without its C++ compiling."""
     model = samfast.build_sam("vit_tiny", device="cpu", stages="fp32+compile", batch_size=2)
     model.static_batch = None  # the defect: batches reach the compiled encoder at their own size
     with watch() as seen:

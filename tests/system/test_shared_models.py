@@ -1,8 +1,8 @@
 """The gate's model cache with two compiled stages in one process (CPU, vit_tiny): each stays clean.
 
 What is under test is dynamo's cache of code objects and its guards, not the code inductor generates:
-both tests compile with aot_eager (the aot_eager_compile fixture), where inductor's C++ compiling of two
-stages would take minutes on a 2-core CPU.
+both tests trace with dynamo alone (the dynamo_compile fixture; static shapes, so AOTAutograd would add no
+guard), where inductor's C++ compiling of two stages would take minutes on a 2-core CPU.
 
 Two compiled models run the same code objects; with both in dynamo's cache the second one's first
 compile is logged as a recompile of the first (seen on the H100: every compiled stage after the
@@ -32,7 +32,7 @@ def _run(model) -> None:
 
 
 @pytest.mark.slow(reason="two stages traced, and the first traced again after the switch back, each with its warm-up")
-@pytest.mark.usefixtures("aot_eager_compile")
+@pytest.mark.usefixtures("dynamo_compile")
 def test_switching_between_shared_compiled_models_never_shows_a_recompile():
     cache = ModelCache()
     entries = {}
@@ -49,7 +49,7 @@ def test_switching_between_shared_compiled_models_never_shows_a_recompile():
 
 
 @pytest.mark.slow(reason="two compiled stages traced in one dynamo cache, each with its warm-up: the recompile needs both")
-@pytest.mark.usefixtures("aot_eager_compile")
+@pytest.mark.usefixtures("dynamo_compile")
 def test_without_the_switch_the_second_model_shows_a_recompile():
     """The planted defect: two compiled models in dynamo's cache at once (no reset between them)."""
     models = [samfast.build_sam("vit_tiny", device="cpu", stages=s, batch_size=2) for s in STAGES]

@@ -109,7 +109,7 @@ def test_compiled_tracking_never_recompiles_and_equals_eager(compile_backend, cl
 
 @pytest.mark.slow(reason="inductor compiles the bf16 graphs: the strides at fault were those of its output")
 @pytest.mark.gpu_runner(reason="inductor's C++ compile of the bf16 tracker, 266 s on 2 cores cold; in the CPU run "
-                               "test_frames_laid_out_as_inductor_did_never_recompile plants its layout under aot_eager")
+                               "test_frames_laid_out_as_inductor_did_never_recompile plants its layout, traced by dynamo")
 def test_frames_encoded_in_batches_of_every_size_never_recompile(clip):
     """bf16, frames encoded five at a time: frame 0 alone (prompted), then 5, 5, 5 and the last 1. The compiled
     bf16 encoder returns its position encoding with the batch innermost, so a frame of a batch of 5 had
@@ -136,7 +136,7 @@ def batch_innermost(forward_image):
     return forward
 
 
-@pytest.mark.usefixtures("aot_eager_compile")
+@pytest.mark.usefixtures("dynamo_compile")
 def test_frames_laid_out_as_inductor_did_never_recompile(clip):
     """The CPU run's twin of the test above: the layout inductor gave (batch_innermost) planted on the
     encoder's outputs, frames encoded three at a time (frame 0 alone, then 3, then the last 1), and the
@@ -155,13 +155,13 @@ def test_frames_laid_out_as_inductor_did_never_recompile(clip):
     assert first.graphs_compiled == 5 and later.graphs_compiled == 0
 
 
-@pytest.mark.usefixtures("aot_eager_compile")
+@pytest.mark.usefixtures("dynamo_compile")
 def test_unpadded_memory_recompiles_and_the_check_says_so(clip):
     """Planted defect: the memory as sam2 builds it (it grows by a frame and a pointer per frame here)
     reaches the compiled memory attention; watch() reports its recompiles after the first frames. One
     frame after them suffices: its memory of two frames recompiles the attention (each further frame is
     another recompile). The graphs are static (dynamic=False): a memory of a new size fails a guard of
-    dynamo's, which aot_eager shows without inductor's C++ compiling of every new graph."""
+    dynamo's, which dynamo alone shows (dynamo_compile), without AOTAutograd's trace or inductor's C++."""
     unpadded = build("fp32+compile")
     unpadded.model.fixed_capacity_memory = False
     _, _, later = track(unpadded, clip, FIRST_FRAMES + 1)
@@ -172,8 +172,9 @@ def test_unpadded_memory_recompiles_and_the_check_says_so(clip):
 
 def track_object_counts(counts) -> dict[int, int]:
     """Sessions of each object count in turn, on one compiled predictor (clicks at distinct points of frame 0,
-    one tracked frame each): {count: graphs compiled for it}. Call it under the aot_eager_compile fixture: what
-    is under test is dynamo's graphs and limits, and inductor's C++ compiling of every graph would take minutes."""
+    one tracked frame each): {count: graphs compiled for it}. Call it under the aot_eager_compile or dynamo_compile
+    fixture: what is under test is dynamo's graphs and limits, and inductor's C++ compiling of every graph would
+    take minutes."""
     predictor, clip, compiled = build("fp32+compile"), generate_clip(0, frames=2), {}
     with warnings.catch_warnings(), torch.inference_mode():
         warnings.simplefilter("ignore")
@@ -203,7 +204,7 @@ def test_object_counts_from_two_on_share_one_graph(monkeypatch):
 
 
 @pytest.mark.slow(reason="a tracking session for each of three object counts, every count tracing graphs of its own")
-@pytest.mark.usefixtures("aot_eager_compile")
+@pytest.mark.usefixtures("dynamo_compile")
 def test_without_the_dynamic_object_dimension_every_count_compiles(monkeypatch):
     """Planted defect: no count gets the dynamic graph: counts 3 and 4 compile graphs of their own, which
     the test above would report. Count 1 is left out: its static graph is not the one larger counts share;
@@ -215,7 +216,7 @@ def test_without_the_dynamic_object_dimension_every_count_compiles(monkeypatch):
     assert compiled[3] > 0 and compiled[4] > 0, compiled
 
 
-@pytest.mark.usefixtures("aot_eager_compile")
+@pytest.mark.usefixtures("dynamo_compile")
 def test_without_the_lifted_cap_shapes_past_dynamos_limit_crash(monkeypatch):
     """Planted defect: static graphs per count and the cap left at dynamo's (lowered to 2 here, for time):
     the third count fails, as the ninth did before the cap was lifted (the conditioning-frame counts still
