@@ -323,8 +323,9 @@ def main(argv: list[str] | None = None) -> int:
                         "either way (healthy runners of one GPU kind differ by up to ~1.4x)")
     parser.add_argument("--_check-step", dest="check_step", type=Path, help=argparse.SUPPRESS)
     args, check_args = parser.parse_known_args(argv)
-    if args.check_step:
-        return run_check_step([*check_args, "--report-dir", str(args.report_dir)], args.check_step)
+    if args.check_step:  # the options this parser took are the check's too: hand them back
+        return run_check_step([*check_args, "--report-dir", str(args.report_dir),
+                               *(["--require-gpu"] if args.require_gpu else [])], args.check_step)
 
     # Every option is checked before anything is touched: a refused command line leaves the
     # reports and the compile cache (which a run unseals while it uses it) as they were.

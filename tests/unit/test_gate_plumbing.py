@@ -392,6 +392,23 @@ def test_layer_of_a_test():
     assert gate_time.layer_of("tests/test_top.py::t") == "other"
 
 
+@pytest.mark.parametrize("require_gpu", [True, False])
+def test_check_step_hands_require_gpu_on_to_its_check(tmp_path, monkeypatch, require_gpu):
+    """The gate runs each check step as `python -m parity.gate --_check-step ... [--require-gpu]`: its own
+    parser takes --require-gpu, and a check step that dropped it let a switch that never ran pass the GPU gate."""
+    import parity.cli
+    from parity.gate import run
+
+    seen = []
+    monkeypatch.setattr(parity.cli, "main", lambda argv: seen.append(argv) or 1)
+    argv = ["--_check-step", str(tmp_path / "t.json"), "--report-dir", str(tmp_path), "--model", "vit_tiny",
+            *(["--require-gpu"] if require_gpu else [])]
+    assert run.main(argv) == 1  # the check's verdict is the step's
+    (check,) = seen
+    assert check[:3] == ["check", "--model", "vit_tiny"] and check[check.index("--report-dir") + 1] == str(tmp_path)
+    assert ("--require-gpu" in check) == require_gpu
+
+
 def test_table_merges_workers_and_adds_the_check_step(tmp_path):
     worker0 = [gate_time.TestTime("tests/gpu/a.py::t", "gpu", 10.0, 8.0, "passed")]
     worker1 = [gate_time.TestTime("tests/gpu/b.py::t", "gpu", 5.0, 1.0, "failed"),
