@@ -205,6 +205,12 @@ def choose_workers(requested: int | None, gpus: list[str], have_xdist: bool, per
     return len(gpus) * per_gpu, f"{per_gpu} per GPU, {len(gpus)} GPU(s)"
 
 
+# `python -m parity.gate --_check-step OUT_JSON CHECK ARGS...`: how the gate runs a check step in a process of
+# its own. The gate's parser never reads a step's arguments: options the two share (--report-dir,
+# --require-gpu) reach the check as given.
+CHECK_STEP = "--_check-step"
+
+
 def run_check_step(check_args: list[str], out_json: Path) -> int:
     """`python -m parity check` in this process, then its compile seconds to out_json (the driver's child)."""
     from parity.cli import main
@@ -302,6 +308,9 @@ def verdict(pytest_codes: list[int], check_code: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == [CHECK_STEP]:  # a check step the gate started: the rest is its check's command line, untouched
+        return run_check_step(argv[2:], Path(argv[1]))
     parser = argparse.ArgumentParser(prog="python -m parity.gate", description=__doc__.split("\n")[0])
     parser.add_argument("--require-gpu", action="store_true", help="GPU tests fail instead of skipping without CUDA, "
                         "and so does a check stage whose switch did not run")
@@ -321,11 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--strict-time", action="store_true", help="a step over 1.5x its time budget (budgets.toml "
                         "[gate_time.<runner>.<cold|warm>]) fails the gate; over 1x it is a finding in the report "
                         "either way (healthy runners of one GPU kind differ by up to ~1.4x)")
-    parser.add_argument("--_check-step", dest="check_step", type=Path, help=argparse.SUPPRESS)
     args, check_args = parser.parse_known_args(argv)
-    if args.check_step:  # the options this parser took are the check's too: hand them back
-        return run_check_step([*check_args, "--report-dir", str(args.report_dir),
-                               *(["--require-gpu"] if args.require_gpu else [])], args.check_step)
 
     # Every option is checked before anything is touched: a refused command line leaves the
     # reports and the compile cache (which a run unseals while it uses it) as they were.
@@ -377,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
         background["perf warm-up"] = Background(commands["perf warm-up"], untimed_gpu_env(),
                                                 args.report_dir / "perf-warm-up.log")
     for key, step in checks.items():
-        background[step.layer] = Background([sys.executable, "-m", "parity.gate", "--_check-step",
+        background[step.layer] = Background([sys.executable, "-m", "parity.gate", CHECK_STEP,
                                              str(args.report_dir / f"gate-time-{key}.json"), "--report-dir",
                                              str(args.report_dir / step.report_dir), *step.args, *check_args,
                                              *(["--require-gpu"] if args.require_gpu and (gpus or key == "check") else [])],

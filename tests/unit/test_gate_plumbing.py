@@ -394,19 +394,17 @@ def test_layer_of_a_test():
 
 @pytest.mark.parametrize("require_gpu", [True, False])
 def test_check_step_hands_require_gpu_on_to_its_check(tmp_path, monkeypatch, require_gpu):
-    """The gate runs each check step as `python -m parity.gate --_check-step ... [--require-gpu]`: its own
-    parser takes --require-gpu, and a check step that dropped it let a switch that never ran pass the GPU gate."""
+    """The gate runs each check step as `python -m parity.gate --_check-step ... [--require-gpu]`: a step that
+    dropped --require-gpu (the gate's parser had taken it) let a switch that never ran pass the GPU gate."""
     import parity.cli
     from parity.gate import run
 
     seen = []
     monkeypatch.setattr(parity.cli, "main", lambda argv: seen.append(argv) or 1)
-    argv = ["--_check-step", str(tmp_path / "t.json"), "--report-dir", str(tmp_path), "--model", "vit_tiny",
-            *(["--require-gpu"] if require_gpu else [])]
-    assert run.main(argv) == 1  # the check's verdict is the step's
-    (check,) = seen
-    assert check[:3] == ["check", "--model", "vit_tiny"] and check[check.index("--report-dir") + 1] == str(tmp_path)
-    assert ("--require-gpu" in check) == require_gpu
+    check_args = ["--report-dir", str(tmp_path), "--model", "vit_tiny", *(["--require-gpu"] if require_gpu else [])]
+    assert run.main([run.CHECK_STEP, str(tmp_path / "t.json"), *check_args]) == 1  # the check's verdict is the step's
+    assert seen == [["check", *check_args]]
+    assert json.loads((tmp_path / "t.json").read_text()).keys() == {"compile_seconds"}
 
 
 def test_table_merges_workers_and_adds_the_check_step(tmp_path):
