@@ -54,14 +54,20 @@ def relpos_bias_scaled_in_global_blocks(model, factor: float = 0.0):
     return model
 
 
-def perturb_decoder(model, scale: float, seed: int):
-    """Add seeded Gaussian noise of `scale` x each parameter's spread to the mask decoder (SAM 1's or SAM 2's);
-    returns the model. The spread is the population std (correction=0): SAM 2's decoder has one-element
-    parameters, whose sample std is NaN."""
+def perturb_parameters(module, scale: float, seed: int):
+    """Add seeded Gaussian noise of `scale` x each parameter's spread to `module`'s parameters; returns it. The
+    spread is the population std (correction=0): SAM 2's decoder has one-element parameters, whose sample std
+    is NaN."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for param in model.prompt_decoder().parameters():
+        for param in module.parameters():
             param.add_(torch.randn(param.shape, generator=gen) * scale * param.std(correction=0).clamp_min(1e-3))
+    return module
+
+
+def perturb_decoder(model, scale: float, seed: int):
+    """perturb_parameters on the mask decoder (SAM 1's or SAM 2's); returns the model."""
+    perturb_parameters(model.prompt_decoder(), scale, seed)
     return model
 
 

@@ -25,7 +25,8 @@ else:  # pragma: no cover
 TABLE = "gate_time"
 STATES = ("cold", "warm", "resumed")
 # The gate's steps, as budgets.toml names them: the three pytest runs, the checks, the whole run.
-STEPS = ("gpu", "cpu", "perf", "check", "check-amg", "check-sam2", "check-sam2-amg", "check-video", "whole")
+STEPS = ("gpu", "cpu", "perf", "check", "check-amg", "check-sam2", "check-sam2-amg", "check-video", "check-concept",
+         "whole")
 FIELDS = {"source", "provisional"}
 
 

@@ -103,7 +103,10 @@ def state_dict_sha256(state_dict: dict[str, torch.Tensor]) -> str:
     digest = hashlib.sha256()
     for key in sorted(state_dict):
         digest.update(key.encode())
-        digest.update(state_dict[key].float().contiguous().numpy().tobytes())
+        tensor = state_dict[key]
+        # a complex table (SAM 3's RoPE frequencies) as its (real, imaginary) pairs: .float() drops the imaginary
+        tensor = torch.view_as_real(tensor) if tensor.is_complex() else tensor
+        digest.update(tensor.float().contiguous().numpy().tobytes())
     return digest.hexdigest()
 
 

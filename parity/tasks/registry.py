@@ -5,9 +5,10 @@
 from __future__ import annotations
 
 from parity.tasks.amg.task import AMG
+from parity.tasks.concept.task import CONCEPT
 from parity.tasks.point.task import POINT
 from parity.tasks.task import Task
 from parity.tasks.video.task import VIDEO
 
-TASKS: dict[str, Task] = {task.name: task for task in (POINT, AMG, VIDEO)}
+TASKS: dict[str, Task] = {task.name: task for task in (POINT, AMG, VIDEO, CONCEPT)}
 DEFAULT_TASK = POINT.name

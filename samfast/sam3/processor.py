@@ -141,7 +141,9 @@ class Sam3Processor:
     ) -> list[list[dict]]:
         """Every phrase on every image: results[i][j] holds what set_text_prompt(phrases[j], state) puts
         in the state of set_image(images[i]): masks, masks_logits, boxes and scores at the confidence
-        threshold, original_height and original_width. Phrases may repeat.
+        threshold, original_height and original_width, and beyond sam3's keys each kept instance's
+        decoder query (query_indices: a detection's identity, the same query of every stage answers
+        the same question) and the pair's presence probability (presence_score). Phrases may repeat.
 
         The images go through the ViT in one call, the distinct phrases not cached through the text
         encoder in one call, and all len(images) * len(phrases) pairs through the detector in one
@@ -166,6 +168,7 @@ class Sam3Processor:
         prompt = self.model.empty_prompt(n_images * n_phrases)
         outputs = self.model.forward_grounding(backbone_out=backbone_out, find_input=find_input, geometric_prompt=prompt)
         scores = detection_scores(outputs)
+        presence = outputs["presence_logit_dec"].float().sigmoid().squeeze(-1)
         results = []
         for i, image in enumerate(images):
             height, width = _size_of(image)
@@ -174,6 +177,7 @@ class Sam3Processor:
                 {
                     "original_height": height,
                     "original_width": width,
+                    "presence_score": presence[p],
                     **self._instances(outputs["pred_masks"][p], outputs["pred_boxes"][p], scores[p], height, width),
                 }
                 for p in pairs
@@ -207,6 +211,7 @@ class Sam3Processor:
             "masks": probabilities > 0.5,
             "boxes": box_cxcywh_to_xyxy(boxes[kept]) * scale,
             "scores": scores[kept],
+            "query_indices": kept,
         }
 
 

@@ -101,7 +101,8 @@ def render_markdown(header: dict, results: list[StageResult]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(results: list[StageResult], path: Path) -> None:
+def plot(results: list[StageResult], path: Path, unmatched: str = "masks") -> None:
+    """The union mean per stage, and beside it the `unmatched` (masks, detections) lost and new per stage."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -118,7 +119,7 @@ def plot(results: list[StageResult], path: Path) -> None:
     ax_count.bar([i - 0.2 for i in x], [r.summary["lost"] for r in ok], width=0.4, label="lost")
     ax_count.bar([i + 0.2 for i in x], [r.summary["new"] for r in ok], width=0.4, label="new")
     ax_count.set_xticks(list(x), names)
-    ax_count.set_title("unmatched masks")
+    ax_count.set_title(f"unmatched {unmatched}")
     ax_count.legend()
     for ax in (ax_iou, ax_count):
         ax.tick_params(axis="x", rotation=30)
