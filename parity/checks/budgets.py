@@ -78,8 +78,8 @@ def load_budgets(path: str | Path | None = None) -> dict[tuple[str, str, str, in
 
     budgets = {}
     for gpu, models in data.items():
-        # read by parity.compare.gates (accuracy, amg, video), parity.gate.time_budget
-        if gpu in ("accuracy", "amg", "video", "gate_time"):
+        # read by parity.compare.gates (accuracy, amg, video, concept), parity.gate.time_budget
+        if gpu in ("accuracy", "amg", "video", "concept", "gate_time"):
             continue
         if gpu not in GPU_KEYS:
             raise fail(f"[{gpu}]", f"unknown GPU key; use one of {', '.join(GPU_KEYS)}")

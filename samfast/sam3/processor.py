@@ -178,7 +178,8 @@ class Sam3Processor:
                     "original_height": height,
                     "original_width": width,
                     "presence_score": presence[p],
-                    **self._instances(outputs["pred_masks"][p], outputs["pred_boxes"][p], scores[p], height, width),
+                    **self._instances(outputs["pred_masks"][p], outputs["pred_boxes"][p], scores[p], height, width,
+                                      with_queries=True),
                 }
                 for p in pairs
             ])
@@ -195,10 +196,12 @@ class Sam3Processor:
         return state
 
     def _instances(
-        self, mask_logits: torch.Tensor, boxes: torch.Tensor, scores: torch.Tensor, height: int, width: int
+        self, mask_logits: torch.Tensor, boxes: torch.Tensor, scores: torch.Tensor, height: int, width: int,
+        with_queries: bool = False,
     ) -> dict:
         """One prompt's (Q, h, w) mask logits, (Q, 4) cxcywh boxes and (Q,) scores -> its instances above
-        the confidence threshold in the image's pixels. One host sync: the number kept."""
+        the confidence threshold in the image's pixels. One host sync: the number kept.
+        with_queries: also each instance's decoder query (query_indices), beyond sam3's keys."""
         kept = (scores > self.confidence_threshold).nonzero().squeeze(1)
         # through pinned memory: a pageable copy to a GPU would be a second wait
         scale = to_device([width, height, width, height], torch.float32, self.device)
@@ -211,7 +214,7 @@ class Sam3Processor:
             "masks": probabilities > 0.5,
             "boxes": box_cxcywh_to_xyxy(boxes[kept]) * scale,
             "scores": scores[kept],
-            "query_indices": kept,
+            **({"query_indices": kept} if with_queries else {}),
         }
 
 
