@@ -143,7 +143,8 @@ class Sam3Processor:
         in the state of set_image(images[i]): masks, masks_logits, boxes and scores at the confidence
         threshold, original_height and original_width, and beyond sam3's keys each kept instance's
         decoder query (query_indices: a detection's identity, the same query of every stage answers
-        the same question) and the pair's presence probability (presence_score). Phrases may repeat.
+        the same question), every query's score, kept or not (query_scores), and the pair's presence
+        probability (presence_score). Phrases may repeat.
 
         The images go through the ViT in one call, the distinct phrases not cached through the text
         encoder in one call, and all len(images) * len(phrases) pairs through the detector in one
@@ -178,6 +179,7 @@ class Sam3Processor:
                     "original_height": height,
                     "original_width": width,
                     "presence_score": presence[p],
+                    "query_scores": scores[p],
                     **self._instances(outputs["pred_masks"][p], outputs["pred_boxes"][p], scores[p], height, width,
                                       with_queries=True),
                 }

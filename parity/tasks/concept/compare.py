@@ -4,13 +4,15 @@ Per (image, phrase) pair, detections are matched one to one by their decoder que
 answers each phrase with a fixed set of queries, and query q of any stage is the same question as query q of
 the golden, so a pair is never ambiguous (mask IoU could not pair seeded weights' look-alike masks, and a
 stage that moved a detection to another query has changed the model). A golden detection the stage did not
-keep is *lost*, one the stage kept and the golden did not is *new*. Such a count change is *near a decision*
-when the side that kept the detection scored it within the stage's score tolerance (max_score_abs_err) above
-the confidence threshold: rounding alone may carry it across, so it is counted, not failed. Every other lost
-or new detection counts with IoU 0 in the headline, the mean mask IoU over the union of both sides; the
-matched pairs' mask IoU, box IoU, score error and each pair's presence error are gated beside it. On seeded
-weights the masks mean nothing: their figures are reported, and the scores, the presence and every count change
-away from the threshold are gated. No pair is left out of any figure.
+keep is *lost*, one the stage kept and the golden did not is *new*. Both sides record every query's score,
+kept or not, so each count change is judged by the score that decided it: when the query's score moved by no
+more than the stage's score tolerance (max_score_abs_err) and crossed the confidence threshold, rounding alone
+may have carried it across: *near the decision*, counted, not failed. Any other count change means a score
+moved by more than the tolerance, which the score error (over every query of every pair) fails, and counts
+with IoU 0 in the headline, the mean mask IoU over the union of both sides; the matched pairs' mask IoU and
+box IoU and each pair's presence error are gated beside it. On seeded weights the masks mean nothing: their
+figures are reported, and the scores, the presence and every count change away from the threshold are gated.
+No pair is left out of any figure.
 """
 
 from __future__ import annotations
@@ -33,7 +35,6 @@ class Matched:
     query: int
     iou: float  # mask IoU
     box_iou: float
-    score_err: float
 
 
 @dataclass(frozen=True)
@@ -47,8 +48,9 @@ class PairMatch:
     matched: tuple[Matched, ...]
     lost: tuple[int, ...]  # golden queries the stage did not keep
     new: tuple[int, ...]  # stage queries the golden did not keep
-    lost_near_decision: int
+    lost_near_decision: int  # lost, their query's score within the tolerance of the golden's
     new_near_decision: int
+    score_err: float  # over every query, kept or not
     presence_err: float
 
     @property
@@ -72,24 +74,23 @@ def _mask_iou(a: dict, b: dict) -> float:
     return float(mask_utils.iou([a], [b], [0])[0][0])
 
 
-def match_pair(image_id: int, golden: dict, stage: dict, threshold: float, score_tolerance: float) -> PairMatch:
+def match_pair(image_id: int, golden: dict, stage: dict, score_tolerance: float) -> PairMatch:
     """Pair one (image, phrase)'s stage detections with the golden's by query."""
-    if golden["phrase"] != stage["phrase"]:
-        raise ValueError(f"image {image_id}: the golden asked {golden['phrase']!r} where the stage asked "
-                         f"{stage['phrase']!r}: other phrases; regenerate the golden")
+    if golden["phrase"] != stage["phrase"] or len(golden["query_scores"]) != len(stage["query_scores"]):
+        raise ValueError(f"image {image_id}: the golden asked {golden['phrase']!r} of {len(golden['query_scores'])} "
+                         f"queries where the stage asked {stage['phrase']!r} of {len(stage['query_scores'])}: another "
+                         "question; regenerate the golden")
     gold = {d["query"]: d for d in golden["detections"]}
     ours = {d["query"]: d for d in stage["detections"]}
+    score_errors = np.abs(np.asarray(stage["query_scores"]) - np.asarray(golden["query_scores"]))
     matched = tuple(Matched(q, _mask_iou(ours[q]["segmentation"], gold[q]["segmentation"]),
-                            box_iou(_xywh(ours[q]["box"]), _xywh(gold[q]["box"])),
-                            abs(ours[q]["score"] - gold[q]["score"])) for q in sorted(gold.keys() & ours.keys()))
+                            box_iou(_xywh(ours[q]["box"]), _xywh(gold[q]["box"])))
+                    for q in sorted(gold.keys() & ours.keys()))
     lost, new = sorted(gold.keys() - ours.keys()), sorted(ours.keys() - gold.keys())
-
-    def near(detection: dict) -> bool:
-        return detection["score"] - threshold <= score_tolerance
-
     return PairMatch(image_id, golden["phrase"], len(gold), len(ours), matched, tuple(lost), tuple(new),
-                     lost_near_decision=sum(near(gold[q]) for q in lost),
-                     new_near_decision=sum(near(ours[q]) for q in new),
+                     lost_near_decision=sum(score_errors[q] <= score_tolerance for q in lost),
+                     new_near_decision=sum(score_errors[q] <= score_tolerance for q in new),
+                     score_err=float(score_errors.max(initial=0.0)),
                      presence_err=abs(stage["presence"] - golden["presence"]))
 
 
@@ -110,9 +111,10 @@ class ConceptSummary:
     matched_iou_mean: float  # NaN when nothing matched (fails any gate)
     matched_iou_p5: float
     box_iou_p5: float
-    score_max_abs_err: float
+    score_max_abs_err: float  # over every query of every pair
     presence_max_abs_err: float
-    worst: list[dict]  # the WORST_PAIRS pairs of lowest union mean
+    worst: list[dict]  # of the pairs that lost or gained a detection or matched one below IoU 1, the
+    # WORST_PAIRS of lowest union mean
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -125,7 +127,8 @@ def summarize(matches: Sequence[PairMatch]) -> ConceptSummary:
     pairs = [p for m in matches for p in m.matched]
     ious = np.array([p.iou for p in pairs], dtype=np.float64)
     nan = math.nan
-    worst = sorted(matches, key=lambda m: (m.union_iou_mean, -m.union, m.image_id, m.phrase))[:WORST_PAIRS]
+    imperfect = [m for m in matches if m.lost or m.new or m.union_iou_mean < 1.0]
+    worst = sorted(imperfect, key=lambda m: (m.union_iou_mean, -m.union, m.image_id, m.phrase))[:WORST_PAIRS]
     return ConceptSummary(
         pairs=len(matches),
         golden_detections=sum(m.golden_count for m in matches),
@@ -140,7 +143,7 @@ def summarize(matches: Sequence[PairMatch]) -> ConceptSummary:
         matched_iou_mean=float(ious.mean()) if pairs else nan,
         matched_iou_p5=float(np.percentile(ious, 5)) if pairs else nan,
         box_iou_p5=float(np.percentile([p.box_iou for p in pairs], 5)) if pairs else nan,
-        score_max_abs_err=max((p.score_err for p in pairs), default=nan),
+        score_max_abs_err=max(m.score_err for m in matches),
         presence_max_abs_err=max(m.presence_err for m in matches),
         worst=[{"image_id": m.image_id, "phrase": m.phrase, "union_iou_mean": m.union_iou_mean,
                 "golden_detections": m.golden_count, "stage_detections": m.stage_count,
@@ -168,7 +171,7 @@ def gates(summary: ConceptSummary, limits: Mapping[str, float], masks_meaningful
 
 
 def compare(stage: str, outputs: Mapping[int, Sequence[dict]], golden: Mapping[int, Sequence[dict]],
-            limits: Mapping[str, float], threshold: float, masks_meaningful: bool = True) -> StageResult:
+            limits: Mapping[str, float], masks_meaningful: bool = True) -> StageResult:
     """Match each (image, phrase) pair's stage detections to the golden's and gate the figures (the masks'
     only with masks_meaningful: trained weights, not seeded ones)."""
     if set(outputs) != set(golden):
@@ -181,7 +184,7 @@ def compare(stage: str, outputs: Mapping[int, Sequence[dict]], golden: Mapping[i
             return StageResult(stage, [], {}, error=(
                 f"image {image_id}: the stage asked {len(outputs[image_id])} phrases, the golden "
                 f"{len(golden[image_id])}: other phrases; regenerate the golden"))
-        matches += [match_pair(image_id, g, s, threshold, limits["max_score_abs_err"])
+        matches += [match_pair(image_id, g, s, limits["max_score_abs_err"])
                     for g, s in zip(golden[image_id], outputs[image_id])]
     summary = summarize(matches)
     figures = summary.as_dict()

@@ -3,7 +3,8 @@ threshold (query, score, box, COCO RLE mask), in the golden store.
 
 A golden folder (named like the point goldens, with a `concept` marker) holds manifest.json and
 detections.json.gz: {"images": [{"image_id", "file_name", "height", "width", "pairs": [pair, ...]}]}, a pair
-as parity.tasks.concept.produce.plain_pair makes it. The bytes are reproducible: sorted keys, compact
+as parity.tasks.concept.produce.plain_pair makes it (its phrase, presence, every query's score, and the
+detections above the threshold). The bytes are reproducible: sorted keys, compact
 separators, gzip with mtime 0 and no file name.
 """
 
@@ -17,7 +18,7 @@ from pathlib import Path
 from parity.golden import manifest as golden_io
 from parity.golden import store
 from parity.golden.data import Dataset
-from parity.tasks.concept.produce import DETECTION_KEYS, Detected
+from parity.tasks.concept.produce import DETECTION_KEYS, PAIR_KEYS, Detected
 
 MARKER = "concept"
 DETECTIONS_FILE = "detections.json.gz"
@@ -54,8 +55,8 @@ def decode(data: bytes, path: Path, regenerate: str) -> dict[int, list[dict]]:
         if not isinstance(pairs, list) or not isinstance(entry.get("image_id"), int):
             raise corrupt("has an image entry without an integer image_id and a pairs list")
         for pair in pairs:
-            if not isinstance(pair, dict) or set(pair) != {"phrase", "presence", "detections"}:
-                raise corrupt(f"has a pair of image {entry['image_id']} without exactly the keys detections, phrase, presence")
+            if not isinstance(pair, dict) or set(pair) != set(PAIR_KEYS):
+                raise corrupt(f"has a pair of image {entry['image_id']} without exactly the keys {sorted(PAIR_KEYS)}")
             if any(not isinstance(d, dict) or set(d) != set(DETECTION_KEYS) for d in pair["detections"]):
                 raise corrupt(f"has a detection of image {entry['image_id']} without exactly the keys {sorted(DETECTION_KEYS)}")
         images[entry["image_id"]] = pairs
@@ -71,7 +72,7 @@ def refuse_useless(images: dict[int, list[dict]], fix: str) -> None:
                                       f"(image, phrase) pairs, so a concept golden would gate no mask. {fix}")
     for image_id, entry in images.items():
         for pair in entry:
-            values = [pair["presence"], *(d["score"] for d in pair["detections"])]
+            values = [pair["presence"], *pair["query_scores"]]
             if not all(math.isfinite(v) for v in values):
                 raise golden_io.UselessGolden(f"image {image_id}, phrase {pair['phrase']!r}: a non-finite score; the fp32 "
                                               "model is broken, no golden written")

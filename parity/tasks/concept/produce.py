@@ -16,7 +16,9 @@ from samfast.sam3 import Sam3Processor
 
 # What the golden keeps of each detection. The query is its identity: query q of any stage answers the
 # question query q of the golden answered, so detections are paired by it (parity.tasks.concept.compare).
+# Beside them each pair keeps every query's score, kept or not: what decided each count.
 DETECTION_KEYS = ("query", "score", "box", "segmentation")
+PAIR_KEYS = ("phrase", "presence", "query_scores", "detections")
 # Every switch SAM 3 builds reaches predict_batch's one call; none is ignored.
 IGNORED_SWITCHES: dict[str, str] = {}
 
@@ -45,6 +47,7 @@ def plain_pair(phrase: str, result: dict) -> dict:
     return {
         "phrase": phrase,
         "presence": float(result["presence_score"]),
+        "query_scores": result["query_scores"].tolist(),
         "detections": [
             {"query": int(q), "score": float(s), "box": [float(v) for v in box], "segmentation": encode_rle(mask)}
             for q, s, box, mask in zip(result["query_indices"].tolist(), result["scores"].tolist(),

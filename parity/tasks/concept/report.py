@@ -60,8 +60,9 @@ def facts(header: dict) -> list[str]:
         f"the golden's cgF1 against ground truth: {fmt(truth.get('cgf1'), 2)} (IL_MCC {fmt(truth.get('il_mcc'))}, "
         f"pmF1 {fmt(truth.get('pmf1'))})",
         "detections paired per (image, phrase) by decoder query; the union mean counts every lost and new "
-        "detection as IoU 0 but those that the side keeping them scored within the stage's score tolerance above "
-        "the confidence threshold (near the decision: counted, not failed); no pair is left out of any figure",
+        "detection as IoU 0 but those whose query's score moved by no more than the stage's score tolerance "
+        "(near the decision: counted, not failed); the score error is over every query, kept or not; no pair is "
+        "left out of any figure",
     ]
 
 

@@ -95,8 +95,7 @@ class ConceptCheck(TaskCheck):
         return detect(model, self.dataset, phrases_of(self.dataset), self.confidence_threshold, f"concept check {stage}")
 
     def compare(self, stage: str, detected: Detected, golden: dict[int, list[dict]], limits: dict) -> StageResult:
-        result = compare.compare(stage, detected.images, golden, limits, self.confidence_threshold,
-                                 self.source.masks_meaningful)
+        result = compare.compare(stage, detected.images, golden, limits, self.source.masks_meaningful)
         if result.summary:
             truth = concept_f1(self.dataset, detected.images, self.confidence_threshold)
             result.summary.update(cgf1=truth.cgf1, il_mcc=truth.il_mcc, pmf1=truth.pmf1,

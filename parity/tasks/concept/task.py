@@ -70,6 +70,7 @@ CONCEPT = Task(
         "tests/unit/test_concept_compare.py::test_a_moved_box_fails",
         "tests/unit/test_concept_compare.py::test_a_detection_moved_to_another_query_fails",
         "tests/unit/test_concept_compare.py::test_a_score_error_fails",
+        "tests/unit/test_concept_compare.py::test_a_score_error_of_a_query_neither_side_kept_fails",
         "tests/unit/test_concept_compare.py::test_a_presence_error_fails",
     ),
     one_process=True,
