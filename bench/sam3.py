@@ -197,11 +197,18 @@ def plot(path: Path, rows: list[Row]) -> None:
     plt.close(fig)
 
 
+# int8 and fp8 replace the same ViT linears: one at a time
+QUANTIZERS = frozenset({"int8", "fp8"})
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.sam3", description=__doc__.split("\n")[0])
-    built = sorted(built_switches(MODEL_TYPE))
-    parser.add_argument("--stages", nargs="+", default=["fp32", *(["+".join(["fp32", *built])] if built else [])],
-                        help="samfast stages (default: fp32 and every switch SAM 3 builds)")
+    lossless = "+".join(["fp32", *sorted(built_switches(MODEL_TYPE) - QUANTIZERS)])
+    quantized = [f"{lossless}+{q}" for q in sorted(built_switches(MODEL_TYPE) & QUANTIZERS)
+                 if q != "fp8" or torch.cuda.is_available()]
+    parser.add_argument("--stages", nargs="+", default=["fp32", lossless, *quantized],
+                        help="samfast stages (default: fp32, every lossless switch SAM 3 builds, and that with each "
+                             "quantizer it builds: int8, and fp8 on a GPU)")
     parser.add_argument("--sam3", nargs="*", default=list(SAM3_MODES), choices=SAM3_MODES, help="sam3's modes")
     parser.add_argument("--images", type=int, default=8)
     parser.add_argument("--phrases", type=int, default=4, choices=range(1, len(PHRASES) + 1))

@@ -112,7 +112,7 @@ def test_sam1_and_sam2_keep_seed_0_by_default():
 
 def test_unbuilt_switches_are_refused_before_building():
     with pytest.raises(StageError, match=r"the triton, nt switch\(es\) are not built for SAM 3 yet; sam3 takes fp32 "
-                                         r"and any combination of bf16, compile, sdpa: use 'bf16\+compile\+sdpa'"):
+                                         r"and any combination of bf16, compile, sdpa, int8, fp8: use 'bf16\+compile\+sdpa'"):
         samfast.build_sam("sam3", seed=0, stages="nt")
 
 

@@ -24,6 +24,7 @@ from parity.compare.gates import load_thresholds, thresholds_for  # noqa: E402
 from samfast.sam3 import Sam3Processor  # noqa: E402
 from samfast.sam3.config import SAM3_REDUCED  # noqa: E402
 from samfast.sam3.image_model import FindInput, detection_scores  # noqa: E402
+from samfast.errors import StageError  # noqa: E402
 from samfast.stages import parse_stages  # noqa: E402
 from tests.compile_backends import aot_eager_and_inductor  # noqa: E402
 from tests.stage_accuracy import rel_l2  # noqa: E402
@@ -72,7 +73,7 @@ def assert_within_limits(stages: str, got: dict, fp32: dict) -> None:
 
 
 @pytest.mark.parametrize("boxes", [0, 2])
-@pytest.mark.parametrize("stages", ["fp32+sdpa", "bf16", "bf16+sdpa"])
+@pytest.mark.parametrize("stages", ["fp32+sdpa", "bf16", "bf16+sdpa", "bf16+sdpa+int8"])
 def test_stage_is_within_its_limits_of_fp32(fp32_model, stages, boxes):
     assert_within_limits(stages, grounding(build(stages), boxes), grounding(fp32_model, boxes))
 
@@ -98,6 +99,18 @@ def test_each_switch_proves_it_ran():
     exercised, not_exercised = proofs(build("bf16+sdpa"), "bf16+sdpa")
     assert not_exercised == [] and len(exercised) == 2, (exercised, not_exercised)
     assert "encoder blocks" in exercised[0] and "F.scaled_dot_product_attention ran" in exercised[1]
+
+
+def test_int8_quantizes_every_vit_linear_and_proves_it_ran():
+    """The int8 switch on SAM 3: torchao's int8 weights in each of the ViT blocks' linears (qkv, proj and the
+    MLP's two), the text encoder and the detector left as they are; fp8 needs a GPU and says so."""
+    model = build("bf16+sdpa+int8")
+    exercised, not_exercised = proofs(model, "bf16+sdpa+int8")
+    blocks = len(model.image_encoder.trunk.blocks)
+    assert not_exercised == [] and f"{4 * blocks} encoder linears hold int8 (torchao) weights" in exercised[-1], exercised
+    assert model.backbone.language_backbone.encoder.transformer.resblocks[0].mlp.c_fc.weight.dtype == torch.bfloat16
+    with pytest.raises(StageError, match="fp8 needs a CUDA GPU"):
+        build("bf16+sdpa+fp8")
 
 
 def test_the_proofs_find_a_switch_left_behind():
