@@ -127,7 +127,8 @@ ACTIVATION_AMAX_FLOOR = 1e-12
 
 def check_fp8_supported(weight: torch.Tensor) -> None:
     """Raise StageError naming the problem and the fix when `weight` cannot take the fp8 switch here."""
-    fix = "run the fp8 stage on a CUDA GPU of compute capability >= 8.9 (L4, L40, H100, H200), or use 'nt' / 'int8'"
+    fix = ("run the fp8 stage on a CUDA GPU of compute capability >= 8.9 (L4, L40, H100, H200), or swap fp8 for "
+           "int8 in the stage (e.g. 'bf16+sdpa+int8')")
     if weight.device.type != "cuda":
         raise StageError(f"fp8 needs a CUDA GPU with fp8 tensor cores; the model is on {weight.device.type}: {fix}")
     capability = torch.cuda.get_device_capability(weight.device)
