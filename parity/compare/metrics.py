@@ -1,4 +1,4 @@
-"""Accuracy metrics of the gate: mask IoU against golden masks, logits error, mIoU vs ground truth.
+"""Accuracy metrics of the gate: mask and box IoU, logits error, mIoU vs ground truth.
 
 Everything returns plain Python floats so results go straight into reports and JSON manifests.
 """
@@ -10,6 +10,15 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+
+def box_iou(a: Sequence[float], b: Sequence[float]) -> float:
+    """IoU of two XYWH boxes (COCO's bbox; segment everything's NMS boxes, as x0, y0, x0 + w, y0 + h)."""
+    width = min(a[0] + a[2], b[0] + b[2]) - max(a[0], b[0])
+    height = min(a[1] + a[3], b[1] + b[3]) - max(a[1], b[1])
+    inter = max(0.0, width) * max(0.0, height)
+    union = a[2] * a[3] + b[2] * b[3] - inter
+    return inter / union if union > 0 else 0.0
 
 
 def mask_iou(a: np.ndarray, b: np.ndarray) -> float:

@@ -41,19 +41,12 @@ from pycocotools import mask as mask_utils
 from scipy import ndimage
 from scipy.optimize import linear_sum_assignment
 
+from parity.compare.metrics import box_iou
+
 # Above 0.5 a pair is unambiguous: two disjoint masks cannot both overlap a third by more than half
 # of their union, so a mask split in two matches its larger half only. Pairs at or below it are unmatched.
 MATCH_IOU = 0.5
 WORST_IMAGES = 5
-
-
-def box_iou(a: Sequence[float], b: Sequence[float]) -> float:
-    """IoU of two XYWH boxes (the records' bbox; the generator's NMS boxes, as x0, y0, x0 + w, y0 + h)."""
-    width = min(a[0] + a[2], b[0] + b[2]) - max(a[0], b[0])
-    height = min(a[1] + a[3], b[1] + b[3]) - max(a[1], b[1])
-    inter = max(0.0, width) * max(0.0, height)
-    union = a[2] * a[3] + b[2] * b[3] - inter
-    return inter / union if union > 0 else 0.0
 
 
 # What the generator's crop-edge filter (samfast.amg.masks.near_crop_edge) drops: a box within this many

@@ -13,9 +13,9 @@ from pathlib import Path
 
 from parity.compare.gates import StageResult
 from parity.report.html import Figure, PageLayout, render_html
+from parity.report.plots import plot_union_and_unmatched
 from parity.report.verdicts import (
     REPORT_FILES,
-    VERDICT_COLORS,
     all_gates_lines,
     failure_lines,
     fmt,
@@ -101,33 +101,6 @@ def render_markdown(header: dict, results: list[StageResult]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(results: list[StageResult], path: Path, unmatched: str = "masks") -> None:
-    """The union mean per stage, and beside it the `unmatched` (masks, detections) lost and new per stage."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    ok = [r for r in results if not r.error]
-    names = [r.stage for r in ok]
-    colors = [VERDICT_COLORS[r.verdict] for r in ok]
-    fig, (ax_iou, ax_count) = plt.subplots(1, 2, figsize=(10, 3.5))
-    ax_iou.bar(names, [r.summary["union_iou_mean"] for r in ok], color=colors)
-    ax_iou.set_title("union mean mask IoU vs golden (lost/new = 0)")
-    ax_iou.set_ylim(0, 1.02)
-    x = range(len(ok))
-    ax_count.bar([i - 0.2 for i in x], [r.summary["lost"] for r in ok], width=0.4, label="lost")
-    ax_count.bar([i + 0.2 for i in x], [r.summary["new"] for r in ok], width=0.4, label="new")
-    ax_count.set_xticks(list(x), names)
-    ax_count.set_title(f"unmatched {unmatched}")
-    ax_count.legend()
-    for ax in (ax_iou, ax_count):
-        ax.tick_params(axis="x", rotation=30)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 def _figures(result: StageResult) -> list[Figure]:
     return [Figure(result.pictures[w["image_id"]],
                    f"image {w['image_id']}: union IoU mean {w['union_iou_mean']:.4f}, {w['golden_masks']} golden / "
@@ -159,7 +132,7 @@ def write_reports(folder: Path, header: dict, results: list[StageResult]) -> dic
     payload = {"task": "amg", **report_payload(header, results)}
     paths["report.json"].write_text(json.dumps(payload, indent=2, default=str) + "\n")
     paths["junit.xml"].write_text(render_junit(results))
-    plot(results, paths["report.png"])
+    plot_union_and_unmatched(results, paths["report.png"])
     paths["report.html"].write_text(render_html(header, results, paths["report.png"].read_bytes(), html_layout(header)))
     for r in results:
         for image_id, png in r.pictures.items():

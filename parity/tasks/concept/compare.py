@@ -25,7 +25,7 @@ import numpy as np
 from pycocotools import mask as mask_utils
 
 from parity.compare.gates import Gate, StageResult
-from parity.tasks.amg.matching import box_iou
+from parity.compare.metrics import box_iou
 
 WORST_PAIRS = 5
 

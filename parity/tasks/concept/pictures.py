@@ -1,6 +1,6 @@
 """The concept task's picture of one (image, phrase): the image, the golden's detections, the stage's (a pair
-of the same query shares a colour; lost and new are red) and the difference of their unions, drawn by the
-segment-everything task's picture (parity.tasks.amg.pictures); and those of a failed or near-failing stage's
+of the same query shares a colour; lost and new are red) and the difference of their unions
+(parity.report.pictures.paired_masks_png); and those of a failed or near-failing stage's
 worst pairs (worst_pictures), keyed by their rank among the worst."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 from parity.compare.gates import StageResult
 from parity.golden.data import Dataset
 from parity.golden.rle import decode_rle
-from parity.tasks.amg.pictures import amg_comparison_png
+from parity.report.pictures import paired_masks_png
 
 
 def _detections(pairs: list[dict], phrase: str) -> list[dict]:
@@ -27,7 +27,7 @@ def worst_pictures(result: StageResult, dataset: Dataset, golden: dict[int, list
         stage_index = {d["query"]: i for i, d in enumerate(ours)}
         title = (f"image {image_id}, {phrase!r}: union IoU {w['union_iou_mean']:.3f}, {w['golden_detections']} golden / "
                  f"{w['stage_detections']} stage detections, {w['lost']} lost, {w['new']} new")
-        pictures[rank] = amg_comparison_png(
+        pictures[rank] = paired_masks_png(
             image, [decode_rle(d["segmentation"]) for d in gold], [decode_rle(d["segmentation"]) for d in ours],
             [(golden_index[q], stage_index[q]) for q, _ in w["matched"]], title)
     return pictures

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from parity.compare.gates import StageResult
 from parity.report.html import Figure, PageLayout, render_html
-from parity.tasks.amg.report import plot
+from parity.report.plots import plot_union_and_unmatched
 from parity.report.verdicts import (
     REPORT_FILES,
     all_gates_lines,
@@ -133,7 +133,7 @@ def write_reports(folder: Path, header: dict, results: list[StageResult]) -> dic
     payload = {"task": "concept", **report_payload(header, results)}
     paths["report.json"].write_text(json.dumps(payload, indent=2, default=str) + "\n")
     paths["junit.xml"].write_text(render_junit(results))
-    plot(results, paths["report.png"], unmatched="detections")
+    plot_union_and_unmatched(results, paths["report.png"], unmatched="detections")
     paths["report.html"].write_text(render_html(header, results, paths["report.png"].read_bytes(), html_layout(header)))
     for r in results:
         for rank, png in r.pictures.items():
