@@ -89,7 +89,7 @@ def parity(session: nox.Session) -> None:
 @nox.session(python=False)
 def golden(session: nox.Session) -> None:
     """Regenerate golden fp32 outputs (default: every task's embedded goldens, parity.tasks.registry: point,
-    AMG and video, for vit_tiny and the SAM 2 nano; arguments after -- override)."""
+    AMG and video for vit_tiny and the SAM 2 nano, concept for the reduced SAM 3; arguments after -- override)."""
     _install(session)
     if session.posargs:
         session.run("python", "-m", "parity", "golden", *session.posargs)
