@@ -12,6 +12,7 @@ from parity.golden.data import Dataset
 from parity.golden.rle import decode_rle
 from parity.report.pictures import paired_masks_png
 
+
 def worst_pictures(result: StageResult, dataset: Dataset, golden: dict[int, list[dict]],
                    stage: dict[int, list[dict]]) -> dict[int, bytes]:
     """image id -> PNG of the golden's and the stage's masks on the image, for each of the stage's worst images."""
