@@ -2,17 +2,16 @@
 
 A golden folder (named like the point goldens, with an `amg` marker) holds manifest.json and
 masks.json.gz: {"images": [{"image_id", "file_name", "height", "width", "masks": [record, ...]}]}
-with the generator's records (parity.tasks.amg.produce.RECORD_KEYS). The bytes are reproducible:
-sorted keys, compact separators, gzip with mtime 0 and no file name.
+with the generator's records (parity.tasks.amg.produce.RECORD_KEYS), reproducible to the byte
+(parity.golden.image_entries).
 """
 
 from __future__ import annotations
 
-import gzip
-import json
 import math
 from pathlib import Path
 
+from parity.golden import image_entries
 from parity.golden import manifest as golden_io
 from parity.golden import store
 from parity.golden.data import Dataset
@@ -31,33 +30,18 @@ def folder_name(model_type: str, checkpoint_id: str, dataset: Dataset) -> str:
 
 def encode(generated: Generated) -> bytes:
     """masks.json.gz bytes for the generated records of every image."""
-    entries = [{"image_id": image_id, **generated.described[image_id], "masks": records}
-               for image_id, records in sorted(generated.images.items())]
-    text = json.dumps({"images": entries}, sort_keys=True, separators=(",", ":"), allow_nan=False)
-    return gzip.compress(text.encode(), compresslevel=9, mtime=0)
+    return image_entries.encode(generated.images, generated.described, "masks")
+
+
+def _record_problem(record) -> str | None:
+    if not isinstance(record, dict) or set(record) != set(RECORD_KEYS):
+        return f"a mask record without exactly the keys {sorted(RECORD_KEYS)}"
+    return None
 
 
 def decode(data: bytes, path: Path, regenerate: str) -> dict[int, list[dict]]:
     """image id -> records, refusing anything that is not the shape encode() writes."""
-    def corrupt(problem: str) -> store.GoldenCorrupt:
-        return store.GoldenCorrupt(f"golden file {path} {problem}. Regenerate the golden with:\n  {regenerate}")
-
-    try:
-        payload = json.loads(gzip.decompress(data))
-    except (OSError, EOFError, ValueError) as err:
-        raise corrupt(f"is not gzip-compressed JSON ({err})") from err
-    if not isinstance(payload, dict) or not isinstance(payload.get("images"), list):
-        raise corrupt("has no 'images' list")
-    images = {}
-    for entry in payload["images"]:
-        masks = entry.get("masks") if isinstance(entry, dict) else None
-        if not isinstance(masks, list) or not isinstance(entry.get("image_id"), int):
-            raise corrupt("has an image entry without an integer image_id and a masks list")
-        for record in masks:
-            if not isinstance(record, dict) or set(record) != set(RECORD_KEYS):
-                raise corrupt(f"has a mask record of image {entry['image_id']} without exactly the keys {sorted(RECORD_KEYS)}")
-        images[entry["image_id"]] = masks
-    return images
+    return image_entries.decode(data, path, regenerate, "masks", _record_problem)
 
 
 def refuse_useless(images: dict[int, list[dict]], fix: str) -> None:

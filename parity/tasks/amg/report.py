@@ -8,19 +8,16 @@ the page).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from parity.compare.gates import StageResult
-from parity.report.html import Figure, PageLayout, render_html
+from parity.report.files import write_report_files
+from parity.report.html import Figure, PageLayout
 from parity.report.plots import plot_union_and_unmatched
 from parity.report.verdicts import (
-    REPORT_FILES,
     all_gates_lines,
     failure_lines,
     fmt,
-    render_junit,
-    report_payload,
     stage_verdict,
     stages_to_show,
     verdict_line,
@@ -126,15 +123,6 @@ def html_layout(header: dict) -> PageLayout:
 
 
 def write_reports(folder: Path, header: dict, results: list[StageResult]) -> dict[str, Path]:
-    folder.mkdir(parents=True, exist_ok=True)
-    paths = {name: folder / name for name in REPORT_FILES}
-    paths["report.md"].write_text(render_markdown(header, results))
-    payload = {"task": "amg", **report_payload(header, results)}
-    paths["report.json"].write_text(json.dumps(payload, indent=2, default=str) + "\n")
-    paths["junit.xml"].write_text(render_junit(results))
-    plot_union_and_unmatched(results, paths["report.png"])
-    paths["report.html"].write_text(render_html(header, results, paths["report.png"].read_bytes(), html_layout(header)))
-    for r in results:
-        for image_id, png in r.pictures.items():
-            (folder / picture_name(r.stage, image_id)).write_bytes(png)
-    return paths
+    return write_report_files(folder, header, results, markdown=render_markdown(header, results),
+                              plot=lambda path: plot_union_and_unmatched(results, path), layout=html_layout(header),
+                              task="amg", picture_name=lambda result, image_id: picture_name(result.stage, image_id))

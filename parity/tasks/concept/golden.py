@@ -4,17 +4,15 @@ threshold (query, score, box, COCO RLE mask), in the golden store.
 A golden folder (named like the point goldens, with a `concept` marker) holds manifest.json and
 detections.json.gz: {"images": [{"image_id", "file_name", "height", "width", "pairs": [pair, ...]}]}, a pair
 as parity.tasks.concept.produce.plain_pair makes it (its phrase, presence, every query's score, and the
-detections above the threshold). The bytes are reproducible: sorted keys, compact
-separators, gzip with mtime 0 and no file name.
+detections above the threshold), reproducible to the byte (parity.golden.image_entries).
 """
 
 from __future__ import annotations
 
-import gzip
-import json
 import math
 from pathlib import Path
 
+from parity.golden import image_entries
 from parity.golden import manifest as golden_io
 from parity.golden import store
 from parity.golden.data import Dataset
@@ -32,35 +30,20 @@ def folder_name(model_type: str, checkpoint_id: str, dataset: Dataset) -> str:
 
 
 def encode(detected: Detected) -> bytes:
-    entries = [{"image_id": image_id, **detected.described[image_id], "pairs": pairs}
-               for image_id, pairs in sorted(detected.images.items())]
-    text = json.dumps({"images": entries}, sort_keys=True, separators=(",", ":"), allow_nan=False)
-    return gzip.compress(text.encode(), compresslevel=9, mtime=0)
+    return image_entries.encode(detected.images, detected.described, "pairs")
+
+
+def _pair_problem(pair) -> str | None:
+    if not isinstance(pair, dict) or set(pair) != set(PAIR_KEYS):
+        return f"a pair without exactly the keys {sorted(PAIR_KEYS)}"
+    if any(not isinstance(d, dict) or set(d) != set(DETECTION_KEYS) for d in pair["detections"]):
+        return f"a detection without exactly the keys {sorted(DETECTION_KEYS)}"
+    return None
 
 
 def decode(data: bytes, path: Path, regenerate: str) -> dict[int, list[dict]]:
     """image id -> pairs, refusing anything that is not the shape encode() writes."""
-    def corrupt(problem: str) -> store.GoldenCorrupt:
-        return store.GoldenCorrupt(f"golden file {path} {problem}. Regenerate the golden with:\n  {regenerate}")
-
-    try:
-        payload = json.loads(gzip.decompress(data))
-    except (OSError, EOFError, ValueError) as err:
-        raise corrupt(f"is not gzip-compressed JSON ({err})") from err
-    if not isinstance(payload, dict) or not isinstance(payload.get("images"), list):
-        raise corrupt("has no 'images' list")
-    images = {}
-    for entry in payload["images"]:
-        pairs = entry.get("pairs") if isinstance(entry, dict) else None
-        if not isinstance(pairs, list) or not isinstance(entry.get("image_id"), int):
-            raise corrupt("has an image entry without an integer image_id and a pairs list")
-        for pair in pairs:
-            if not isinstance(pair, dict) or set(pair) != set(PAIR_KEYS):
-                raise corrupt(f"has a pair of image {entry['image_id']} without exactly the keys {sorted(PAIR_KEYS)}")
-            if any(not isinstance(d, dict) or set(d) != set(DETECTION_KEYS) for d in pair["detections"]):
-                raise corrupt(f"has a detection of image {entry['image_id']} without exactly the keys {sorted(DETECTION_KEYS)}")
-        images[entry["image_id"]] = pairs
-    return images
+    return image_entries.decode(data, path, regenerate, "pairs", _pair_problem)
 
 
 def refuse_useless(images: dict[int, list[dict]], fix: str) -> None:

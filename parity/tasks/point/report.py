@@ -3,19 +3,16 @@ and the self-contained HTML page (parity/report/html.py)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from parity.compare.gates import StageResult
-from parity.report.html import Figure, PageLayout, render_html
+from parity.report.files import write_report_files
+from parity.report.html import Figure, PageLayout
 from parity.report.verdicts import (
-    REPORT_FILES,
     VERDICT_COLORS,
     all_gates_lines,
     failure_lines,
     fmt,
-    render_junit,
-    report_payload,
     stage_verdict,
     stages_to_show,
     verdict_line,
@@ -130,11 +127,5 @@ def html_layout(header: dict) -> PageLayout:
 
 
 def write_reports(folder: Path, header: dict, results: list[StageResult]) -> dict[str, Path]:
-    folder.mkdir(parents=True, exist_ok=True)
-    paths = {name: folder / name for name in REPORT_FILES}
-    paths["report.md"].write_text(render_markdown(header, results))
-    paths["report.json"].write_text(json.dumps(report_payload(header, results), indent=2, default=str) + "\n")
-    paths["junit.xml"].write_text(render_junit(results))
-    plot(results, paths["report.png"])
-    paths["report.html"].write_text(render_html(header, results, paths["report.png"].read_bytes(), html_layout(header)))
-    return paths
+    return write_report_files(folder, header, results, markdown=render_markdown(header, results),
+                              plot=lambda path: plot(results, path), layout=html_layout(header))
