@@ -2,7 +2,7 @@
 a phrase and/or example boxes, get every instance's mask, box and score in the image's pixels.
 
 The same methods, arguments and state keys as sam3's. The image is resized to resolution x resolution
-without keeping its aspect ratio, through uint8 as sam3 does (so the pixels equal its), scaled to
+without keeping its aspect ratio, through uint8 as sam3 does (the same pixels as sam3's on a CPU: see transform), scaled to
 [0, 1] and normalized with mean = std = 0.5. The model's outputs at 1 / 4 of the resolution are
 resized to the image's size (bilinear), and the instances scoring above the confidence threshold
 (sigmoid(logit) * presence probability) are kept: that selection has a data-dependent size, so it
@@ -63,12 +63,17 @@ class Sam3Processor:
         self.pixel_std = to_device(PIXEL_STD, torch.float32, self.device).view(-1, 1, 1)
 
     def transform(self, image: PIL.Image.Image | torch.Tensor | np.ndarray) -> torch.Tensor:
-        """An image (PIL, (C, H, W) tensor or (H, W, C) array) -> (3, resolution, resolution) float32."""
-        image = v2.functional.to_image(image)
+        """An image (PIL, (C, H, W) tensor or (H, W, C) array) -> (3, resolution, resolution) float32.
+
+        Resized where it is: a host image on the host, then its uint8 pixels to the device. A uint8 resize
+        rounds differently on CUDA (in float, then rounded) than on a CPU (fixed point), by one level here
+        and there, and on the embedded concept check that moved a presence probability by 1.1e-3 from the
+        CPU-made golden, past fp32's limit; resized on the host, an image's pixels are the same whatever
+        the model's device. sam3 resizes on the model's device: a GPU tensor is resized there, as in sam3."""
+        image = v2.functional.to_dtype(v2.functional.to_image(image), torch.uint8, scale=True)
+        image = v2.functional.resize(image, [self.resolution, self.resolution])
         # a host image through pinned memory: a pageable copy to a GPU makes the host wait for it
         image = to_device(image, image.dtype, self.device) if image.device.type == "cpu" else image.to(self.device)
-        image = v2.functional.to_dtype(image, torch.uint8, scale=True)
-        image = v2.functional.resize(image, [self.resolution, self.resolution])
         image = v2.functional.to_dtype(image, torch.float32, scale=True)
         return (image - self.pixel_mean) / self.pixel_std
 

@@ -7,6 +7,7 @@ On a GPU sam3 needs no shim, and the two ViT-L/14 trunks take a second where the
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -32,7 +33,9 @@ def test_full_size_text_prompt_equals_sam3s():
     # assign: the two models share their weights rather than holding 3.4 GB each
     ours.load_state_dict(theirs.state_dict(), strict=True, assign=True)
     ours = ours.to("cuda").eval()  # what the state dict does not hold (computed tables) follows the weights
-    image = pil_image(seed=2, size=(56, 40))
+    # a tensor on the GPU, which both resize there (a host image samfast resizes on the host: see
+    # Sam3Processor.transform), so the pixels are the same
+    image = torch.from_numpy(np.array(pil_image(seed=2, size=(56, 40)))).permute(2, 0, 1).cuda()
     with tf32_off():
         ref = TheirProcessor(theirs, device="cuda", confidence_threshold=0.0)
         ref = ref.set_text_prompt("a red square", ref.set_image(image))
