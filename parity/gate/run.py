@@ -88,22 +88,29 @@ GPU_CHECKS = check_steps(gpu=True)
 OUTPUTS = (*REPORT_FILES, *(f"junit-{run}.xml" for run in PYTEST_RUNS), "pytest-cpu.log",
            *(f"{step}.log" for step in EMBEDDED_CHECKS), "perf-warm-up.log", "gate-time.md", "gate-time.json")
 CACHE_STATES = {"cold": "empty: cold", "warm": "sealed: warm", "resumed": "a killed run's entries: resumed"}
-# Tests that run what a check step runs (with a GPU): the gate leaves them to the step.
+# Tests that run what a check step runs: the gate leaves them to the step. CI's `nox -s tests` runs them.
+# With or without a GPU: fp32 gives the committed check-sam2-amg golden again, exactly (a CPU test). The
+# step reads the same golden (a stale or missing one fails it with exit 2), and on a CPU its fp32 stage
+# runs this very comparison. It was the long pole of the GPU runners' CPU layers (114 s warm) and the
+# 2-core gate's costliest test (75 of its 1,612 CPU seconds at 555708b).
+COVERED_BY_CHECKS = ["tests/parity/test_sam2_gate.py::test_the_gate_steps_committed_golden_is_reproduced_in_fp32"]
+# With a GPU only: the steps run every GPU stage against the goldens.
 COVERED_BY_GPU_CHECKS = ["tests/parity/test_amg_gate.py::test_embedded_amg_golden_passes_every_stage_on_the_gpu",
                          # the lossless stages' masks near fp32's: the AMG step gates them tighter (matched IoU 0.99, not 0.95)
                          "tests/gpu/test_amg_gpu.py::test_lossless_stages_keep_fp32_masks",
                          "tests/parity/test_sam2_gate.py::test_embedded_sam2_amg_golden_passes_every_stage_on_the_gpu",
-                         "tests/parity/test_concept_gate.py::test_embedded_concept_golden_passes_every_stage_on_the_gpu",
-                         # a CPU test: fp32 gives the committed check-sam2-amg golden again, exactly. The GPU step reads
-                         # the same golden (a stale or missing one fails it); CI's `nox -s tests` keeps the exact
-                         # reproduction on a CPU. On the GPU runners it was the CPU layers' long pole (114 s warm).
-                         "tests/parity/test_sam2_gate.py::test_the_gate_steps_committed_golden_is_reproduced_in_fp32"]
+                         "tests/parity/test_concept_gate.py::test_embedded_concept_golden_passes_every_stage_on_the_gpu"]
+
+
+def left_to_checks(gpu_checks: bool) -> list[str]:
+    """The tests the gate's pytest runs leave to its check steps (GPU_CHECKS with `gpu_checks`)."""
+    return [*COVERED_BY_CHECKS, *(COVERED_BY_GPU_CHECKS if gpu_checks else [])]
 
 
 def pytest_commands(args, report_dir: Path, workers: int, cpu_workers: int, gpu_checks: bool) -> dict[str, list[str]]:
     """The three pytest runs: the gpu-marked tests (over `workers` GPUs), the others (over `cpu_workers`), perf.
 
-    With `gpu_checks` (the check steps run GPU_CHECKS) the tests those steps cover are left out.
+    The tests the check steps cover are left out (left_to_checks; more with `gpu_checks`, when they run GPU_CHECKS).
 
     perf is a run of its own because pytest-benchmark switches itself off under xdist, and so that
     no other test shares the GPU (or the CPU that feeds it) while a row is timed.
@@ -117,7 +124,7 @@ def pytest_commands(args, report_dir: Path, workers: int, cpu_workers: int, gpu_
 
     others = ["tests", "--ignore=tests/perf", "-m"]
     rows = ["--perf-matrix"] if args.perf_matrix else []  # perf's rows, and so its warm-up's
-    covered = [f"--deselect={test}" for test in COVERED_BY_GPU_CHECKS] if gpu_checks else []
+    covered = [f"--deselect={test}" for test in left_to_checks(gpu_checks)]
     return {"gpu": run("gpu", [*others, "gpu", *covered], workers),
             "cpu": run("cpu", [*others, "not gpu", *covered], cpu_workers),
             "perf": run("perf", ["tests/perf"], 1, [*rows, *shlex.split(args.perf_args)]),

@@ -21,6 +21,7 @@ from parity.gate import timing as gate_time
 from parity.gate.devices import WorkerAssignmentError, cpu_model, gpu_for_worker, visible_gpus
 from parity.gate.models import ModelCache, SharedModelMutated, make_key
 from parity.gate.run import (
+    COVERED_BY_CHECKS,
     COVERED_BY_GPU_CHECKS,
     MAX_CPU_WORKERS,
     PERF_CORES,
@@ -33,6 +34,7 @@ from parity.gate.run import (
     choose_perf_early,
     choose_workers,
     cpu_layers_env,
+    left_to_checks,
     pytest_commands,
     spare_cores,
     split_cores,
@@ -357,8 +359,9 @@ def _collect(selections: list[tuple[str, ...]]) -> dict[tuple[str, ...], set[str
 
 
 def test_the_gates_pytest_runs_split_the_suite_without_losing_a_test(tmp_path):
-    """gpu + cpu + perf select every test exactly once (running them side by side drops nothing); with a
-    GPU, only the tests a check step runs anyway are left to that step."""
+    """gpu + cpu + perf select every test exactly once (running them side by side drops nothing) but the
+    tests a check step runs anyway, which are left to that step: COVERED_BY_CHECKS on any machine, and
+    COVERED_BY_GPU_CHECKS with a GPU."""
     args = SimpleNamespace(require_gpu=False, perf_matrix=False, perf_args="")
     commands_with = {gpu_checks: pytest_commands(args, tmp_path, workers=2, cpu_workers=3, gpu_checks=gpu_checks)
                      for gpu_checks in (False, True)}
@@ -371,10 +374,11 @@ def test_the_gates_pytest_runs_split_the_suite_without_losing_a_test(tmp_path):
         warm_up = collected[_selection(commands.pop("perf warm-up"))]
         runs = {name: collected[_selection(cmd)] for name, cmd in commands.items()}
         assert warm_up and warm_up <= runs["perf"] and all("::test_stage_within_budget[" in t for t in warm_up)
-        left_to_checks = set(COVERED_BY_GPU_CHECKS) if gpu_checks else set()
-        assert left_to_checks <= everything
-        assert sum(map(len, runs.values())) == len(everything - left_to_checks), gpu_checks
-        assert set().union(*runs.values()) == everything - left_to_checks, gpu_checks
+        covered = set(left_to_checks(gpu_checks))
+        assert covered <= everything and set(COVERED_BY_CHECKS) <= covered
+        assert (set(COVERED_BY_GPU_CHECKS) <= covered) == gpu_checks
+        assert sum(map(len, runs.values())) == len(everything - covered), gpu_checks
+        assert set().union(*runs.values()) == everything - covered, gpu_checks
         assert any(t.startswith("tests/gpu/") for t in runs["gpu"]) and not any(t.startswith("tests/gpu/") for t in runs["cpu"])
         assert any(t.startswith("tests/unit/") for t in runs["cpu"]) and all(t.startswith("tests/perf/") for t in runs["perf"])
 
