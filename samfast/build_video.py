@@ -30,7 +30,7 @@ from samfast.stages import SWITCHES, parse_stages
 # at its memory frames, each attended unmasked, its values at the memory's 64 channels
 # on a GPU (samfast.sam2.memory.attention; set by samfast.stages for every SAM 2 model, run only by tracking).
 # triton: as for images (Hiera's small windows, the decoder's upscaling; its cross attentions only for
-# calls of MIN_FUSED_PROMPTS prompts and more, samfast.sam2.sam.mask_decoder, so not a tracked frame's few),
+# calls of MIN_FUSED_PROMPTS prompts and more, samfast.modeling.sam2_prompting.mask_decoder, so not a tracked frame's few),
 # plus the memory cross-attention's keys projected and rotated in one kernel (kernels.rotated_keys).
 VIDEO_SWITCHES = frozenset({"bf16", "compile", "sdpa", "triton"})
 # the stages the video gate runs unless told, from the baseline up: each switch alone on fp32, then

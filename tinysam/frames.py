@@ -16,10 +16,10 @@ import numpy as np
 import torch
 
 from samfast.config import IMAGE_SIZE
-from samfast.sam2.config import PIXEL_MEAN as SAM2_PIXEL_MEAN
-from samfast.sam2.config import PIXEL_STD as SAM2_PIXEL_STD
-from samfast.sam2.transforms import SAM2Transforms, stretch_to_square
-from samfast.sam2.transforms import to_tensor as sam2_to_tensor
+from samfast.modeling.sam2_prompting.transforms import PIXEL_MEAN as SAM2_PIXEL_MEAN
+from samfast.modeling.sam2_prompting.transforms import PIXEL_STD as SAM2_PIXEL_STD
+from samfast.modeling.sam2_prompting.transforms import SAM2Transforms, stretch_to_square
+from samfast.modeling.sam2_prompting.transforms import to_tensor as sam2_to_tensor
 from samfast.transforms import preprocess_shape, resize_longest_side, scale_coords, to_rgb_uint8
 
 
@@ -52,7 +52,7 @@ class LongestSide:
 
 
 class Stretched:
-    """SAM 2's frame (samfast.sam2.transforms): stretched to 1024 x 1024, bilinear with antialiasing,
+    """SAM 2's frame (samfast.modeling.sam2_prompting.transforms): stretched to 1024 x 1024, bilinear with antialiasing,
     ImageNet statistics; no padding."""
 
     name = "stretched to 1024 x 1024"

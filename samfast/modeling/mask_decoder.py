@@ -1,6 +1,6 @@
 """Mask decoder: output tokens attend to the image embedding; hypernetworks turn them into masks.
 
-SAM 1's, and the base every family's decoder builds on (SAM 2's: samfast.sam2.sam.mask_decoder): the
+SAM 1's, and the base every family's decoder builds on (SAM 2's: samfast.modeling.sam2_prompting.mask_decoder): the
 output tokens, the upscaling, the hypernetworks and the IoU head, and the padding that lets one
 compiled graph take any prompt count."""
 

@@ -6,7 +6,8 @@ Code written for the `sam2` package runs by changing the import:
     model = build_sam2("configs/sam2.1/sam2.1_hiera_t.yaml", "sam2.1_hiera_tiny.pt", device="cuda")
 
 samfast.build_sam("sam2.1_hiera_t", ...) builds the same model. Laid out like sam2: backbones/
-(Hiera trunk, FPN neck), sam/ (prompt encoder, mask decoder), memory/ (the video memory),
+(Hiera trunk, FPN neck), memory/ (the video memory), the prompt encoder, mask decoder and image predictor
+shared with SAM 3 in samfast/modeling/sam2_prompting/,
 tracker.py (the tracking step), family.py (its record in samfast.families). build_sam2_video_predictor gives samfast.VideoPredictor
 (samfast/video/) with sam2's video settings, as SAM2VideoPredictor.
 """
@@ -15,7 +16,7 @@ from samfast.sam2.automatic_mask_generator import SAM2AutomaticMaskGenerator
 from samfast.sam2.build import build_sam2
 from samfast.sam2.config import SAM2_MODEL_TYPES
 from samfast.sam2.family import SAM2
-from samfast.sam2.image_predictor import SAM2ImagePredictor
+from samfast.modeling.sam2_prompting.image_predictor import SAM2ImagePredictor
 from samfast.sam2.predictor import SamPredictorForSAM2
 from samfast.sam2.sam2_base import SAM2Base
 from samfast.sam2.video_predictor import SAM2VideoPredictor, build_sam2_video_predictor

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from samfast.amg.generator import ENCODER_BATCH, SamAutomaticMaskGenerator, _Crop
-from samfast.sam2.image_predictor import SAM2ImagePredictor
+from samfast.modeling.sam2_prompting.image_predictor import SAM2ImagePredictor
 from samfast.sam2.sam2_base import SAM2Base
 from samfast.transfer import to_device
 

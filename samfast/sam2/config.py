@@ -19,12 +19,6 @@ D_MODEL = 256  # the neck's width, the prompt encoder's and the mask decoder's
 MEM_DIM = 64  # the memory encoder's output width
 NUM_MASKMEM = 7
 MEMORY_ATTENTION_LAYERS = 4
-# ImageNet statistics, applied to [0, 1] pixels (SAM2Transforms)
-PIXEL_MEAN = (0.485, 0.456, 0.406)
-PIXEL_STD = (0.229, 0.224, 0.225)
-# build_sam2's apply_postprocessing=True: one mask falls back to the best of three when unstable
-DYNAMIC_MULTIMASK_STABILITY_DELTA = 0.05
-DYNAMIC_MULTIMASK_STABILITY_THRESH = 0.98
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from samfast.predictor import Prediction, Prompts, SamPredictor, check_one_prompt_kind
-from samfast.sam2.image_predictor import SAM2ImagePredictor
+from samfast.modeling.sam2_prompting.image_predictor import SAM2ImagePredictor
 from samfast.sam2.sam2_base import SAM2Base
 from samfast.transfer import to_device
 from samfast.transforms import InputError, to_rgb_uint8

@@ -29,10 +29,10 @@ from samfast.sam2.config import (
 )
 from samfast.sam2.memory.attention import MemoryAttention
 from samfast.sam2.memory.encoder import MemoryEncoder
-from samfast.sam2.mlp import MLP
-from samfast.sam2.sam.mask_decoder import Sam2MaskDecoder
-from samfast.sam2.sam.prompt_encoder import Sam2PromptEncoder
-from samfast.sam2.sam.transformer import Sam2TwoWayTransformer
+from samfast.modeling.sam2_prompting.mlp import MLP
+from samfast.modeling.sam2_prompting.mask_decoder import Sam2MaskDecoder
+from samfast.modeling.sam2_prompting.prompt_encoder import Sam2PromptEncoder
+from samfast.modeling.sam2_prompting.transformer import Sam2TwoWayTransformer
 from samfast.sam2.tracker import SAM2Tracking, TrackingSettings
 
 

@@ -76,7 +76,7 @@ def test_sam2_decoder_compiled_with_its_kernels_pads_to_the_widest_and_never_rec
     tests/gpu/test_decoder_attention_gpu.py runs the kernels themselves. The fused graph's threshold is
     lowered from 32 prompts to 4 (the routing reads it per call): the decoder's arithmetic over 32 prompts,
     compiled and eager, was most of this test's time on 2 cores, and the routing is the same at any count."""
-    from samfast.sam2.sam import mask_decoder
+    from samfast.modeling.sam2_prompting import mask_decoder
     from tests.decoder_kernel_ops import kernels_as_torch_ops
     from tests.sam2_decoder_inputs import sam2_decoder_inputs
 

@@ -1,7 +1,7 @@
 """The triton switch in tracking: Hiera's small-window attentions, the decoder's upscaling, the memory keys and
 the mask downsampler's first convs on their kernels (interpreted on the CPU) give fp32 tracking's masks, and no
 call falls back. The decoder's cross attentions
-stay on the module path for a tracked frame's few prompts (samfast.sam2.sam.mask_decoder.MIN_FUSED_PROMPTS:
+stay on the module path for a tracked frame's few prompts (samfast.modeling.sam2_prompting.mask_decoder.MIN_FUSED_PROMPTS:
 on an H100 the kernels took 2.8x its time for one prompt).
 
 Seeded sam2.1_hiera_nano at the video gate's 256 input, the gate's generated clip (its objects clicked

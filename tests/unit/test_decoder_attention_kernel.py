@@ -29,7 +29,7 @@ from samfast.kernels import (  # noqa: E402
     token_to_image_attention_reference,
 )
 from samfast.modeling.transformer import Attention  # noqa: E402
-from samfast.sam2.sam.mask_decoder import MIN_FUSED_PROMPTS  # noqa: E402
+from samfast.modeling.sam2_prompting.mask_decoder import MIN_FUSED_PROMPTS  # noqa: E402
 from tests.decoder_inputs import decoder_inputs  # noqa: E402
 from tests.kernel_accuracy import node_seed, relative_error  # noqa: E402
 

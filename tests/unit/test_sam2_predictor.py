@@ -25,7 +25,7 @@ pytest.importorskip("sam2", reason="the SAM 2 reference package sam2==1.1.0 is n
 
 from samfast.sam2 import SAM2ImagePredictor
 from samfast.sam2.build import build_sam2_model
-from samfast.sam2.transforms import SAM2Transforms
+from samfast.modeling.sam2_prompting.transforms import SAM2Transforms
 
 
 def demo_photo() -> Path | None:

@@ -33,7 +33,7 @@ from parity.checks.switch_proofs import PROOFS, RunTrace
 from samfast.errors import StageError
 from samfast.families import family_of
 from samfast import build
-from samfast.sam2.sam.mask_decoder import Sam2MaskDecoder
+from samfast.modeling.sam2_prompting.mask_decoder import Sam2MaskDecoder
 from samfast.sam2.config import sam2_config
 from samfast.sam2.sam2_base import build_sam2_modules
 from samfast.stages import apply_stages, parse_stages

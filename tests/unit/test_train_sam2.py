@@ -17,8 +17,8 @@ from parity.golden.scenes import generate_scenes
 from samfast import build_sam
 from samfast.checkpoint import CheckpointError, resolve_checkpoint
 from samfast.sam2.checkpoint import synthetic_state_dict
-from samfast.sam2.image_predictor import SAM2ImagePredictor
-from samfast.sam2.transforms import SAM2Transforms
+from samfast.modeling.sam2_prompting.image_predictor import SAM2ImagePredictor
+from samfast.modeling.sam2_prompting.transforms import SAM2Transforms
 from samfast.transforms import preprocess_shape
 from tinysam.configs import SAM2_NANO
 from tinysam.data import BatchSampler, DeviceData, build_pool

@@ -10,14 +10,16 @@ attention path is the stages' choice: samfast.stages.apply_stages).
 from __future__ import annotations
 
 from samfast.modeling.transformer import Attention, TwoWayTransformer
-from samfast.sam2.mlp import MLP
+from samfast.modeling.sam2_prompting.mlp import MLP
 
 
 class Sam2TwoWayTransformer(TwoWayTransformer):
-    def __init__(self, depth: int, embedding_dim: int, num_heads: int, mlp_dim: int) -> None:
+    def __init__(self, depth: int, embedding_dim: int, num_heads: int, mlp_dim: int, sam1_mlp_keys: bool = False) -> None:
+        """sam1_mlp_keys: keep SAM 1's MLP (`mlp.lin1`, `mlp.lin2`), as SAM 3's tracker names it."""
         super().__init__(depth=depth, embedding_dim=embedding_dim, num_heads=num_heads, mlp_dim=mlp_dim)
-        for layer in self.layers:
-            layer.mlp = MLP(embedding_dim, mlp_dim, embedding_dim, num_layers=2)
+        if not sam1_mlp_keys:
+            for layer in self.layers:
+                layer.mlp = MLP(embedding_dim, mlp_dim, embedding_dim, num_layers=2)
         for module in self.modules():
             if isinstance(module, Attention):
                 module.attn_impl = "sdpa"

@@ -13,17 +13,20 @@ from __future__ import annotations
 import numpy as np
 import torch
 from PIL import Image
+from torch import nn
 
-from samfast.sam2.sam2_base import SAM2Base
-from samfast.sam2.transforms import SAM2Transforms
+from samfast.modeling.sam2_prompting.transforms import SAM2Transforms
 from samfast.transfer import to_device
 
 
 class SAM2ImagePredictor:
     def __init__(
-        self, sam_model: SAM2Base, mask_threshold: float = 0.0, max_hole_area: float = 0.0, max_sprinkle_area: float = 0.0, **kwargs
+        self, sam_model: nn.Module, mask_threshold: float = 0.0, max_hole_area: float = 0.0, max_sprinkle_area: float = 0.0, **kwargs
     ) -> None:
-        """max_hole_area / max_sprinkle_area > 0: see SAM2Transforms.postprocess_masks (warned and skipped)."""
+        """sam_model: what has SAM 2's prompt path (image_size, device, sam_prompt_encoder, sam_mask_decoder;
+        image_features for set_image): samfast.sam2.SAM2Base, or SAM 3's interactive heads (features set
+        from outside, as sam3's predict_inst sets them).
+        max_hole_area / max_sprinkle_area > 0: see SAM2Transforms.postprocess_masks (warned and skipped)."""
         self.model = sam_model
         self._transforms = SAM2Transforms(sam_model.image_size, mask_threshold, max_hole_area, max_sprinkle_area)
         self.mask_threshold = mask_threshold

@@ -20,12 +20,13 @@ from samfast import kernels
 from samfast.kernels.decoder_attention import TOO_MANY_TOKENS, max_fused_tokens
 from samfast.kernels.dispatch import note_fallback
 from samfast.modeling.mask_decoder import MaskDecoder, padded_to_two
-from samfast.sam2.config import (
-    DYNAMIC_MULTIMASK_STABILITY_DELTA,
-    DYNAMIC_MULTIMASK_STABILITY_THRESH,
-)
-from samfast.sam2.mlp import MLP
-from samfast.sam2.sam.transformer import Sam2TwoWayTransformer
+from samfast.modeling.sam2_prompting.mlp import MLP
+from samfast.modeling.sam2_prompting.transformer import Sam2TwoWayTransformer
+
+# build_sam2's apply_postprocessing=True (and SAM 3's tracker): one mask falls back to the best of three
+# when unstable
+DYNAMIC_MULTIMASK_STABILITY_DELTA = 0.05
+DYNAMIC_MULTIMASK_STABILITY_THRESH = 0.98
 
 # the fewest prompts in a call that the triton switch's cross attentions take (_fills_fused_kernels):
 # below it the module path was faster (docs/measurements/amg/decoder-fused-threshold-h100-2026-11-26.md)

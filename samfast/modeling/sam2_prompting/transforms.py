@@ -14,7 +14,9 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from samfast.sam2.config import PIXEL_MEAN, PIXEL_STD
+# ImageNet statistics, applied to [0, 1] pixels
+PIXEL_MEAN = (0.485, 0.456, 0.406)
+PIXEL_STD = (0.229, 0.224, 0.225)
 
 
 def to_tensor(image: np.ndarray | Image.Image) -> torch.Tensor:
