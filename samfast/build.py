@@ -35,7 +35,7 @@ def build_sam(
     or switches joined by '+' (see samfast.LADDER), of those the family builds (built_switches).
     batch_size: with the compile switch the encoder always runs batches of exactly this size
     (smaller ones padded, larger ones split), so it never recompiles. module_options: the family's
-    build_modules keywords (SAM 2: dynamic_multimask_via_stability).
+    build_modules keywords (SAM 2: dynamic_multimask_via_stability; SAM 3: enable_inst_interactivity).
     """
     family = family_of(model_type)
     config = family.config(model_type)
@@ -61,8 +61,9 @@ def build_sam(
         state = unwrap_state_dict(checkpoint)
     else:
         state = read_checkpoint(checkpoint, model_type)  # unwraps {"model": ...} too
-    family.check_state_dict(state, config, {k: v.shape for k, v in model.state_dict().items()})
-    model.load_state_dict(family.model_layout(state))
+    expected = {k: v.shape for k, v in model.state_dict().items()}
+    family.check_state_dict(state, config, expected)
+    model.load_state_dict(family.model_layout(state, expected))
     model.eval().requires_grad_(False)
     model.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model.static_batch = batch_size if "compile" in switches else None

@@ -214,3 +214,46 @@ def seed_image_model_weights(model: nn.Module, seed: int) -> None:
             else:
                 param.copy_(noise * 0.1 + (1.0 if id(param) in norms else 0.0))
 
+
+
+def sam3_interactive_predictor(config) -> nn.Module:
+    """sam3's SAM3InteractiveImagePredictor (model/sam1_task_predictor.py) over the tracker parts its
+    predict_inst uses, built as Sam3TrackerBase._build_sam_heads builds them but at `config`'s width and
+    image size: sam3's tracker is built at 1008 px and width 256 whatever the image model's sizes, so
+    the heads stand in a small module with the tracker's attributes (its _prepare_backbone_features
+    itself), and the predictor's hard-coded feature sizes are set to this model's."""
+    from sam3.model.sam1_task_predictor import SAM3InteractiveImagePredictor
+    from sam3.model.sam3_tracker_base import Sam3TrackerBase
+    from sam3.sam.mask_decoder import MaskDecoder
+    from sam3.sam.prompt_encoder import PromptEncoder
+    from sam3.sam.transformer import TwoWayTransformer
+
+    d_model, grid = config.d_model, config.grid_size
+
+    class TrackerHeads(nn.Module):
+        num_feature_levels = 3
+        _prepare_backbone_features = Sam3TrackerBase._prepare_backbone_features
+
+        def __init__(self):
+            super().__init__()
+            self.image_size = config.image_size
+            self.sam_prompt_encoder = PromptEncoder(embed_dim=d_model, image_embedding_size=(grid, grid),
+                                                    input_image_size=(config.image_size, config.image_size),
+                                                    mask_in_chans=16)
+            self.sam_mask_decoder = MaskDecoder(
+                num_multimask_outputs=3,
+                transformer=TwoWayTransformer(depth=2, embedding_dim=d_model, mlp_dim=8 * d_model, num_heads=8),
+                transformer_dim=d_model, iou_head_depth=3, iou_head_hidden_dim=d_model, use_high_res_features=True,
+                iou_prediction_use_sigmoid=True, pred_obj_scores=True, pred_obj_scores_mlp=True,
+                use_multimask_token_for_obj_ptr=True, dynamic_multimask_via_stability=True,
+                dynamic_multimask_stability_delta=0.05, dynamic_multimask_stability_thresh=0.98,
+            )
+            self.no_mem_embed = nn.Parameter(torch.zeros(1, 1, d_model))
+
+        @property
+        def device(self) -> torch.device:
+            return self.no_mem_embed.device
+
+    predictor = SAM3InteractiveImagePredictor(TrackerHeads())
+    predictor._bb_feat_sizes = [(4 * grid, 4 * grid), (2 * grid, 2 * grid), (grid, grid)]
+    return predictor

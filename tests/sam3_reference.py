@@ -24,7 +24,7 @@ from unittest import mock
 import torch
 
 from samfast.checkpoint import key_generator
-from samfast.sam3.checkpoint import DETECTOR_PREFIX, INTERACTIVE_PREFIX, TRACKER_PREFIX
+from samfast.sam3.checkpoint import DETECTOR_PREFIX, INTERACTIVE_PREFIX, TRACKER_PREFIX, of_video_only
 from samfast.sam3.tokenizer import bpe_vocab_path
 
 # The text encoder's two tensors that sam3 allocates with torch.empty and never initialises (the
@@ -200,6 +200,15 @@ def reference_layouts(seed: int = 0) -> dict[str, dict[str, list]]:
     del interactive
     layouts["image"] = layout(build_reference_image_model(seed).state_dict())
     return layouts
+
+
+def samfast_image_layout(layouts: Mapping[str, Mapping[str, list]], interactive: bool) -> dict[str, list]:
+    """The layout of samfast's image model: sam3's, and with interactivity sam3's interactive one without
+    the tracker's video parts, which samfast's image model does not hold (samfast.sam3.checkpoint)."""
+    if not interactive:
+        return dict(layouts["image"])
+    return {key: entry for key, entry in layouts["image_interactive"].items()
+            if not (key.startswith(INTERACTIVE_PREFIX) and of_video_only(key[len(INTERACTIVE_PREFIX):]))}
 
 
 def write_layouts(layouts: Mapping[str, Mapping[str, list]], path: Path = LAYOUTS_FILE) -> None:

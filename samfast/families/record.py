@@ -28,9 +28,10 @@ class Family:
     reference: str  # the package whose fp32 outputs samfast's equal: the goldens' and the bench's reference
     tasks: frozenset[str]  # the parity tasks (parity.tasks.registry) the family supports
     official_checkpoint: str  # the official file names of a model type, "{model_type}" filled in: for messages
-    # the checkpoint's state dict as the model names its keys (SAM 3's sam3.pt nests the image model
-    # under "detector."); the same dict where the two layouts are one
-    model_layout: Callable[[StateDict], Mapping[str, torch.Tensor]] = lambda state: state
+    # (state dict, the model's shapes by key) -> the checkpoint's state dict as the model names its keys
+    # (SAM 3's sam3.pt nests the image model under "detector.", and what of its tracker the model holds
+    # depends on how it was built); the same dict where the two layouts are one
+    model_layout: Callable[[StateDict, Mapping[str, torch.Size]], Mapping[str, torch.Tensor]] = lambda state, expected: state
     # the seed of build_sam(checkpoint=None) when none is given; None: seeded weights need seed=N
     # (where the reference would download the official weights, random ones must be asked for)
     default_seed: int | None = 0

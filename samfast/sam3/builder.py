@@ -40,7 +40,6 @@ def build_sam3_image_model(
     refused = {
         "eval_mode=False": not eval_mode,
         "enable_segmentation=False": not enable_segmentation,
-        "enable_inst_interactivity=True (predict_inst)": enable_inst_interactivity,
     }
     if unbuilt := [name for name, asked in refused.items() if asked]:
         raise NotImplementedError(
@@ -51,4 +50,4 @@ def build_sam3_image_model(
     # shapes, no recompile); samfast.build_sam("sam3", stages=...) takes the faster stages
     stages = "fp32+compile+sdpa" if compile else "fp32+sdpa"
     return build_sam(MODEL_TYPE, checkpoint_path, seed=seed, device=device, stages=stages,
-                     tokenizer=build_tokenizer(bpe_path=bpe_path))
+                     tokenizer=build_tokenizer(bpe_path=bpe_path), enable_inst_interactivity=enable_inst_interactivity)

@@ -26,6 +26,8 @@ from samfast.checkpoint import (
     unwrap_state_dict,
 )
 from samfast.families import family_of_state_dict
+from samfast.modeling.common import LayerNorm2d
+from samfast.modeling.prompt_encoder import PositionEmbeddingRandom
 from samfast.sam3.config import CONFIGS, Sam3Config, build_image_model, model_type_of, sam3_config
 from samfast.sam3.vit import Attention as VitAttention
 
@@ -36,6 +38,13 @@ INTERACTIVE_PREFIX = "inst_interactive_predictor.model."
 # The neck's second branch, the SAM 2-style features the interactive predictor reads: every sam3.pt
 # holds it, the image model builds it only with enable_inst_interactivity.
 SAM2_NECK_PREFIX = "backbone.vision_backbone.sam2_convs."
+# The tracker's parts that only video uses (the memory attention and encoder, the object pointers): sam3
+# builds them into its interactive predictor and never runs them for images; samfast's image model holds
+# the heads alone (samfast.sam3.interactive), so these keys of sam3.pt are left out, by name, and any
+# other tracker key must be the heads'.
+TRACKER_VIDEO_PARTS = frozenset({"transformer", "maskmem_backbone", "maskmem_tpos_enc", "mask_downsample",
+                                 "no_mem_pos_enc", "no_obj_embed_spatial", "no_obj_ptr", "obj_ptr_proj",
+                                 "obj_ptr_tpos_proj"})
 IMAGE_KEY = "backbone.vision_backbone.trunk.patch_embed.proj.weight"  # in every SAM 3 image model
 SAM3_KEY = DETECTOR_PREFIX + IMAGE_KEY  # in every sam3.pt
 _FIX = "pass the path of sam3.pt (or its state dict), or seeded weights with checkpoint=None and seed=N"
@@ -43,9 +52,10 @@ _FIX = "pass the path of sam3.pt (or its state dict), or seeded weights with che
 
 def image_state_dict(checkpoint: Mapping[str, torch.Tensor], enable_inst_interactivity: bool = False) -> dict[str, torch.Tensor]:
     """A sam3.pt state dict in the image model's layout, as sam3's image loader maps it: `detector.` keys
-    lose the prefix, `tracker.` keys go under `inst_interactive_predictor.model.` with interactivity and
-    are left out without it, as is the neck's second branch (SAM2_NECK_PREFIX) that only interactivity
-    builds. A key under neither prefix is kept as it is, so the strict check names it as unexpected."""
+    lose the prefix, `tracker.` keys go under `inst_interactive_predictor.model.` with interactivity (but
+    TRACKER_VIDEO_PARTS') and are left out without it, as is the neck's second branch (SAM2_NECK_PREFIX)
+    that only interactivity builds. A key under neither prefix is kept as it is, so the strict check
+    names it as unexpected."""
     state = {}
     for key, value in checkpoint.items():
         if key.startswith(DETECTOR_PREFIX):
@@ -53,11 +63,17 @@ def image_state_dict(checkpoint: Mapping[str, torch.Tensor], enable_inst_interac
             if not enable_inst_interactivity and key.startswith(SAM2_NECK_PREFIX):
                 continue
         elif key.startswith(TRACKER_PREFIX):
-            if not enable_inst_interactivity:
+            key = key[len(TRACKER_PREFIX):]
+            if not enable_inst_interactivity or of_video_only(key):
                 continue
-            key = INTERACTIVE_PREFIX + key[len(TRACKER_PREFIX):]
+            key = INTERACTIVE_PREFIX + key
         state[key] = value
     return state
+
+
+def of_video_only(tracker_key: str) -> bool:
+    """Whether a tracker key (without `tracker.`) is of a part only video uses (TRACKER_VIDEO_PARTS)."""
+    return tracker_key.split(".")[0] in TRACKER_VIDEO_PARTS
 
 
 def refuse_non_sam3(state_dict: Mapping[str, torch.Tensor]) -> None:
@@ -126,30 +142,36 @@ def check_sam3_state_dict(
         what = found or f"a SAM 3 of trunk width {width} and {depth} blocks, of no model type samfast knows"
         raise CheckpointError(f"this checkpoint is {what}; you asked for {wanted}. "
                               + (f"Call build_sam({found!r}, checkpoint=...), or {_FIX}." if found else f"{_FIX[0].upper()}{_FIX[1:]}."))
-    refuse_layout_mismatch(model_layout(state_dict), expected, wanted)
+    refuse_layout_mismatch(model_layout(state_dict, expected), expected, wanted)
 
 
-def model_layout(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """sam3.pt's state dict as the image model names it (no instance-interactivity predictor)."""
-    return image_state_dict(state_dict, enable_inst_interactivity=False)
+def model_layout(state_dict: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Size] | None = None) -> dict[str, torch.Tensor]:
+    """sam3.pt's state dict as the image model whose keys are `expected` names it: with the interactive
+    predictor's keys when that model has them (enable_inst_interactivity), without them otherwise or
+    when `expected` is not given."""
+    interactive = expected is not None and any(key.startswith(INTERACTIVE_PREFIX) for key in expected)
+    return image_state_dict(state_dict, enable_inst_interactivity=interactive)
 
 
 def synthetic_state_dict(model_type: str, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Deterministic random weights for a SAM 3 model type, in sam3.pt's layout (the detector's keys).
+    """Deterministic random weights for a SAM 3 model type, in sam3.pt's layout: the detector's keys (the
+    neck's second branch too) and the tracker's that predict_inst reads (not TRACKER_VIDEO_PARTS').
 
     As SAM 1's and SAM 2's: every tensor from its own generator seeded by (seed, key), fan-in scales
     for projections (their packed in_proj_weight too) so activations stay O(1), norms near identity,
-    N(0, 1) token embeddings, small other tables; the ViT's RoPE tables are computed, as a checkpoint
-    holds them. Built on the meta device: nothing but the returned tensors is allocated."""
+    N(0, 1) token embeddings and random-Fourier position table, small other tables; the ViT's RoPE
+    tables are computed, as a checkpoint holds them. Built on the meta device: nothing but the returned tensors is allocated."""
     with torch.device("meta"):
-        model = build_image_model(sam3_config(model_type), tokenizer=lambda phrases: None)
+        model = build_image_model(sam3_config(model_type), tokenizer=lambda phrases: None, enable_inst_interactivity=True)
     state = {}
     for module_name, module in model.named_modules():
         prefix = f"{DETECTOR_PREFIX}{module_name}." if module_name else DETECTOR_PREFIX
+        if prefix.startswith(DETECTOR_PREFIX + INTERACTIVE_PREFIX):
+            prefix = TRACKER_PREFIX + prefix[len(DETECTOR_PREFIX + INTERACTIVE_PREFIX):]
         for leaf, tensor in module.named_parameters(recurse=False):
             key = prefix + leaf
             noise = torch.randn(tensor.shape, generator=key_generator(seed, key))
-            if isinstance(module, (nn.LayerNorm, nn.GroupNorm)):
+            if isinstance(module, (nn.LayerNorm, nn.GroupNorm, LayerNorm2d)):
                 state[key] = 1.0 + 0.02 * noise if leaf == "weight" else 0.02 * noise
             elif isinstance(module, nn.Embedding):
                 state[key] = noise
@@ -162,8 +184,12 @@ def synthetic_state_dict(model_type: str, seed: int = 0) -> dict[str, torch.Tens
                 state[key] = 0.05 * noise
         persistent = set(module.state_dict(keep_vars=True)) & {name for name, _ in module.named_buffers(recurse=False)}
         for leaf in sorted(persistent):
-            if not (isinstance(module, VitAttention) and leaf == "freqs_cis"):
+            if isinstance(module, VitAttention) and leaf == "freqs_cis":
+                with torch.device("cpu"):
+                    state[prefix + leaf] = module.rope_table()
+            elif isinstance(module, PositionEmbeddingRandom):  # N(0, 1), as sam2 and sam3 draw it
+                state[prefix + leaf] = torch.randn(module.positional_encoding_gaussian_matrix.shape,
+                                                   generator=key_generator(seed, prefix + leaf))
+            else:
                 raise TypeError(f"{prefix}{leaf}: a saved buffer synthetic_state_dict does not know how to make")
-            with torch.device("cpu"):
-                state[prefix + leaf] = module.rope_table()
     return state

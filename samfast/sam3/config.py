@@ -16,6 +16,7 @@ from samfast.sam3.detr_decoder import DetrDecoder
 from samfast.sam3.fusion_encoder import FusionEncoder
 from samfast.sam3.geometry_encoder import SequenceGeometryEncoder
 from samfast.sam3.image_model import DetectorTransformer, Sam3ImageModel, VisionLanguageBackbone
+from samfast.sam3.interactive import InteractiveHeads, InteractivePredictor
 from samfast.sam3.neck import Sam3DualViTDetNeck
 from samfast.sam3.scoring import DotProductScoring
 from samfast.sam3.segmentation_head import UniversalSegmentationHead
@@ -115,11 +116,14 @@ def model_type_of(config: Sam3Config) -> str:
 
 
 def build_image_model(
-    config: Sam3Config = SAM3_IMAGE, tokenizer: Callable[..., torch.Tensor] | None = None
+    config: Sam3Config = SAM3_IMAGE, tokenizer: Callable[..., torch.Tensor] | None = None,
+    enable_inst_interactivity: bool = False,
 ) -> Sam3ImageModel:
     """samfast's SAM 3 image model at `config`'s sizes, in eval mode, with untrained weights: load a
     state dict into it (sam3's Sam3Image's, strictly).
-    `tokenizer` defaults to open_clip's BPE tokenizer with sam3's settings."""
+    `tokenizer` defaults to open_clip's BPE tokenizer with sam3's settings. enable_inst_interactivity:
+    also the neck's second branch and the tracker's heads for point and box prompts (predict_inst), as
+    sam3's builder adds them."""
     c = config
     trunk = ViT(
         img_size=c.image_size,
@@ -132,7 +136,8 @@ def build_image_model(
         window_size=c.vit_window_size,
         global_att_blocks=c.vit_global_blocks,
     )
-    neck = Sam3DualViTDetNeck(trunk, c.d_model, c.neck_scale_factors, add_sam2_neck=c.add_sam2_neck)
+    neck = Sam3DualViTDetNeck(trunk, c.d_model, c.neck_scale_factors,
+                              add_sam2_neck=c.add_sam2_neck or enable_inst_interactivity)
     text = TextEncoder(
         c.d_model,
         tokenizer if tokenizer is not None else build_tokenizer(c.context_length),
@@ -153,4 +158,6 @@ def build_image_model(
         segmentation_head=UniversalSegmentationHead(c.d_model, c.mask_upsampling_stages, c.num_heads),
         dot_prod_scoring=DotProductScoring(c.d_model, c.d_model, c.scoring_mlp_dim),
     )
+    if enable_inst_interactivity:
+        model.inst_interactive_predictor = InteractivePredictor(InteractiveHeads(c.d_model, c.image_size, c.patch_size))
     return model.eval()

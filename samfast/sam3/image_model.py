@@ -36,6 +36,7 @@ from samfast.sam3.detr_decoder import DetrDecoder
 from samfast.sam3.fusion_encoder import FusionEncoder
 from samfast.sam3.geometric_prompt import Prompt
 from samfast.sam3.geometry_encoder import SequenceGeometryEncoder
+from samfast.sam3.interactive import InteractivePredictor, predict_inst, predict_inst_batch
 from samfast.sam3.neck import Sam3DualViTDetNeck
 from samfast.sam3.scoring import DotProductScoring
 from samfast.sam3.segmentation_head import UniversalSegmentationHead
@@ -117,9 +118,20 @@ class Sam3ImageModel(nn.Module):
         self.transformer = transformer
         self.segmentation_head = segmentation_head
         self.dot_prod_scoring = dot_prod_scoring
+        # the point and box predictor (samfast.sam3.interactive), built with enable_inst_interactivity
+        self.inst_interactive_predictor: InteractivePredictor | None = None
 
     # set by compile_prompt_path (the compile switch): prompts per call -> forward_grounding's graph
     compiled_grounding: dict | None = None
+
+    def predict_inst(self, inference_state: dict, **kwargs) -> tuple:
+        """sam3's predict_inst: point and box prompts (SAM2ImagePredictor.predict's arguments) on the
+        image of Sam3Processor.set_image's state; (masks, IoU predictions, low-res logits) as numpy."""
+        return predict_inst(self.inst_interactive_predictor, inference_state, **kwargs)
+
+    def predict_inst_batch(self, inference_state: dict, *args, **kwargs) -> tuple:
+        """sam3's predict_inst_batch: prompts per image of Sam3Processor.set_image_batch's state."""
+        return predict_inst_batch(self.inst_interactive_predictor, inference_state, *args, **kwargs)
 
     @property
     def device(self) -> torch.device:

@@ -85,7 +85,7 @@ class Sam3Processor:
         state = {} if state is None else state
         pixels = self.transform(image)
         state["original_height"], state["original_width"] = _size_of(image)
-        state["backbone_out"] = self.model.backbone.forward_image(pixels[None])
+        state["backbone_out"] = self._encode(pixels[None])
         return state
 
     @torch.inference_mode()
@@ -99,8 +99,16 @@ class Sam3Processor:
         state = {} if state is None else state
         state["original_heights"] = [image.height for image in images]
         state["original_widths"] = [image.width for image in images]
-        state["backbone_out"] = self.model.backbone.forward_image(torch.stack([self.transform(im) for im in images]))
+        state["backbone_out"] = self._encode(torch.stack([self.transform(im) for im in images]))
         return state
+
+    def _encode(self, pixels: torch.Tensor) -> dict:
+        """The backbone's outputs; with the point and box predictor, its features prepared for it (the
+        decoder's conv_s0 / conv_s1 on the SAM 2-style levels), as sam3's set_image does."""
+        backbone_out = self.model.backbone.forward_image(pixels)
+        if self.model.inst_interactive_predictor is not None and backbone_out.get("sam2_backbone_out") is not None:
+            self.model.inst_interactive_predictor.prepare_features(backbone_out["sam2_backbone_out"])
+        return backbone_out
 
     @torch.inference_mode()
     def set_text_prompt(self, prompt: str, state: dict) -> dict:

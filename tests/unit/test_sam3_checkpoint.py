@@ -12,11 +12,13 @@ import torch
 
 from samfast.checkpoint import CheckpointError
 from samfast.sam3.checkpoint import (
+    INTERACTIVE_PREFIX,
     SAM2_NECK_PREFIX,
+    TRACKER_VIDEO_PARTS,
     image_state_dict,
     read_sam3_checkpoint,
 )
-from tests.sam3_reference import import_model_builder, read_layouts
+from tests.sam3_reference import import_model_builder, read_layouts, samfast_image_layout
 
 DTYPES = {"float32": torch.float32, "complex64": torch.complex64}
 
@@ -55,7 +57,9 @@ class _Capture:
 @pytest.mark.parametrize("interactive", [False, True])
 def test_mapping_is_sam3_loaders(official, layouts, tmp_path, interactive):
     """sam3's loader and ours map the same file to the same keys and tensors; without interactivity sam3
-    keeps the neck's second branch, which its model then ignores (strict=False) and ours leaves out."""
+    keeps the neck's second branch, which its model then ignores (strict=False) and ours leaves out; with
+    it, sam3 keeps the tracker's video parts, which its predictor holds and never runs for images, and ours
+    leaves out (TRACKER_VIDEO_PARTS)."""
     path = tmp_path / "sam3.pt"
     tiny = {key: torch.tensor(float(i)) for i, key in enumerate(official)}  # values tell the keys apart
     torch.save({"model": tiny}, path)
@@ -63,12 +67,16 @@ def test_mapping_is_sam3_loaders(official, layouts, tmp_path, interactive):
     import_model_builder()._load_checkpoint(capture, str(path))
     ours = image_state_dict(tiny, enable_inst_interactivity=interactive)
     theirs = capture.loaded
-    if not interactive:
-        assert {k for k in theirs if k not in ours} == {k for k in theirs if k.startswith(SAM2_NECK_PREFIX)} != set()
-        theirs = {k: v for k, v in theirs.items() if k in ours}
+    left_out = {k for k in theirs if k not in ours}
+    if interactive:
+        parts = {k[len(INTERACTIVE_PREFIX):].split(".")[0] for k in left_out if k.startswith(INTERACTIVE_PREFIX)}
+        assert parts == TRACKER_VIDEO_PARTS and len(left_out) == 160
+    else:
+        assert left_out == {k for k in theirs if k.startswith(SAM2_NECK_PREFIX)} != set()
+    theirs = {k: v for k, v in theirs.items() if k in ours}
     assert capture.strict is False and ours.keys() == theirs.keys()
     assert all(torch.equal(ours[k], theirs[k]) for k in ours)
-    assert set(ours) == set(layouts["image_interactive" if interactive else "image"])
+    assert set(ours) == set(samfast_image_layout(layouts, interactive))
 
 
 @pytest.mark.parametrize("interactive", [False, True])
@@ -77,7 +85,7 @@ def test_full_layout_file_reads_strictly(official, layouts, tmp_path, interactiv
     """The full sam3.pt layout, at the top level or under "model", fits the image model's own layout."""
     path = tmp_path / "sam3.pt"
     torch.save({"model": official} if wrapped else official, path)
-    image = layouts["image_interactive" if interactive else "image"]
+    image = samfast_image_layout(layouts, interactive)
     state = read_sam3_checkpoint(path, _shapes(image), enable_inst_interactivity=interactive)
     assert {k: [list(v.shape), str(v.dtype).removeprefix("torch.")] for k, v in state.items()} == image
     assert sum(v.numel() for v in state.values()) == sum(math.prod(shape) for shape, _ in image.values())
@@ -103,10 +111,17 @@ def test_missing_unexpected_and_misshapen_keys_in_one_error(official, layouts):
 def test_tracker_keys_needed_with_interactivity(official, layouts):
     detector_only = {k: v for k, v in official.items() if k.startswith("detector.")}
     read_sam3_checkpoint(detector_only, _shapes(layouts["image"]))  # the image model alone needs no tracker
-    tracker = sum(k.startswith("tracker.") for k in official)
-    assert tracker == 309
-    with pytest.raises(CheckpointError, match=rf"missing keys \({tracker}\): inst_interactive_predictor\.model\."):
-        read_sam3_checkpoint(detector_only, _shapes(layouts["image_interactive"]), enable_inst_interactivity=True)
+    assert sum(k.startswith("tracker.") for k in official) == 309
+    # the 149 of the heads (prompt encoder, mask decoder, no_mem_embed); not the 160 of video's parts
+    with pytest.raises(CheckpointError, match=r"missing keys \(149\): inst_interactive_predictor\.model\."):
+        read_sam3_checkpoint(detector_only, _shapes(samfast_image_layout(layouts, True)), enable_inst_interactivity=True)
+
+
+def test_an_unknown_tracker_key_is_unexpected_with_interactivity(official, layouts):
+    """A tracker key of no part samfast knows (neither the heads nor TRACKER_VIDEO_PARTS) is named."""
+    state = {**official, "tracker.new_part.weight": torch.zeros(1)}
+    with pytest.raises(CheckpointError, match=r"unexpected keys \(1\): inst_interactive_predictor\.model\.new_part\.weight"):
+        read_sam3_checkpoint(state, _shapes(samfast_image_layout(layouts, True)), enable_inst_interactivity=True)
 
 
 def _sam1_vit_b() -> dict[str, torch.Tensor]:

@@ -14,7 +14,7 @@ from samfast.errors import StageError
 from samfast.families import family_of, family_of_state_dict
 from samfast.sam3 import Sam3Processor, build_sam3_image_model
 from samfast.sam3 import checkpoint as sam3_checkpoint
-from samfast.sam3.checkpoint import DETECTOR_PREFIX, SAM2_NECK_PREFIX, model_layout, synthetic_state_dict
+from samfast.sam3.checkpoint import DETECTOR_PREFIX, SAM2_NECK_PREFIX, TRACKER_PREFIX, model_layout, synthetic_state_dict
 from samfast.sam3.config import SAM3_IMAGE, SAM3_REDUCED, build_image_model
 from samfast.sam3.vit import Attention
 from tests.sam3_reference import read_layouts
@@ -27,13 +27,19 @@ def seeded() -> dict[str, torch.Tensor]:
     return synthetic_state_dict(REDUCED, seed=0)
 
 
-def test_seeded_weights_are_sam3_pts_layout_and_load_strictly(seeded):
+@pytest.mark.parametrize("interactive", [False, True])
+def test_seeded_weights_are_sam3_pts_layout_and_load_strictly(seeded, interactive):
+    """The detector's keys, and the tracker's that predict_inst reads: a model built with or without
+    enable_inst_interactivity takes what it holds of them."""
     assert family_of_state_dict(seeded) is family_of("sam3")
-    assert all(key.startswith(DETECTOR_PREFIX) for key in seeded)
-    model = samfast.build_sam(REDUCED, seed=0, device="cpu")
+    tracker = {key.split(".")[1] for key in seeded if key.startswith(TRACKER_PREFIX)}
+    assert tracker == {"sam_prompt_encoder", "sam_mask_decoder", "no_mem_embed"}
+    assert all(key.startswith((DETECTOR_PREFIX, TRACKER_PREFIX)) for key in seeded)
+    model = samfast.build_sam(REDUCED, seed=0, device="cpu", enable_inst_interactivity=interactive)
     state = model.state_dict()
-    mapped = model_layout(seeded)
+    mapped = model_layout(seeded, {k: v.shape for k, v in state.items()})
     assert state.keys() == mapped.keys() and all(torch.equal(state[k], mapped[k]) for k in state)
+    assert any(k.startswith("inst_interactive_predictor.") for k in state) == interactive
     assert all(torch.isfinite(t).all() for t in seeded.values() if not t.is_complex())
     # the ViT's RoPE tables are computed, as a checkpoint holds them, not drawn
     for name, module in model.named_modules():
@@ -118,8 +124,8 @@ def test_unbuilt_switches_are_refused_before_building():
 
 def test_a_saved_buffer_of_no_known_kind_is_refused(monkeypatch):
     """The planted defect: a new persistent buffer would otherwise be drawn as noise or left out."""
-    def with_a_buffer(config, tokenizer=None):
-        model = build_image_model(config, tokenizer)
+    def with_a_buffer(config, tokenizer=None, enable_inst_interactivity=False):
+        model = build_image_model(config, tokenizer, enable_inst_interactivity)
         model.transformer.register_buffer("table", torch.zeros(3))
         return model
 
@@ -143,8 +149,8 @@ def test_the_full_size_model_reads_sam3_pts_layout():
 @pytest.mark.parametrize("kwargs, error, match", [
     ({}, CheckpointError, r"load_from_HF=True would download sam3.pt .* samfast downloads nothing"),
     ({"load_from_HF": False}, CheckpointError, r"no checkpoint_path was given: .* seeded weights need seed=N"),
-    ({"seed": 0, "enable_inst_interactivity": True}, NotImplementedError, r"enable_inst_interactivity=True \(predict_inst\)"),
-], ids=["hub", "no-checkpoint", "interactivity"])
+    ({"seed": 0, "enable_segmentation": False}, NotImplementedError, r"enable_segmentation=False: not built on samfast"),
+], ids=["hub", "no-checkpoint", "no-segmentation"])
 def test_sam3s_builder_refuses_what_samfast_does_not_do(kwargs, error, match):
     with pytest.raises(error, match=match):
         build_sam3_image_model(device="cpu", **kwargs)
@@ -163,3 +169,8 @@ def test_sam3s_builder_loads_the_file_as_build_sam_does(seeded, tmp_path, monkey
     assert model.switches == {"sdpa"} and {m.attn_impl for m in model.attention_modules().values()} == {"sdpa"}
     compiled = build_sam3_image_model(device="cpu", checkpoint_path=str(path), compile=True)
     assert compiled.switches == {"sdpa", "compile"} and compiled.compiled_grounding is not None
+    # enable_inst_interactivity: the tracker's heads from the same file, for predict_inst
+    interactive = build_sam3_image_model(device="cpu", checkpoint_path=str(path), enable_inst_interactivity=True)
+    state = interactive.state_dict()
+    assert interactive.inst_interactive_predictor is not None and model.inst_interactive_predictor is None
+    assert all(torch.equal(v, model_layout(seeded, state)[k]) for k, v in state.items())
