@@ -1,11 +1,14 @@
 """SAM 3's full-size image model equals sam3 0.1.4's, as sam3 ships it, in fp32 on a GPU (TF32 off).
 
 The CPU tests prove every part at reduced sizes and the full size's layout on the meta device
-(tests/unit/test_sam3_image_model.py); this runs one phrase through both full-size models end to end.
+(tests/unit/test_sam3_image_model.py); this runs one phrase, and points and a box (predict_inst, with
+sam3's real feature sizes, which its predictor hard-codes), through both full-size models end to end.
 On a GPU sam3 needs no shim, and the two ViT-L/14 trunks take a second where the CPU took minutes.
 """
 
 from __future__ import annotations
+
+import warnings
 
 import numpy as np
 import pytest
@@ -23,6 +26,30 @@ from samfast.sam3.processor import Sam3Processor  # noqa: E402
 from tests.sam3_reference import build_reference_image_model  # noqa: E402
 from tests.stage_accuracy import tf32_off  # noqa: E402
 from tests.unit.test_sam3_image_model import assert_results_equal, pil_image  # noqa: E402
+from tests.unit.test_sam3_interactive import assert_outputs_equal  # noqa: E402
+
+
+def test_full_size_predict_inst_equals_sam3s():
+    """sam3's model built with enable_inst_interactivity on "cuda", its weights but the tracker's video
+    parts (which samfast's image model does not hold) loaded strictly into samfast's; points and a box
+    through both predict_inst. The masks are compared where sam3 skipped its hole filling (no connected
+    components installed); the IoU predictions and low-resolution logits, taken before it, always."""
+    theirs = build_reference_image_model(seed=0, device="cuda", enable_inst_interactivity=True)
+    ours = build_image_model(SAM3_IMAGE, enable_inst_interactivity=True)
+    keys = ours.state_dict().keys()
+    ours.load_state_dict({k: v for k, v in theirs.state_dict().items() if k in keys}, strict=True, assign=True)
+    ours = ours.to("cuda").eval()
+    image = torch.from_numpy(np.array(pil_image(seed=4, size=(160, 120)))).permute(2, 0, 1).cuda()
+    prompts = [dict(point_coords=np.array([[80.0, 60.0], [20.0, 100.0]]), point_labels=np.array([1, 0])),
+               dict(box=np.array([30.0, 20.0, 130.0, 100.0]), multimask_output=False)]
+    for prompt in prompts:
+        with tf32_off(), warnings.catch_warnings(record=True) as warned:
+            warnings.simplefilter("always")
+            want = theirs.predict_inst(TheirProcessor(theirs, device="cuda").set_image(image), **prompt)
+            got = ours.predict_inst(Sam3Processor(ours, device="cuda").set_image(image), **prompt)
+        skipped = any("Skipping the post-processing step" in str(w.message) for w in warned)
+        assert_outputs_equal(got if skipped else (want[0], *got[1:]), want)
+        assert got[0].shape[-2:] == (120, 160) and got[2].shape[-2:] == (288, 288)
 
 
 def test_full_size_text_prompt_equals_sam3s():
