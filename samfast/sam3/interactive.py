@@ -72,16 +72,13 @@ class InteractivePredictor(nn.Module):
         decoder = self.model.sam_mask_decoder
         levels[0], levels[1] = decoder.conv_s0(levels[0]), decoder.conv_s1(levels[1])
 
-    def predictor(self, sam2_backbone_out: dict, sizes: list[tuple[int, int]]) -> SAM2ImagePredictor:
+    def predictor(self, sam2_backbone_out: dict, sizes: list[tuple[int, int]], batch: bool = False) -> SAM2ImagePredictor:
         """A SAM2ImagePredictor set to these features (after prepare_features) of images of `sizes`
         ((height, width) each), as sam3's predict_inst sets its: the coarsest level plus no_mem_embed is
         the image embedding, the two finer ones the high-resolution features."""
         levels = sam2_backbone_out["backbone_fpn"][-FEATURE_LEVELS:]
         predictor = SAM2ImagePredictor(self.model, max_hole_area=self.max_hole_area)
-        embed = levels[-1] + self.model.no_mem_embed.view(1, -1, 1, 1)
-        predictor._features = {"image_embed": embed, "high_res_feats": list(levels[:-1])}
-        predictor._orig_hw = list(sizes)
-        predictor._is_image_set = True
+        predictor.set_features(levels[-1] + self.model.no_mem_embed.view(1, -1, 1, 1), levels[:-1], sizes, batch)
         return predictor
 
 
@@ -98,9 +95,7 @@ def predict_inst_batch(interactive: InteractivePredictor | None, state: dict, *a
     (SAM2ImagePredictor.predict_batch's arguments and outputs)."""
     _require_interactive(interactive)
     sizes = list(zip(state["original_heights"], state["original_widths"], strict=True))
-    predictor = interactive.predictor(state["backbone_out"]["sam2_backbone_out"], sizes)
-    predictor._is_batch = True
-    return predictor.predict_batch(*args, **kwargs)
+    return interactive.predictor(state["backbone_out"]["sam2_backbone_out"], sizes, batch=True).predict_batch(*args, **kwargs)
 
 
 def _require_interactive(interactive: InteractivePredictor | None) -> None:

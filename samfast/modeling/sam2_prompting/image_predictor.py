@@ -64,6 +64,17 @@ class SAM2ImagePredictor:
         self._embed(self._transforms.forward_batch(image_list))
         self._is_batch = True
 
+    def set_features(self, image_embed: torch.Tensor, high_res_feats: list[torch.Tensor],
+                     orig_hw: list[tuple[int, int]], batch: bool = False) -> None:
+        """Take image features made elsewhere, as set_image would leave them: (B, C, H, W) embeddings, the
+        two finer levels, each image's (height, width); batch: for predict_batch (set_image_batch's state).
+        SAM 3's predict_inst sets its image model's features so."""
+        self.reset_predictor()
+        self._features = {"image_embed": image_embed, "high_res_feats": list(high_res_feats)}
+        self._orig_hw = list(orig_hw)
+        self._is_image_set = True
+        self._is_batch = batch
+
     def _embed(self, img_batch: torch.Tensor) -> None:
         image_embed, high_res_feats = self.model.image_features(to_device(img_batch, torch.float, self.device))
         self._features = {"image_embed": image_embed, "high_res_feats": high_res_feats}
