@@ -47,12 +47,12 @@ class SAM2ImagePredictor:
         """Embed one HxWx3 RGB uint8 array or PIL image."""
         self.reset_predictor()
         if isinstance(image, np.ndarray):
-            self._orig_hw = [image.shape[:2]]
+            orig_hw = image.shape[:2]
         elif isinstance(image, Image.Image):
-            self._orig_hw = [(image.height, image.width)]
+            orig_hw = (image.height, image.width)
         else:
             raise NotImplementedError(f"images must be numpy arrays or PIL images, not {type(image).__name__}")
-        self._embed(self._transforms(image)[None])
+        self.set_features(*self._image_features(self._transforms(image)[None]), [orig_hw])
 
     @torch.no_grad()
     def set_image_batch(self, image_list: list[np.ndarray]) -> None:
@@ -60,25 +60,22 @@ class SAM2ImagePredictor:
         self.reset_predictor()
         if not isinstance(image_list, list) or not all(isinstance(img, np.ndarray) for img in image_list):
             raise TypeError("set_image_batch takes a list of HxWx3 numpy arrays in RGB")
-        self._orig_hw = [img.shape[:2] for img in image_list]
-        self._embed(self._transforms.forward_batch(image_list))
-        self._is_batch = True
+        self.set_features(*self._image_features(self._transforms.forward_batch(image_list)),
+                          [img.shape[:2] for img in image_list], batch=True)
 
     def set_features(self, image_embed: torch.Tensor, high_res_feats: list[torch.Tensor],
                      orig_hw: list[tuple[int, int]], batch: bool = False) -> None:
-        """Take image features made elsewhere, as set_image would leave them: (B, C, H, W) embeddings, the
-        two finer levels, each image's (height, width); batch: for predict_batch (set_image_batch's state).
-        SAM 3's predict_inst sets its image model's features so."""
+        """The image state of set_image (set_image_batch with `batch`), from features: (B, C, H, W) embeddings,
+        the two finer levels, each image's (height, width). set_image and set_image_batch end here, and SAM 3's
+        predict_inst sets its image model's features so."""
         self.reset_predictor()
         self._features = {"image_embed": image_embed, "high_res_feats": list(high_res_feats)}
         self._orig_hw = list(orig_hw)
         self._is_image_set = True
         self._is_batch = batch
 
-    def _embed(self, img_batch: torch.Tensor) -> None:
-        image_embed, high_res_feats = self.model.image_features(to_device(img_batch, torch.float, self.device))
-        self._features = {"image_embed": image_embed, "high_res_feats": high_res_feats}
-        self._is_image_set = True
+    def _image_features(self, img_batch: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        return self.model.image_features(to_device(img_batch, torch.float, self.device))
 
     def get_image_embedding(self) -> torch.Tensor:
         """(B, 256, 64, 64) embedding of the set image(s)."""
