@@ -11,7 +11,9 @@ with connected components that neither machine has; both warn and skip.
 
 from __future__ import annotations
 
+import contextlib
 import warnings
+from collections.abc import Iterator
 from dataclasses import replace
 
 import numpy as np
@@ -69,10 +71,25 @@ def assert_outputs_equal(got: tuple, want: tuple) -> None:
         torch.testing.assert_close(torch.from_numpy(g), torch.from_numpy(w), **TOL, msg=lambda m, n=name: f"{n}: {m}")
 
 
-def predict(model, state, **prompt):
-    with warnings.catch_warnings():  # both skip hole filling without connected components, with a warning
+def predict(model, state, *args, batch: bool = False, **prompt):
+    """model.predict_inst (predict_inst_batch with `batch`) without the warning both give as they skip hole
+    filling without connected components."""
+    with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        return model.predict_inst(state, **prompt)
+        return (model.predict_inst_batch if batch else model.predict_inst)(state, *args, **prompt)
+
+
+@contextlib.contextmanager
+def changed(param: torch.nn.Parameter, change) -> Iterator[None]:
+    """`param` changed in place by change(param) inside the block, as it was after (the models are the module's)."""
+    saved = param.detach().clone()
+    try:
+        with torch.no_grad():
+            change(param)
+        yield
+    finally:
+        with torch.no_grad():
+            param.copy_(saved)
 
 
 @pytest.mark.parametrize("case", PROMPTS)
@@ -108,12 +125,8 @@ def test_predict_inst_batch_equals_sam3s(models):
                    point_labels_batch=[np.array([1]), np.array([1, 1])], multimask_output=False)
     with on_cpu():
         want_state, got_state = theirs.set_image_batch(images), ours.set_image_batch(images)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            want = theirs.model.predict_inst_batch(want_state, **prompts)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        got = ours.model.predict_inst_batch(got_state, **prompts)
+        want = predict(theirs.model, want_state, batch=True, **prompts)
+    got = predict(ours.model, got_state, batch=True, **prompts)
     for got_outputs, want_outputs in zip(zip(*got, strict=True), zip(*want, strict=True), strict=True):
         assert_outputs_equal(got_outputs, want_outputs)
     assert got[0][1].shape[-2:] == (100, 60)
@@ -127,15 +140,8 @@ def test_planted_defect_in_the_high_resolution_path_differs(models):
     prompt = PROMPTS["a box"]
     with on_cpu():
         want = predict(theirs.model, theirs.set_image(image), **prompt)
-    bias = ours.model.inst_interactive_predictor.model.sam_mask_decoder.conv_s0.bias
-    saved = bias.detach().clone()
-    try:
-        with torch.no_grad():
-            bias += 0.01
+    with changed(ours.model.inst_interactive_predictor.model.sam_mask_decoder.conv_s0.bias, lambda bias: bias.add_(0.01)):
         got = predict(ours.model, ours.set_image(image), **prompt)
-    finally:
-        with torch.no_grad():
-            bias.copy_(saved)
     with pytest.raises(AssertionError):
         assert_outputs_equal(got, want)
 
@@ -146,15 +152,8 @@ def test_planted_defect_without_no_mem_embed_differs(models):
     prompt = PROMPTS["one point"]
     with on_cpu():
         want = predict(theirs.model, theirs.set_image(image), **prompt)
-    heads = ours.model.inst_interactive_predictor.model
-    saved = heads.no_mem_embed.detach().clone()
-    try:
-        with torch.no_grad():
-            heads.no_mem_embed.zero_()
+    with changed(ours.model.inst_interactive_predictor.model.no_mem_embed, lambda table: table.zero_()):
         got = predict(ours.model, ours.set_image(image), **prompt)
-    finally:
-        with torch.no_grad():
-            heads.no_mem_embed.copy_(saved)
     with pytest.raises(AssertionError):
         assert_outputs_equal(got, want)
 
