@@ -31,8 +31,13 @@ def save_checkpoint(model, path: Path, fp32_keys: tuple[str, ...], wrap_key: str
     it is or, with wrap_key, as {wrap_key: state dict} (SAM 2's official files: {"model": ...}); its sha256."""
     state = {k: v.detach().to("cpu", torch.float32 if k in fp32_keys else torch.float16).contiguous()
              for k, v in model.state_dict().items()}
+    return save_state(state if wrap_key is None else {wrap_key: state}, path)
+
+
+def save_state(state: dict, path: Path) -> str:
+    """torch.save of `state` to `path` under a temporary name, then renamed; its sha256."""
     with _renamed_into_place(path) as tmp:
-        torch.save(state if wrap_key is None else {wrap_key: state}, tmp)
+        torch.save(state, tmp)
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 

@@ -98,9 +98,34 @@ SAM3_REDUCED = Sam3Config(
     geometry_layers=2,
 )
 
+# The embedded small SAM 3 that tinysam.train_concept trains on generated scenes (samfast/weights): 168 px
+# images (a 12 x 12 grid, 48 x 48 masks), four ViT blocks, width 48 after the trunk. The text encoder is
+# 16 wide, as its token table (49408 rows, the vocabulary sam3's tokenizer indexes) is half the file.
+SAM3_TINY = Sam3Config(
+    image_size=168,
+    pretrain_image_size=56,
+    vit_embed_dim=64,
+    vit_depth=4,
+    vit_num_heads=4,
+    vit_window_size=4,
+    vit_global_blocks=(1, 3),
+    d_model=48,
+    text_width=16,
+    text_heads=2,
+    text_layers=2,
+    num_heads=3,
+    dim_feedforward=128,
+    encoder_layers=2,
+    decoder_layers=3,
+    num_queries=20,
+    scoring_mlp_dim=128,
+    geometry_layers=2,
+)
 
-# The model types: the official model, and the reduced one the tests build in well under a second
-CONFIGS = {"sam3": SAM3_IMAGE, "sam3_reduced": SAM3_REDUCED}
+
+# The model types: the official model, the reduced one the tests build in well under a second, and the
+# embedded trained one
+CONFIGS = {"sam3": SAM3_IMAGE, "sam3_reduced": SAM3_REDUCED, "sam3_tiny": SAM3_TINY}
 MODEL_TYPES = tuple(CONFIGS)
 
 
