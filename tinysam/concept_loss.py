@@ -62,8 +62,8 @@ def match(logits: torch.Tensor, boxes: torch.Tensor, truth: torch.Tensor, valid:
 
 def concept_loss(out: dict, truth_boxes: torch.Tensor, truth_masks: torch.Tensor,
                  valid: torch.Tensor) -> tuple[torch.Tensor, dict]:
-    """The weighted loss of forward_grounding's outputs `out` for P prompts, and its parts (detached, on
-    the device, for the log). truth_boxes (P, K, 4) cxcywh, truth_masks (P, K, M, M) in [0, 1] at the mask
+    """The weighted loss of forward_grounding's outputs `out` for P prompts (or of an earlier decoder
+    layer's, which have no pred_masks), and its parts (detached, on the device, for the log). truth_boxes (P, K, 4) cxcywh, truth_masks (P, K, M, M) in [0, 1] at the mask
     logits' resolution, valid (P, K): which of the K slots hold one of the prompt's instances."""
     logits = out["pred_logits"][..., 0]  # (P, Q)
     prompt, query, slot = match(logits, out["pred_boxes"], truth_boxes, valid).to(logits.device).unbind(1)
@@ -74,11 +74,11 @@ def concept_loss(out: dict, truth_boxes: torch.Tensor, truth_masks: torch.Tensor
     boxes, gold_boxes = out["pred_boxes"][prompt, query].float(), truth_boxes[prompt, slot].float()
     parts["box"] = F.l1_loss(boxes, gold_boxes, reduction="sum") / instances
     parts["giou"] = generalized_box_iou_loss(xyxy(boxes), xyxy(gold_boxes), reduction="sum") / instances
-    if prompt.numel():
+    if prompt.numel() and "pred_masks" in out:
         focal, dice = mask_loss_table(out["pred_masks"][prompt, query][:, None], truth_masks[prompt, slot])
         parts["mask"] = (FOCAL_WEIGHT * focal + DICE_WEIGHT * dice).mean()
-    else:  # no instance in the batch: nothing to learn a mask from
-        parts["mask"] = out["pred_masks"].sum() * 0.0
+    else:  # no instance in the batch, or an earlier decoder layer's outputs (no masks): no mask to learn
+        parts["mask"] = logits.sum() * 0.0
     present = valid.any(dim=1).float()
     parts["presence"] = F.binary_cross_entropy_with_logits(out["presence_logit_dec"][:, 0].float(), present)
     weights = dict(zip(LOSS_PARTS, (CLASS_WEIGHT, BOX_WEIGHT, GIOU_WEIGHT, MASK_WEIGHT, PRESENCE_WEIGHT)))

@@ -7,7 +7,8 @@ Seeded weights score every query alike, so a concept golden made with them gates
 script gives sam3_tiny detections worth comparing: it trains samfast's own SAM 3 modules, in sam3.pt's
 layout, on generated scenes (tinysam.concept_data), asking each image for every scene category's name
 ("ellipse", "rectangle", "polygon", "star", "blob"), as the concept gate asks: the phrases an image holds
-and those it lacks. The loss is DETR's, as SAM 3 trains its detector (tinysam.concept_loss). The text
+and those it lacks. The loss is DETR's, as SAM 3 trains its detector (tinysam.concept_loss), on the last decoder layer's
+outputs and, without masks, on each earlier layer's (auxiliary losses). The text
 path trains with the image path. Exemplar boxes do not train (the geometry encoder sees none), nor
 do the point and box heads (predict_inst), which keep their seeded init, saved so that the file loads
 strictly.
@@ -44,6 +45,7 @@ from parity.tasks.concept.ground_truth import concept_f1  # noqa: E402
 from parity.tasks.concept.produce import detect, phrases_of  # noqa: E402
 from samfast import build_sam  # noqa: E402
 from samfast.sam3.checkpoint import DETECTOR_PREFIX, synthetic_state_dict  # noqa: E402
+from samfast.sam3.boxes import inverse_sigmoid  # noqa: E402
 from samfast.sam3.config import PIXEL_MEAN, PIXEL_STD, sam3_config  # noqa: E402
 from samfast.sam3.image_model import FindInput  # noqa: E402
 from tinysam.concept_data import PHRASES, ConceptPool, build_concept_pool  # noqa: E402
@@ -98,11 +100,35 @@ def training_step(model, pool: ConceptPool, picked: torch.Tensor) -> tuple[torch
     images, phrases = len(picked), len(PHRASES)
     img_ids = torch.arange(images, device=model.device).repeat_interleave(phrases)
     text_ids = torch.arange(phrases, device=model.device).repeat(images)
-    out = model.forward_grounding(backbone_out, FindInput(img_ids, text_ids), model.empty_prompt(images * phrases))
+    captured = {}
+    hook = model.transformer.decoder.register_forward_hook(
+        lambda module, args, output: captured.update(args=args, output=output))
+    try:
+        out = model.forward_grounding(backbone_out, FindInput(img_ids, text_ids), model.empty_prompt(images * phrases))
+    finally:
+        hook.remove()
     # each prompt's image's objects, those of its phrase marked
     scene = picked[img_ids]
-    valid = pool.labels[scene] == text_ids[:, None]
-    return concept_loss(out, pool.boxes[scene], pool.masks[scene].float(), valid)
+    truth = (pool.boxes[scene], pool.masks[scene].float(), pool.labels[scene] == text_ids[:, None])
+    loss, parts = concept_loss(out, *truth)
+    for earlier in layer_outputs(model, captured["args"], captured["output"])[:-1]:  # DETR's auxiliary losses
+        loss = loss + concept_loss(earlier, *truth)[0]
+    return loss, parts
+
+
+def layer_outputs(model, decoder_args: tuple, decoder_output: tuple) -> list[dict]:
+    """Each decoder layer's scores, boxes and presence, made from the decoder's inputs and outputs as
+    forward_grounding makes the last layer's (SAM 3 trains its earlier layers' too)."""
+    decoder = model.transformer.decoder
+    _, _, prompt, prompt_mask, _ = decoder_args
+    states, start_boxes, presence_logits, _ = decoder_output
+    outputs = []
+    for layer in range(states.shape[0]):
+        queries = states[layer].transpose(0, 1)  # (P, Q, C)
+        boxes = (inverse_sigmoid(start_boxes[layer].transpose(0, 1)) + decoder.bbox_embed(queries).float()).sigmoid()
+        outputs.append({"pred_logits": model.dot_prod_scoring(queries[None], prompt, prompt_mask)[0],
+                        "pred_boxes": boxes, "presence_logit_dec": presence_logits[layer].transpose(0, 1)})
+    return outputs
 
 
 def validate(model, dataset) -> float:

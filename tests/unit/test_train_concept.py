@@ -12,6 +12,7 @@ from torchvision.ops import box_convert, generalized_box_iou
 import samfast
 from parity.golden import manifest as golden_io
 from samfast.sam3.checkpoint import DETECTOR_PREFIX, synthetic_state_dict
+from samfast.sam3.image_model import FindInput
 from tinysam import train_concept
 from tinysam.concept_data import PHRASES, build_concept_pool, scene_arrays
 from tinysam.concept_loss import concept_loss, match, pairwise_giou
@@ -97,6 +98,24 @@ def test_a_training_step_reaches_the_text_encoder_the_detector_and_the_masks():
     for module in (model.transformer.decoder, model.segmentation_head, model.dot_prod_scoring,
                    model.backbone.vision_backbone.trunk):
         assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in module.parameters())
+
+
+def test_each_decoder_layers_outputs_are_made_as_forward_grounding_makes_the_last_ones():
+    """The auxiliary losses' inputs: built for the last layer, they are forward_grounding's own outputs."""
+    model = samfast.build_sam("sam3_tiny", seed=0, device="cpu")
+    pool = build_concept_pool(1, seed=0, size=168, mask_size=48, workers=1)
+    backbone_out = model.backbone.forward_image(train_concept.normalized(pool.images))
+    backbone_out.update(model.backbone.forward_text(list(PHRASES[:2])))
+    captured = {}
+    hook = model.transformer.decoder.register_forward_hook(lambda m, args, output: captured.update(args=args, output=output))
+    out = model.forward_grounding(backbone_out, FindInput(torch.zeros(2, dtype=torch.long), torch.arange(2)),
+                                  model.empty_prompt(2))
+    hook.remove()
+    layers = train_concept.layer_outputs(model, captured["args"], captured["output"])
+    assert len(layers) == len(model.transformer.decoder.layers)
+    for key in ("pred_logits", "pred_boxes", "presence_logit_dec"):
+        torch.testing.assert_close(layers[-1][key], out[key], rtol=0, atol=0)
+    assert not torch.equal(layers[0]["pred_boxes"], out["pred_boxes"])  # an earlier layer's own boxes
 
 
 def test_a_smoke_run_writes_a_checkpoint_that_loads_strictly_in_sam3s_layout(tmp_path):
