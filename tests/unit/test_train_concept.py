@@ -136,3 +136,10 @@ def test_a_smoke_run_writes_a_checkpoint_that_loads_strictly_in_sam3s_layout(tmp
     assert state[token].dtype == torch.float16 and not torch.equal(state[token], seeded[token].half())
     tracker = [key for key in seeded if not key.startswith(DETECTOR_PREFIX)]
     assert tracker and all(torch.equal(state[key], seeded[key].to(state[key].dtype)) for key in tracker)
+
+
+def test_a_run_stops_where_its_minutes_end(tmp_path, monkeypatch):
+    """Validations can take more than the schedule's margin: past --minutes the run stops, saved as usual."""
+    monkeypatch.setitem(train_concept.SMOKE_DEFAULTS, "steps", None)
+    manifest = train_concept.main(["--smoke", "--minutes", "0", "--out", str(tmp_path)])
+    assert manifest["steps"] == 1 and (tmp_path / train_concept.CHECKPOINT_NAME).is_file()
