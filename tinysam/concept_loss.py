@@ -1,4 +1,4 @@
-"""The concept trainer's loss: DETR's, as SAM 3 trains its detector, on one (image, phrase) per prompt.
+"""The concept trainer's loss: DETR's, the kind SAM 3's detector trains with, per (image, phrase) prompt.
 
 Each prompt's queries are matched one to one to the phrase's instances in the image (Hungarian, on
 DETR's cost: class probability, box L1 and generalized IoU). Matched queries learn the instance: a
@@ -16,7 +16,7 @@ from torchvision.ops import box_convert, generalized_box_iou_loss, sigmoid_focal
 
 from tinysam.losses import DICE_WEIGHT, FOCAL_WEIGHT, mask_loss_table
 
-# DETR's (Deformable DETR's) weights; sam3's detector trains with the same terms
+# Deformable DETR's matching costs and loss weights
 COST_CLASS, COST_BOX, COST_GIOU = 2.0, 5.0, 2.0
 CLASS_WEIGHT, BOX_WEIGHT, GIOU_WEIGHT, MASK_WEIGHT, PRESENCE_WEIGHT = 2.0, 5.0, 2.0, 1.0, 1.0
 LOSS_PARTS = ("class", "box", "giou", "mask", "presence")
@@ -63,8 +63,9 @@ def match(logits: torch.Tensor, boxes: torch.Tensor, truth: torch.Tensor, valid:
 def concept_loss(out: dict, truth_boxes: torch.Tensor, truth_masks: torch.Tensor,
                  valid: torch.Tensor) -> tuple[torch.Tensor, dict]:
     """The weighted loss of forward_grounding's outputs `out` for P prompts (or of an earlier decoder
-    layer's, which have no pred_masks), and its parts (detached, on the device, for the log). truth_boxes (P, K, 4) cxcywh, truth_masks (P, K, M, M) in [0, 1] at the mask
-    logits' resolution, valid (P, K): which of the K slots hold one of the prompt's instances."""
+    layer's, which have no pred_masks), and its parts (detached, on the device, for the log).
+    truth_boxes (P, K, 4) cxcywh, truth_masks (P, K, M, M) in [0, 1] at the mask logits' resolution,
+    valid (P, K): which of the K slots hold one of the prompt's instances."""
     logits = out["pred_logits"][..., 0]  # (P, Q)
     prompt, query, slot = match(logits, out["pred_boxes"], truth_boxes, valid).to(logits.device).unbind(1)
     instances = max(1, prompt.numel())

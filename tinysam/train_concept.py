@@ -6,12 +6,12 @@ SAM 3 checkpoint that the concept gate can run (docs/sam3.md says where that sta
 Seeded weights score every query alike, so a concept golden made with them gates numerics only. This
 script gives sam3_tiny detections worth comparing: it trains samfast's own SAM 3 modules, in sam3.pt's
 layout, on generated scenes (tinysam.concept_data), asking each image for every scene category's name
-("ellipse", "rectangle", "polygon", "star", "blob"), as the concept gate asks: the phrases an image holds
-and those it lacks. The loss is DETR's, as SAM 3 trains its detector (tinysam.concept_loss), on the last decoder layer's
-outputs and, without masks, on each earlier layer's (auxiliary losses). The text
-path trains with the image path. Exemplar boxes do not train (the geometry encoder sees none), nor
-do the point and box heads (predict_inst), which keep their seeded init, saved so that the file loads
-strictly.
+("ellipse", "rectangle", "polygon", "star", "blob"), as the concept gate asks: the phrases an image
+holds and those it lacks. The loss is DETR's, the kind SAM 3's detector trains with
+(tinysam.concept_loss), on the last decoder layer's outputs and, without masks, on each earlier layer's
+(auxiliary losses). The text path trains with the image path. Exemplar boxes do not train (the geometry
+encoder sees none), nor do the point and box heads (predict_inst), which keep their seeded init, saved
+so that the file loads strictly.
 
 Training seeds are tinysam.data's, disjoint from the embedded evaluation set (generate_scenes(16, seed=0))
 and the held-out set (generate_scenes(64, seed=999)). The run fits --minutes: after CALIBRATE_STEPS the
@@ -118,7 +118,7 @@ def training_step(model, pool: ConceptPool, picked: torch.Tensor) -> tuple[torch
 
 def layer_outputs(model, decoder_args: tuple, decoder_output: tuple) -> list[dict]:
     """Each decoder layer's scores, boxes and presence, made from the decoder's inputs and outputs as
-    forward_grounding makes the last layer's (SAM 3 trains its earlier layers' too)."""
+    forward_grounding makes the last layer's, for DETR's auxiliary losses."""
     decoder = model.transformer.decoder
     _, _, prompt, prompt_mask, _ = decoder_args
     states, start_boxes, presence_logits, _ = decoder_output

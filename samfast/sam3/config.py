@@ -98,9 +98,10 @@ SAM3_REDUCED = Sam3Config(
     geometry_layers=2,
 )
 
-# The embedded small SAM 3 that tinysam.train_concept trains on generated scenes (samfast/weights): 168 px
-# images (a 12 x 12 grid, 48 x 48 masks), four ViT blocks, width 48 after the trunk. The text encoder is
-# 16 wide, as its token table (49408 rows, the vocabulary sam3's tokenizer indexes) is half the file.
+# The small SAM 3 meant to be embedded trained, as vit_tiny and the nano are: tinysam.train_concept trains
+# it on generated scenes (docs/sam3.md says where that stands). 168 px images (a 12 x 12 grid, 48 x 48
+# masks), four ViT blocks, width 48 after the trunk; the text encoder is 16 wide, as its token table (49408
+# rows, the vocabulary sam3's tokenizer indexes) is half the file.
 SAM3_TINY = Sam3Config(
     image_size=168,
     pretrain_image_size=56,
@@ -124,7 +125,7 @@ SAM3_TINY = Sam3Config(
 
 
 # The model types: the official model, the reduced one the tests build in well under a second, and the
-# embedded trained one
+# small one to train
 CONFIGS = {"sam3": SAM3_IMAGE, "sam3_reduced": SAM3_REDUCED, "sam3_tiny": SAM3_TINY}
 MODEL_TYPES = tuple(CONFIGS)
 
