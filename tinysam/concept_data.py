@@ -16,10 +16,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.nn.functional as F
-from pycocotools import mask as mask_utils
 from torchvision.transforms import v2
 
 from parity.golden.data import mask_box
+from parity.golden.rle import decode_rle
 from parity.golden.scenes import CATEGORIES, generate_scenes
 from tinysam.data import MAX_OBJECTS, SCENES_PER_SEED, train_seeds
 
@@ -62,8 +62,8 @@ def _scenes_of_seed(job: tuple[int, int, int, int]) -> list[tuple]:
     coco, images = generate_scenes(count, seed=seed)
     by_image: dict[int, list] = {}
     for annotation in coco["annotations"]:
-        rle = dict(annotation["segmentation"], counts=annotation["segmentation"]["counts"].encode("ascii"))
-        by_image.setdefault(annotation["image_id"], []).append((annotation["category_id"], mask_utils.decode(rle)))
+        by_image.setdefault(annotation["image_id"], []).append((annotation["category_id"],
+                                                                 decode_rle(annotation["segmentation"])))
     return [scene_arrays(images[info["file_name"]], by_image.get(info["id"], []), size, mask_size)
             for info in coco["images"]]
 

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from pycocotools import mask as mask_utils
 
 from parity.golden.data import centre_point, mask_box
+from parity.golden.rle import decode_rle
 from parity.golden.scenes import SCENES_VERSION, generate_scenes
 from samfast.config import IMAGE_SIZE
 from tinysam.frames import LONGEST_SIDE
@@ -97,8 +97,7 @@ def _fill_chunk(job: tuple[int, int, int]) -> tuple[int, int]:
         k = pool.counts[slot]
         if k >= MAX_OBJECTS:
             continue
-        mask = mask_utils.decode({"size": ann["segmentation"]["size"],
-                                  "counts": ann["segmentation"]["counts"].encode("ascii")}).astype(bool)
+        mask = decode_rle(ann["segmentation"])
         H, W, h, w = pool.sizes[slot]
         pool.targets[slot, k] = np.rint(lowres_target(mask, (h, w)) * 255).astype(np.uint8)
         ys, xs = np.nonzero(mask)

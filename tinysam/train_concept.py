@@ -53,7 +53,7 @@ from tinysam.concept_loss import LOSS_PARTS, concept_loss  # noqa: E402
 from tinysam.loop import train_in_tf32, training_autocast  # noqa: E402
 from tinysam.optimizer import learning_rate, make_optimizer  # noqa: E402
 from tinysam.outputs import plot_curve, save_state, write_json, write_log_csv  # noqa: E402
-from tinysam.validation import HELDOUT_SEED, heldout_dataset  # noqa: E402
+from tinysam.validation import HELDOUT_IMAGES, HELDOUT_SEED, heldout_dataset  # noqa: E402
 
 MODEL_TYPE = "sam3_tiny"
 CHECKPOINT_NAME = f"{MODEL_TYPE}_trained.pt"
@@ -62,7 +62,7 @@ CONFIDENCE_THRESHOLD = 0.5  # Sam3Processor's default, the gate's for this model
 TARGET_CGF1 = 0.5  # held-out cgF1 a full run should reach: most instances found, few false detections
 CALIBRATE_STEPS = (10, 30)  # steps between which the speed is measured
 SCHEDULE_MARGIN = 0.95  # of the measured speed, so the cosine ends before the budget does
-VAL_IMAGES = 32  # held-out scenes per validation during the run (all 64 at the end)
+VAL_IMAGES = 32  # held-out scenes per validation during the run (all HELDOUT_IMAGES at the end)
 LOG_FIELDS = ("step", "seconds", "lr", "loss", *LOSS_PARTS, "val_cgf1")
 RUN_DEFAULTS = dict(pool=4000, batch=16, lr=5e-4, weight_decay=0.05, warmup=100, val_every=45.0, log_every=50)
 SMOKE_DEFAULTS = dict(pool=4, batch=2, lr=5e-4, weight_decay=0.05, warmup=1, val_every=0.0, log_every=1, steps=3)
@@ -214,7 +214,7 @@ def finish(model, rows: list[dict], args, command: str, steps: int, train_second
     if model.device.type == "cuda":
         no_tf32()  # true fp32 for the reported figures, as the gate's goldens
     trained = build_sam(MODEL_TYPE, checkpoint=path, device=model.device)
-    final = {"heldout": validate(trained, heldout_dataset(2 if args.smoke else 64)),
+    final = {"heldout": validate(trained, heldout_dataset(2 if args.smoke else HELDOUT_IMAGES)),
              "scenes": validate(trained, load_dataset("scenes", limit=2 if args.smoke else None))}
     log(f"final cgF1: held-out {final['heldout']:.4f}, embedded scenes {final['scenes']:.4f}")
     rows.append({"step": steps, "seconds": round(time.monotonic() - _START, 1), "val_cgf1": final["heldout"]})
@@ -232,7 +232,7 @@ def finish(model, rows: list[dict], args, command: str, steps: int, train_second
         "images_seen": steps * args.batch,
         "phrases": list(PHRASES),
         "data": {"pool_scenes": args.pool, "train_seeds": "tinysam.data.train_seeds(seed, pool)",
-                 "heldout": {"seed": HELDOUT_SEED, "images": 64}, "embedded_eval": {"seed": 0, "images": 16}},
+                 "heldout": {"seed": HELDOUT_SEED, "images": HELDOUT_IMAGES}, "embedded_eval": {"seed": 0, "images": 16}},
         "training": {"init": f"synthetic_state_dict({MODEL_TYPE!r}, seed={args.seed})", "optimizer": "AdamW",
                      "lr": args.lr, "weight_decay": args.weight_decay, "warmup_steps": args.warmup,
                      "schedule": "linear warmup, cosine to 1% of lr", "grad_clip": 1.0,
