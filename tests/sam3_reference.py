@@ -1,7 +1,8 @@
 """sam3 0.1.4, the SAM 3 reference, built and run on the CPU.
 
 sam3 cannot run on a CPU as shipped: three of its lines ask for a CUDA device. The shims that route
-them to the CPU live here and nowhere else (`on_cpu`), applied by patching names for the length of a
+them to the CPU live here and nowhere else (`on_cpu`, with a stand-in for the scikit-image that sam3's
+hole filling imports on a CPU), applied by patching names for the length of a
 block, never by editing site-packages; tests/unit/test_sam3_reference.py checks that each one is still
 needed, so that each goes away once sam3 fixes its line. Two import-time side effects of sam3 are
 undone too, since every fp32 comparison needs true fp32: `sam3.model_builder` turns TF32 on when it
@@ -16,12 +17,17 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 import json
+import sys
+import types
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from unittest import mock
 
+import numpy as np
 import torch
+from scipy import ndimage
 
 from samfast.checkpoint import key_generator
 from samfast.sam3.checkpoint import DETECTOR_PREFIX, INTERACTIVE_PREFIX, TRACKER_PREFIX, of_video_only
@@ -101,10 +107,39 @@ def _coords_on_cpu(original: Callable) -> staticmethod:
     return staticmethod(lambda H, W, device: original(H, W, "cpu" if device == "cuda" else device))
 
 
+def _scipy_label(image, return_num: bool = False):
+    # Stands in for scikit-image's `label`, which sam3/perflib/connected_components.py:21 imports to find
+    # a CPU mask's connected components (predict_inst fills small holes with them; on a GPU sam3 uses
+    # cc_torch or its Triton kernel). Neither sam3 nor this project depends on scikit-image, and sam3 warns
+    # and skips the filling without it. Its defaults (connectivity = ndim, background 0) are scipy's label
+    # with a full 3 x 3 structure: the same components, numbered in the same raster order.
+    labels, count = ndimage.label(image, structure=np.ones((3,) * image.ndim, dtype=bool))
+    return (labels, count) if return_num else labels
+
+
+@contextlib.contextmanager
+def _scikit_image_stand_in() -> Iterator[None]:
+    """skimage and skimage.measure with _scipy_label as label, in sys.modules for the block's length (only
+    those two entries: whatever else the block imports stays); nothing when scikit-image is installed."""
+    if importlib.util.find_spec("skimage") is not None:
+        yield
+        return
+    measure = types.ModuleType("skimage.measure")
+    measure.label = _scipy_label
+    package = types.ModuleType("skimage")
+    package.measure = measure
+    sys.modules.update({"skimage": package, "skimage.measure": measure})
+    try:
+        yield
+    finally:
+        del sys.modules["skimage"], sys.modules["skimage.measure"]
+
+
 @contextlib.contextmanager
 def on_cpu() -> Iterator[None]:
     """The block builds and runs sam3's image model on the CPU: the three device shims, in force
-    until the block ends (building needs the first two, every prompt the third)."""
+    until the block ends (building needs the first two, every prompt the third), and a stand-in for
+    scikit-image's label, with which predict_inst fills holes on a CPU."""
     position_encoding = importlib.import_module("sam3.model.position_encoding")
     geometry_encoders = importlib.import_module("sam3.model.geometry_encoders")
     decoder = importlib.import_module("sam3.model.decoder").TransformerDecoder
@@ -112,6 +147,7 @@ def on_cpu() -> Iterator[None]:
         mock.patch.object(position_encoding, "torch", TorchWith(zeros=_zeros_on_cpu)),
         mock.patch.object(geometry_encoders, "torch", TorchWith(tensor=_tensor_unpinned)),
         mock.patch.object(decoder, "_get_coords", _coords_on_cpu(decoder._get_coords)),
+        _scikit_image_stand_in(),
     ):
         yield
 

@@ -10,9 +10,8 @@ SAM2ImagePredictor, whose steps are sam2's and so sam3's. The tracker's other pa
 sam3.pt's keys for them are left out when it is read for images (samfast.sam3.checkpoint).
 
 Hole filling: sam3's predictor fills holes of up to 256 pixels in the low-resolution masks with its
-connected components (cc_torch, or scikit-image on a CPU) and warns and skips the step without them;
-samfast has no connected components yet and always warns and skips, as sam3 does on a machine without
-either (SAM2Transforms.postprocess_masks).
+connected components (cc_torch or its Triton kernel on a GPU, scikit-image on a CPU); samfast fills them
+on any device with samfast.modeling.connected_components (SAM2Transforms.postprocess_masks).
 """
 
 from __future__ import annotations
@@ -77,7 +76,7 @@ class InteractivePredictor(nn.Module):
         ((height, width) each), as sam3's predict_inst sets its: the coarsest level plus no_mem_embed is
         the image embedding, the two finer ones the high-resolution features."""
         levels = sam2_backbone_out["backbone_fpn"][-FEATURE_LEVELS:]
-        predictor = SAM2ImagePredictor(self.model, max_hole_area=self.max_hole_area)
+        predictor = SAM2ImagePredictor(self.model, max_hole_area=self.max_hole_area, connected_components=True)
         predictor.set_features(levels[-1] + self.model.no_mem_embed.view(1, -1, 1, 1), levels[:-1], sizes, batch)
         return predictor
 

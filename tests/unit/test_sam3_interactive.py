@@ -5,8 +5,8 @@ SAM3InteractiveImagePredictor over the tracker's heads at the reduced width, eve
 strictly into samfast's model built with enable_inst_interactivity. Both processors set the same image
 (which passes two feature levels through the decoder's conv_s0 / conv_s1), then the same prompts: points,
 a box, both, one mask or three, a previous low-resolution mask, several boxes at once, and a batch of
-images. Tolerance as the image model's (tests/unit/test_sam3_image_model.py). sam3 fills small holes only
-with connected components that neither machine has; both warn and skip.
+images. Tolerance as the image model's (tests/unit/test_sam3_image_model.py). Both fill the small holes of
+the low-resolution masks: sam3 with scikit-image's connected components on a CPU, samfast with its own.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ pytest.importorskip("open_clip", reason="SAM 3's tokenizer needs open_clip_torch
 from sam3.model.sam3_image_processor import Sam3Processor as TheirProcessor  # noqa: E402
 
 from samfast.sam3.config import SAM3_REDUCED, build_image_model  # noqa: E402
+from samfast.sam3.interactive import MAX_HOLE_AREA  # noqa: E402
 from samfast.sam3.processor import Sam3Processor  # noqa: E402
 from tests.sam3_modules import sam3_image_model, sam3_interactive_predictor, seed_image_model_weights  # noqa: E402
 from tests.sam3_reference import on_cpu  # noqa: E402
@@ -72,10 +73,10 @@ def assert_outputs_equal(got: tuple, want: tuple) -> None:
 
 
 def predict(model, state, *args, batch: bool = False, **prompt):
-    """model.predict_inst (predict_inst_batch with `batch`) without the warning both give as they skip hole
-    filling without connected components."""
+    """model.predict_inst (predict_inst_batch with `batch`); a hole filling skipped for want of connected
+    components (sam3 without scikit-image warns and goes on) is an error here."""
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
+        warnings.filterwarnings("error", message="(?s).*(post-processing|connected components)")
         return (model.predict_inst_batch if batch else model.predict_inst)(state, *args, **prompt)
 
 
@@ -104,6 +105,27 @@ def test_predict_inst_equals_sam3s(models, case):
     masks = got[0]
     assert masks.shape[-2:] == (90, 150)
     assert masks.std() > 0  # a prompt that reached the decoder: not one constant mask
+
+
+def test_the_holes_both_fill_change_the_masks(models):
+    """The hole filling ran and mattered: with it off in samfast (max_hole_area 0) some prompt's masks
+    differ from sam3's, which the equality above says match with it on."""
+    ours, theirs = processors(models)
+    image = pil_image(seed=0)
+    interactive = ours.model.inst_interactive_predictor
+    differing = []
+    with on_cpu():
+        want_state, got_state = theirs.set_image(image), ours.set_image(image)
+        for case, prompt in PROMPTS.items():
+            want = predict(theirs.model, want_state, **prompt)
+            interactive.max_hole_area = 0.0
+            try:
+                unfilled = predict(ours.model, got_state, **prompt)
+            finally:
+                interactive.max_hole_area = MAX_HOLE_AREA
+            if not np.array_equal(unfilled[0], want[0]):
+                differing.append(case)
+    assert differing, "no prompt's masks had a hole of at most 256 low-resolution pixels: the check proves nothing"
 
 
 def test_a_previous_mask_as_prompt_equals_sam3s(models):

@@ -6,6 +6,7 @@ prompt through it, end to end, is test_sam3_image_model.py's full-size test."""
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import sys
 from types import SimpleNamespace
 
@@ -140,3 +141,21 @@ def test_box_pin_memory_shim_needed():
     with on_cpu(), torch.no_grad():
         embedded, _ = encoder._encode_boxes(boxes, mask, labels, feats)
     assert embedded.shape == (2, 1, 256) and torch.isfinite(embedded).all()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("skimage") is not None, reason="scikit-image is installed: sam3 uses it")
+def test_scikit_image_stand_in_needed():
+    """sam3's predict_inst fills holes on a CPU with scikit-image's label: without it (no dependency of
+    sam3's) it warns and leaves them; with on_cpu's stand-in it fills a 2 x 2 hole and keeps a 5 x 5 one."""
+    from sam3.model.utils.sam1_utils import SAM2Transforms
+
+    transforms = SAM2Transforms(resolution=16, mask_threshold=0.0, max_hole_area=4.0)
+    logits = torch.ones(1, 1, 16, 16)
+    logits[..., 2:4, 2:4] = -1.0  # a hole of 4 pixels: filled
+    logits[..., 8:13, 8:13] = -1.0  # a hole of 25: kept
+    with pytest.warns(UserWarning, match="post-processing"):
+        unfilled = transforms.postprocess_masks(logits, (16, 16))
+    assert (unfilled < 0).sum() == 4 + 25
+    with on_cpu():
+        filled = transforms.postprocess_masks(logits, (16, 16))
+    assert (filled[..., 2:4, 2:4] == 10.0).all() and (filled < 0).sum() == 25

@@ -21,14 +21,17 @@ from samfast.transfer import to_device
 
 class SAM2ImagePredictor:
     def __init__(
-        self, sam_model: nn.Module, mask_threshold: float = 0.0, max_hole_area: float = 0.0, max_sprinkle_area: float = 0.0, **kwargs
+        self, sam_model: nn.Module, mask_threshold: float = 0.0, max_hole_area: float = 0.0, max_sprinkle_area: float = 0.0,
+        connected_components: bool = False, **kwargs
     ) -> None:
         """sam_model: what has SAM 2's prompt path (image_size, device, sam_prompt_encoder, sam_mask_decoder;
         image_features for set_image): samfast.sam2.SAM2Base, or SAM 3's interactive heads (features set
         from outside, as sam3's predict_inst sets them).
-        max_hole_area / max_sprinkle_area > 0: see SAM2Transforms.postprocess_masks (warned and skipped)."""
+        max_hole_area / max_sprinkle_area > 0: see SAM2Transforms.postprocess_masks (filled with
+        connected_components, as sam3's predictor does; else warned and skipped, as sam2 without its extension)."""
         self.model = sam_model
-        self._transforms = SAM2Transforms(sam_model.image_size, mask_threshold, max_hole_area, max_sprinkle_area)
+        self._transforms = SAM2Transforms(sam_model.image_size, mask_threshold, max_hole_area, max_sprinkle_area,
+                                          connected_components)
         self.mask_threshold = mask_threshold
         self.reset_predictor()
 

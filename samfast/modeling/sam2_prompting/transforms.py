@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from samfast.modeling.connected_components import component_sizes
+
 # ImageNet statistics, applied to [0, 1] pixels
 PIXEL_MEAN = (0.485, 0.456, 0.406)
 PIXEL_STD = (0.229, 0.224, 0.225)
@@ -35,11 +37,15 @@ def stretch_to_square(images: torch.Tensor, resolution: int) -> torch.Tensor:
 
 
 class SAM2Transforms:
-    def __init__(self, resolution: int, mask_threshold: float, max_hole_area: float = 0.0, max_sprinkle_area: float = 0.0):
+    def __init__(self, resolution: int, mask_threshold: float, max_hole_area: float = 0.0, max_sprinkle_area: float = 0.0,
+                 connected_components: bool = False):
+        """connected_components: fill holes and remove sprinkles as sam3's predictor does (it always has
+        connected components); without, warn and skip as sam2 does without its CUDA extension."""
         self.resolution = resolution
         self.mask_threshold = mask_threshold
         self.max_hole_area = max_hole_area
         self.max_sprinkle_area = max_sprinkle_area
+        self.connected_components = connected_components
         self.mean = torch.tensor(PIXEL_MEAN).view(-1, 1, 1)
         self.std = torch.tensor(PIXEL_STD).view(-1, 1, 1)
 
@@ -72,12 +78,22 @@ class SAM2Transforms:
 
         With max_hole_area or max_sprinkle_area > 0, sam2 fills small holes and removes small
         sprinkles with the connected components of its CUDA extension; when that extension is
-        missing (pip installs without it unless built with CUDA) it warns and skips the step.
-        samfast has no such extension yet, so it always does what sam2 does without it: it warns
-        and returns the masks unfilled.
+        missing (pip installs without it unless built with CUDA) it warns and skips the step, as
+        samfast does for SAM 2. sam3's predictor always has connected components (cc_torch, its Triton
+        kernel, scikit-image): with `connected_components` samfast fills as it does, with
+        samfast.modeling.connected_components: background components of at most max_hole_area
+        low-resolution pixels become threshold + 10, then foreground ones of at most max_sprinkle_area
+        threshold - 10, each (B, M) mask on its own, 8-connected.
         """
         masks = masks.float()
-        if self.max_hole_area > 0 or self.max_sprinkle_area > 0:
+        if self.connected_components:
+            if self.max_hole_area > 0:
+                holes = component_sizes(masks <= self.mask_threshold)
+                masks = torch.where((holes > 0) & (holes <= self.max_hole_area), self.mask_threshold + 10.0, masks)
+            if self.max_sprinkle_area > 0:
+                sprinkles = component_sizes(masks > self.mask_threshold)
+                masks = torch.where((sprinkles > 0) & (sprinkles <= self.max_sprinkle_area), self.mask_threshold - 10.0, masks)
+        elif self.max_hole_area > 0 or self.max_sprinkle_area > 0:
             warnings.warn(
                 "max_hole_area / max_sprinkle_area need connected components, which samfast does not "
                 "have yet: skipping the hole and sprinkle removal, as sam2 does without its CUDA extension.",
