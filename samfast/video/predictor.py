@@ -100,12 +100,14 @@ class InferenceState:
 def fill_holes_in_mask_scores(mask: torch.Tensor, max_area: int) -> torch.Tensor:
     """sam2's hole filling (background components of at most max_area pixels set to 0.1) needs
     connected components from its CUDA extension; without it sam2 warns and returns the mask as
-    it is. samfast has no such kernel, so it always does what sam2 does without it."""
+    it is. The sam2 that samfast's SAM 2 is gated against is installed without it (SAM2_BUILD_CUDA=0),
+    so samfast does what that sam2 does (samfast.modeling.connected_components, which SAM 3's
+    predict_inst fills with, would fill them; nothing here compares that with sam2's extension yet)."""
     if max_area <= 0:
         raise ValueError("max_area must be positive")
     warnings.warn(
-        "fill_hole_area > 0 needs connected components, which samfast does not have: skipping the hole "
-        "filling, as sam2 does without its CUDA extension (the masks are otherwise unchanged).",
+        "fill_hole_area > 0: skipping the hole filling, as sam2 does without its CUDA extension (the sam2 "
+        "samfast's SAM 2 is checked against); the masks are otherwise unchanged.",
         category=UserWarning,
         stacklevel=2,
     )

@@ -95,8 +95,8 @@ class SAM2Transforms:
                 masks = torch.where((sprinkles > 0) & (sprinkles <= self.max_sprinkle_area), self.mask_threshold - 10.0, masks)
         elif self.max_hole_area > 0 or self.max_sprinkle_area > 0:
             warnings.warn(
-                "max_hole_area / max_sprinkle_area need connected components, which samfast does not "
-                "have yet: skipping the hole and sprinkle removal, as sam2 does without its CUDA extension.",
+                "max_hole_area / max_sprinkle_area > 0: skipping the hole and sprinkle removal, as sam2 does "
+                "without its CUDA extension (the sam2 samfast's SAM 2 is checked against).",
                 category=UserWarning,
                 stacklevel=2,
             )
