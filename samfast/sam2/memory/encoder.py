@@ -14,15 +14,19 @@ from samfast.modeling.position_encoding import PositionEmbeddingSine
 
 class MaskDownSampler(nn.Module):
     """Four stride-2 3x3 convs (x4 channels each, LayerNorm2d, GELU), then a 1x1 conv to embed_dim:
-    a 1024x1024 mask to the 64x64 feature grid.
+    a 1024x1024 mask to the 64x64 feature grid. `interpol_size` (SAM 3's tracker: 1152 x 1152, for its
+    72 x 72 grid): masks of another size are first resized to it, bilinear with antialiasing, as sam3's
+    SimpleMaskDownSampler does (sam3/model/memory.py).
 
     `conv_impl` "triton" (the triton switch): the map channels-last throughout; each stride-2 conv of few
     input channels (sam2's first two) with its norm and GELU one kernel (kernels.downsample_conv: cuDNN's grouped
     kernels were slow there), the wider ones on cuDNN, the 1x1 conv the GEMM it is.
     """
 
-    def __init__(self, embed_dim: int = 256, num_layers: int = 4, stride: int = 2) -> None:
+    def __init__(self, embed_dim: int = 256, num_layers: int = 4, stride: int = 2,
+                 interpol_size: tuple[int, int] | None = None) -> None:
         super().__init__()
+        self.interpol_size = None if interpol_size is None else tuple(interpol_size)
         self.encoder = nn.Sequential()
         channels = 1
         for _ in range(num_layers):
@@ -35,6 +39,8 @@ class MaskDownSampler(nn.Module):
         self.conv_impl = "module"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.interpol_size is not None and tuple(x.shape[-2:]) != self.interpol_size:
+            x = F.interpolate(x.float(), size=self.interpol_size, mode="bilinear", align_corners=False, antialias=True)
         if self.conv_impl != "triton":
             return self.encoder(x)
         y = x.permute(0, 2, 3, 1)  # (B, H, W, C); one channel: a view
@@ -91,9 +97,10 @@ class Fuser(nn.Module):
 
 
 class MemoryEncoder(nn.Module):
-    def __init__(self, out_dim: int, in_dim: int = 256) -> None:
+    def __init__(self, out_dim: int, in_dim: int = 256, interpol_size: tuple[int, int] | None = None) -> None:
+        """interpol_size: the mask downsampler's (MaskDownSampler)."""
         super().__init__()
-        self.mask_downsampler = MaskDownSampler(in_dim)
+        self.mask_downsampler = MaskDownSampler(in_dim, interpol_size=interpol_size)
         self.pix_feat_proj = nn.Conv2d(in_dim, in_dim, kernel_size=1)
         self.fuser = Fuser(in_dim)
         self.position_encoding = PositionEmbeddingSine(out_dim)
