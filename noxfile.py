@@ -8,6 +8,7 @@ download or copy it again each time.
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -67,9 +68,13 @@ def tests(session: nox.Session) -> None:
 
     Arguments after -- replace the selection (`nox -s tests -- tests/unit/test_amg.py -k nms` runs only
     those; pytest's testpaths keep `tests` when they name options only). Over one xdist worker per core
-    unless they choose (-n 0 for one process)."""
+    unless they choose (-n 0 for one process), with glibc's malloc keeping big tensors on its heap
+    (parity.gate.allocator)."""
     _install(session)
-    session.run("python", "-m", "pytest", *(session.posargs or ["tests"]), *_xdist_workers(session.posargs))
+    from parity.gate.allocator import HEAP_ENV  # as the gate's CPU layers run: big tensors from the heap
+
+    session.run("python", "-m", "pytest", *(session.posargs or ["tests"]), *_xdist_workers(session.posargs),
+                env={key: os.environ.get(key, value) for key, value in HEAP_ENV.items()})
 
 
 @nox.session(python=False)

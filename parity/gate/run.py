@@ -51,6 +51,7 @@ from parity.checks.budgets import BudgetError
 from parity.gate import bytecode, compile_cache, cpu_use, run_order, threads, time_budget, vec_isa
 from parity.gate import timing as gate_time
 from parity.gate import verdict as final_verdict
+from parity.gate.allocator import heap_env
 from parity.gate.devices import WORKERS_PER_GPU_ENV, cpu_model, gpu_names, visible_gpus
 from parity.report.verdicts import REPORT_FILES
 from parity.tasks.registry import TASKS
@@ -150,15 +151,17 @@ def spare_cores(cores: int) -> int:
 
 
 def cpu_layers_env(cpu_workers: int, spare: int, environ=os.environ) -> dict[str, str]:
-    """The CPU layers' environment: no GPU (they run as the CPU job runs them), their spare cores split evenly as threads."""
-    return {**environ, "CUDA_VISIBLE_DEVICES": "", threads.ENV: str(threads.per_process(spare, cpu_workers))}
+    """The CPU layers' environment: no GPU (they run as the CPU job runs them), their spare cores split evenly
+    as threads, big tensors from the heap (parity.gate.allocator)."""
+    return {**heap_env(environ), "CUDA_VISIBLE_DEVICES": "", threads.ENV: str(threads.per_process(spare, cpu_workers))}
 
 
 def check_env(environ=os.environ) -> dict[str, str]:
     """The check steps compile in mode `default` (unless SAMFAST_COMPILE_MODE says otherwise): they gate
     correctness, and max-autotune's kernel search cost minutes per stage on a cold cache (H100: the
-    embedded check's `sdpa` stage 106 s for 16 images) for kernels the thresholds do not depend on."""
-    return {"SAMFAST_COMPILE_MODE": "default", **environ}
+    embedded check's `sdpa` stage 106 s for 16 images) for kernels the thresholds do not depend on. Their
+    big tensors come from the heap (parity.gate.allocator)."""
+    return {"SAMFAST_COMPILE_MODE": "default", **heap_env(environ)}
 
 
 def untimed_gpu_env(environ=os.environ) -> dict[str, str]:

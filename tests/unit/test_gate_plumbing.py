@@ -20,6 +20,7 @@ from parity.gate import compile_cache, run_order
 from parity.gate import timing as gate_time
 from parity.gate.devices import WorkerAssignmentError, cpu_model, gpu_for_worker, visible_gpus
 from parity.gate.models import ModelCache, SharedModelMutated, make_key
+from parity.gate.allocator import HEAP_ENV
 from parity.gate.run import (
     COVERED_BY_CHECKS,
     COVERED_BY_GPU_CHECKS,
@@ -110,7 +111,7 @@ def test_cpu_layers_get_the_cores_the_other_steps_leave_and_no_gpu():
     with pytest.raises(GateUsageError, match="needs pytest-xdist"):
         choose_cpu_workers(3, spare=10, have_xdist=False)
     env = cpu_layers_env(4, spare=8, environ={"CUDA_VISIBLE_DEVICES": "0,1", "PATH": "/bin"})
-    assert env == {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "2", "PATH": "/bin"}
+    assert env == {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "2", "PATH": "/bin", **HEAP_ENV}
     assert cpu_layers_env(10, spare=1, environ={})["OMP_NUM_THREADS"] == "1"
 
 
@@ -319,7 +320,7 @@ def test_a_refused_command_line_exits_2_before_touching_cache_or_reports(tmp_pat
 
 
 def test_checks_compile_in_mode_default_unless_told_otherwise():
-    assert check_env({"PATH": "/bin"}) == {"SAMFAST_COMPILE_MODE": "default", "PATH": "/bin"}
+    assert check_env({"PATH": "/bin"}) == {"SAMFAST_COMPILE_MODE": "default", "PATH": "/bin", **HEAP_ENV}
     assert check_env({"SAMFAST_COMPILE_MODE": "max-autotune"})["SAMFAST_COMPILE_MODE"] == "max-autotune"
 
 
