@@ -6,8 +6,8 @@ with the component's pixel count. Here by label propagation: every foreground pi
 index, takes the largest label among its eight neighbours and itself, then the label held by the pixel
 its label names (pointer jumping, which halves long chains), until nothing changes. Labels only grow
 and stay inside a component, so each component ends with its largest index. One host sync per round
-(the convergence test): the rounds number about the logarithm of the longest path, a few tens on masks
-of 256 x 256.
+(the convergence test). Rounds measured on the CPU: 9 to 45 on random 256 x 256 masks (densities 0.3 to
+0.9), 260 on one snake that fills a 256 x 256 mask (a path of 16,573 pixels).
 """
 
 from __future__ import annotations
