@@ -5,8 +5,9 @@ free, so each use of a big activation faults its pages in again, one by one, and
 The CPU layers and checks do little else: on the 2-core machine the AMG check's fp32 stage took 46 s of
 user and 39 s of system time (20 M page faults), and tests/parity/test_sam2_gate.py with
 tests/unit/test_sam2_amg.py 152 s user and 92 s system. Served from the heap, with up to 1 GiB free at its
-top kept for the next allocation, the same runs took 2 s and 3 s of system time, and their peak memory
-moved from 3.4 to 3.7 GB (docs/gate-time.md, "The allocator"). Other C libraries ignore these variables.
+top kept for the next allocation, the same runs took 2-8 s and 3 s of system time; their peak memory grew,
+2.2 to 3.8 GB and 3.4 to 4.7 GB, as freed chunks between live ones are kept for reuse (docs/gate-time.md,
+"The allocator"). Other C libraries ignore these variables.
 """
 
 from __future__ import annotations
