@@ -6,7 +6,8 @@ strictly into samfast's model built with enable_inst_interactivity. Both process
 (which passes two feature levels through the decoder's conv_s0 / conv_s1), then the same prompts: points,
 a box, both, one mask or three, a previous low-resolution mask, several boxes at once, and a batch of
 images. Tolerance as the image model's (tests/unit/test_sam3_image_model.py). Both fill the small holes of
-the low-resolution masks: sam3 with scikit-image's connected components on a CPU, samfast with its own.
+the low-resolution masks: sam3 with its CPU path's labelling (scikit-image's label, the harness's scipy
+stand-in here), samfast with its own connected components.
 """
 
 from __future__ import annotations
