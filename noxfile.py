@@ -8,7 +8,6 @@ download or copy it again each time.
 from __future__ import annotations
 
 import importlib.util
-import os
 import sys
 from pathlib import Path
 
@@ -71,10 +70,10 @@ def tests(session: nox.Session) -> None:
     unless they choose (-n 0 for one process), with glibc's malloc keeping big tensors on its heap
     (parity.gate.allocator)."""
     _install(session)
-    from parity.gate.allocator import HEAP_ENV  # as the gate's CPU layers run: big tensors from the heap
+    from parity.gate.allocator import heap_env  # as the gate's CPU layers run: big tensors from the heap
 
     session.run("python", "-m", "pytest", *(session.posargs or ["tests"]), *_xdist_workers(session.posargs),
-                env={key: os.environ.get(key, value) for key, value in HEAP_ENV.items()})
+                env=heap_env())
 
 
 @nox.session(python=False)
